@@ -1,0 +1,1 @@
+//! Chaos harness for Keel (issue: chaos monkey). Empty until that work starts.

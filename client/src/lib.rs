@@ -1,0 +1,1 @@
+//! Keel client library (endpoint balancing, retries). Grows with the cluster issue.

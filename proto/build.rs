@@ -1,0 +1,25 @@
+//! Generates the etcd v3 API and Keel's peer protocol with a vendored protoc, so a fresh
+//! machine needs no system protoc.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // SAFETY: build scripts are single-threaded; edition 2024 marks set_var unsafe.
+    unsafe {
+        std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
+        std::env::set_var("PROTOC_INCLUDE", protoc_bin_vendored::include_path()?);
+    }
+    let mut files: Vec<String> = Vec::new();
+    for dir in ["proto/etcd", "proto/keel"] {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "proto") {
+                files.push(path.to_string_lossy().into_owned());
+            }
+        }
+    }
+    files.sort();
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_protos(&files, &["proto/etcd", "proto/keel"])?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! Keel member library. See `docs/` and `../shared/DESIGN.md` for the architecture.
