@@ -8,6 +8,33 @@
 
 #![allow(clippy::all, missing_docs)]
 
+/// The etcd API version the protos of this crate implement; Keel reports it in
+/// `Maintenance.Status` as `StatusResponse.version` (etcd's `api/etcdserverpb/rpc.proto`).
+pub const ETCD_API_VERSION: &str = "3.6.0";
+
+/// etcd `mvccpb`: `KeyValue` and watch `Event` (api/mvccpb/kv.proto).
 pub mod mvccpb {
     tonic::include_proto!("mvccpb");
+}
+
+/// etcd `authpb`: `User`, `Role`, `Permission`, `UserAddOptions` (api/authpb/auth.proto).
+pub mod authpb {
+    tonic::include_proto!("authpb");
+}
+
+/// etcd `etcdserverpb`: the KV, Watch, Lease, Cluster, Maintenance and Auth services and
+/// their messages (api/etcdserverpb/rpc.proto).
+pub mod etcdserverpb {
+    tonic::include_proto!("etcdserverpb");
+}
+
+/// etcd `v3lockpb`: the Lock service (server/etcdserver/api/v3lock/v3lockpb/v3lock.proto).
+pub mod v3lockpb {
+    tonic::include_proto!("v3lockpb");
+}
+
+/// etcd `v3electionpb`: the Election service
+/// (server/etcdserver/api/v3election/v3electionpb/v3election.proto).
+pub mod v3electionpb {
+    tonic::include_proto!("v3electionpb");
 }
