@@ -6,12 +6,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
         std::env::set_var("PROTOC_INCLUDE", protoc_bin_vendored::include_path()?);
     }
-    let mut files: Vec<String> = Vec::new();
-    for dir in ["proto/etcd", "proto/keel"] {
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
+    let include = [std::path::PathBuf::from("proto/etcd"), std::path::PathBuf::from("proto/keel")];
+    for dir in &include {
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
             if path.extension().is_some_and(|e| e == "proto") {
-                files.push(path.to_string_lossy().into_owned());
+                files.push(path);
             }
         }
     }
@@ -19,7 +20,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .compile_protos(&files, &["proto/etcd", "proto/keel"])?;
+        // Services and methods Keel does not implement yet answer UNIMPLEMENTED.
+        .generate_default_stubs(true)
+        .compile_protos(&files, &include)?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

@@ -38,3 +38,8 @@ pub mod v3lockpb {
 pub mod v3electionpb {
     tonic::include_proto!("v3electionpb");
 }
+
+/// Keel's internal protocol: raft entry payloads and the member-to-member `Peer` service.
+pub mod keelpb {
+    tonic::include_proto!("keelpb");
+}
