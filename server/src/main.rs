@@ -1,1 +1,89 @@
-fn main() {}
+//! `keel`: one Keel member. Flags follow etcd's (`keel --help`); with no flags it starts a
+//! single-member cluster on http://localhost:2379 with data in `default.keel`.
+
+use std::process::ExitCode;
+
+use keel_server::config::{bind_addr, split_urls, Config};
+use keel_server::{api, node::Node};
+use tokio::sync::watch;
+
+fn main() -> ExitCode {
+    let config = match Config::load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("keel: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{},openraft=warn", config.log_level))),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("keel: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("keel: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let client_addrs = split_urls(&config.listen_client_urls)
+        .iter()
+        .map(|u| bind_addr(u))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let peer_addrs = split_urls(&config.listen_peer_urls)
+        .iter()
+        .map(|u| bind_addr(u))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+
+    let node = Node::start(config).await?;
+    tracing::info!(
+        member_id = format!("{:x}", node.id),
+        cluster_id = format!("{:x}", node.cluster_id),
+        data_dir = %node.data_dir().display(),
+        "keel member started"
+    );
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut servers = tokio::task::JoinSet::new();
+    for addr in peer_addrs {
+        servers.spawn(api::serve_peers(node.clone(), addr, stopped(stop_rx.clone())));
+    }
+    for addr in client_addrs {
+        tracing::info!(%addr, "serving etcd v3 API");
+        servers.spawn(api::serve_clients(node.clone(), addr, stopped(stop_rx.clone())));
+    }
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let result = tokio::select! {
+        _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); Ok(()) }
+        _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: shutting down"); Ok(()) }
+        Some(res) = servers.join_next() => match res {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(e.into()),
+        },
+    };
+    let _ = stop_tx.send(true);
+    let drain = async { while servers.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
+    node.shutdown().await;
+    result
+}

@@ -1,0 +1,139 @@
+//! The etcd `KV` service: Range, Put, DeleteRange, Txn, Compact (etcd rpc.proto `service KV`).
+//!
+//! Requests are validated with etcd's rules before anything is proposed
+//! ([`super::kv_validate`]); writes go through the raft log ([`Node::propose`]); reads are
+//! linearizable by default ([`Node::read_barrier`]) or local when `serializable` is set.
+
+use std::sync::Arc;
+
+use keel_proto::etcdserverpb::kv_server::Kv;
+use keel_proto::etcdserverpb::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
+};
+use keel_proto::keelpb::{raft_request::Request as Rq, raft_response::Response as Rs};
+use tonic::{Request, Response, Status};
+
+use super::kv_validate;
+use crate::error::EtcdError;
+use crate::node::Node;
+
+/// KV service of one member.
+pub struct KvService {
+    node: Arc<Node>,
+}
+
+impl KvService {
+    /// Serves KV requests through `node`.
+    pub fn new(node: Arc<Node>) -> KvService {
+        KvService { node }
+    }
+
+    async fn write(&self, req: Rq) -> Result<(i64, Option<Rs>), Status> {
+        let resp = self.node.propose(req).await?;
+        Ok((resp.revision, resp.response))
+    }
+}
+
+fn unexpected() -> Status {
+    EtcdError::Internal("keel: apply returned an unexpected response type".into()).into()
+}
+
+#[tonic::async_trait]
+impl Kv for KvService {
+    async fn range(&self, request: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
+        let req = request.into_inner();
+        kv_validate::check_range(&req)?;
+        if !req.serializable {
+            self.node.read_barrier().await?;
+        }
+        let store = self.node.store.get();
+        let mut resp = store.range(&req)?;
+        let revision = resp.header.as_ref().map_or_else(|| store.current_revision(), |h| h.revision);
+        resp.header = Some(self.node.header(revision));
+        Ok(Response::new(resp))
+    }
+
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let req = request.into_inner();
+        kv_validate::check_put(&req)?;
+        match self.write(Rq::Put(req)).await? {
+            (rev, Some(Rs::Put(mut r))) => {
+                r.header = Some(self.node.header(rev));
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let req = request.into_inner();
+        kv_validate::check_delete_range(&req)?;
+        match self.write(Rq::DeleteRange(req)).await? {
+            (rev, Some(Rs::DeleteRange(mut r))) => {
+                r.header = Some(self.node.header(rev));
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let req = request.into_inner();
+        kv_validate::check_txn(&req, self.node.config.max_txn_ops as usize)?;
+        match self.write(Rq::Txn(req)).await? {
+            (rev, Some(Rs::Txn(mut r))) => {
+                let header = self.node.header(rev);
+                fill_txn_headers(&mut r, &header);
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn compact(
+        &self,
+        request: Request<CompactionRequest>,
+    ) -> Result<Response<CompactionResponse>, Status> {
+        let req = request.into_inner();
+        kv_validate::check_compaction(&req)?;
+        // Compaction is applied synchronously, so `physical` is always honoured.
+        match self.write(Rq::Compaction(req)).await? {
+            (rev, Some(Rs::Compaction(mut r))) => {
+                r.header = Some(self.node.header(rev));
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected()),
+        }
+    }
+}
+
+/// Fills the top-level txn header, and the member fields of nested headers; nested
+/// revisions stay as apply set them (etcd reports the txn revision on nested put, delete and
+/// range responses, and 0 on nested txn responses).
+fn fill_txn_headers(r: &mut TxnResponse, header: &keel_proto::etcdserverpb::ResponseHeader) {
+    use keel_proto::etcdserverpb::response_op::Response as Op;
+    r.header = Some(header.clone());
+    fn nested(r: &mut TxnResponse, header: &keel_proto::etcdserverpb::ResponseHeader) {
+        let fill = |h: &mut Option<keel_proto::etcdserverpb::ResponseHeader>| {
+            let rev = h.as_ref().map_or(0, |h| h.revision);
+            *h = Some(keel_proto::etcdserverpb::ResponseHeader { revision: rev, ..header.clone() });
+        };
+        for op in &mut r.responses {
+            match &mut op.response {
+                Some(Op::ResponseRange(x)) => fill(&mut x.header),
+                Some(Op::ResponsePut(x)) => fill(&mut x.header),
+                Some(Op::ResponseDeleteRange(x)) => fill(&mut x.header),
+                Some(Op::ResponseTxn(x)) => {
+                    fill(&mut x.header);
+                    nested(x, header);
+                }
+                None => {}
+            }
+        }
+    }
+    nested(r, header);
+}

@@ -1,0 +1,68 @@
+//! The etcd `Maintenance` service: Status and HashKV. Other methods answer UNIMPLEMENTED
+//! until their issues land (see docs/compat.md).
+
+use std::sync::Arc;
+
+use keel_proto::etcdserverpb::maintenance_server::Maintenance;
+use keel_proto::etcdserverpb::{
+    HashKvRequest, HashKvResponse, StatusRequest, StatusResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::node::Node;
+
+/// Maintenance service of one member.
+pub struct MaintenanceService {
+    node: Arc<Node>,
+}
+
+impl MaintenanceService {
+    /// Serves maintenance requests for `node`.
+    pub fn new(node: Arc<Node>) -> MaintenanceService {
+        MaintenanceService { node }
+    }
+}
+
+#[tonic::async_trait]
+impl Maintenance for MaintenanceService {
+    /// etcd `Status`: `version` is the etcd API version Keel implements
+    /// ([`keel_proto::ETCD_API_VERSION`]); raft fields come from this member's raft metrics.
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        let store = self.node.store.get();
+        let m = self.node.raft.metrics().borrow().clone();
+        let is_learner = m
+            .membership_config
+            .membership()
+            .learner_ids()
+            .any(|id| id == self.node.id);
+        let db_size = self.node.db_size();
+        Ok(Response::new(StatusResponse {
+            header: Some(self.node.header(store.current_revision())),
+            version: keel_proto::ETCD_API_VERSION.to_string(),
+            db_size,
+            leader: m.current_leader.unwrap_or(0),
+            raft_index: m.last_log_index.unwrap_or(0),
+            raft_term: m.current_term,
+            raft_applied_index: m.last_applied.map_or(0, |l| l.index),
+            errors: Vec::new(),
+            db_size_in_use: db_size,
+            is_learner,
+            storage_version: String::new(),
+            db_size_quota: self.node.config.quota_bytes(),
+            downgrade_info: None,
+        }))
+    }
+
+    /// etcd `HashKV`: the hash of the MVCC key space at `revision` (0 = current).
+    async fn hash_kv(&self, request: Request<HashKvRequest>) -> Result<Response<HashKvResponse>, Status> {
+        let req = request.into_inner();
+        let store = self.node.store.get();
+        let h = store.hash_kv(req.revision)?;
+        Ok(Response::new(HashKvResponse {
+            header: Some(self.node.header(store.current_revision())),
+            hash: h.hash,
+            compact_revision: h.compact_revision,
+            hash_revision: h.hash_revision,
+        }))
+    }
+}

@@ -1,0 +1,82 @@
+//! gRPC front ends: the etcd v3 services on the client URLs and Keel's peer protocol on the
+//! peer URLs.
+//!
+//! Request size: gRPC accepts messages up to `--max-request-bytes` plus etcd's 512 KiB
+//! framing allowance; the raft request itself is then checked against
+//! `--max-request-bytes` (etcd's `ErrRequestTooLarge`), so an oversized request gets a clear
+//! error and is never buffered without bound.
+
+mod cluster;
+mod kv;
+pub mod kv_validate;
+mod maintenance;
+mod peer;
+mod unimplemented;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use keel_proto::etcdserverpb::{
+    auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
+    lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
+};
+use keel_proto::keelpb::peer_server::PeerServer;
+use keel_proto::v3electionpb::election_server::ElectionServer;
+use keel_proto::v3lockpb::lock_server::LockServer;
+use tonic::transport::Server;
+
+pub use cluster::ClusterService;
+pub use kv::KvService;
+pub use maintenance::MaintenanceService;
+pub use peer::PeerService;
+
+use crate::config::GRPC_OVERHEAD_BYTES;
+use crate::node::Node;
+
+/// Serves the etcd v3 API on `addr` until `shutdown` resolves.
+///
+/// Errors: the address cannot be bound, or the transport fails.
+pub async fn serve_clients(
+    node: Arc<Node>,
+    addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let max = node.config.max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    Server::builder()
+        .tcp_nodelay(true)
+        .add_service(KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max))
+        .add_service(MaintenanceServer::new(MaintenanceService::new(node.clone())).max_decoding_message_size(max))
+        .add_service(ClusterServer::new(ClusterService::new(node.clone())).max_decoding_message_size(max))
+        .add_service(WatchServer::new(unimplemented::NotYet))
+        .add_service(LeaseServer::new(unimplemented::NotYet))
+        .add_service(AuthServer::new(unimplemented::NotYet))
+        .add_service(LockServer::new(unimplemented::NotYet))
+        .add_service(ElectionServer::new(unimplemented::NotYet))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Serves the peer protocol on `addr` until `shutdown` resolves.
+///
+/// Errors: the address cannot be bound, or the transport fails.
+pub async fn serve_peers(
+    node: Arc<Node>,
+    addr: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    Server::builder()
+        .tcp_nodelay(true)
+        .add_service(
+            PeerServer::new(PeerService::new(node))
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX),
+        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! Server side of Keel's peer protocol (`keelpb.Peer`): hands openraft RPCs to the local
+//! raft and proposes forwarded client requests.
+
+use std::sync::Arc;
+
+use keel_proto::keelpb::peer_server::Peer;
+use keel_proto::keelpb::{RaftPayload, RaftRequest, RaftResponse};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::{Request, Response, Status};
+
+use crate::node::Node;
+
+/// Peer service of one member.
+pub struct PeerService {
+    node: Arc<Node>,
+}
+
+impl PeerService {
+    /// Serves peer RPCs for `node`.
+    pub fn new(node: Arc<Node>) -> PeerService {
+        PeerService { node }
+    }
+}
+
+fn decode<T: DeserializeOwned>(p: &RaftPayload) -> Result<T, Status> {
+    bincode::deserialize(&p.data).map_err(|e| Status::invalid_argument(format!("bad raft payload: {e}")))
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
+    bincode::serialize(v)
+        .map(|data| Response::new(RaftPayload { data }))
+        .map_err(|e| Status::internal(e.to_string()))
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn append_entries(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let req = decode(r.get_ref())?;
+        encode(&self.node.raft.append_entries(req).await)
+    }
+
+    async fn vote(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let req = decode(r.get_ref())?;
+        encode(&self.node.raft.vote(req).await)
+    }
+
+    async fn install_snapshot(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let req = decode(r.get_ref())?;
+        encode(&self.node.raft.install_snapshot(req).await)
+    }
+
+    async fn forward(&self, r: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
+        let req = r.into_inner();
+        let Some(request) = req.request else {
+            return Err(Status::invalid_argument("forwarded raft request is empty"));
+        };
+        Ok(Response::new(self.node.propose(request).await?))
+    }
+}

@@ -1,0 +1,171 @@
+//! The single place where committed raft entries change state.
+//!
+//! For each entry, apply writes the MVCC changes, the member attributes (and, in later
+//! versions, lease and auth changes) together with the consistent index in **one atomic sled
+//! batch** (DESIGN.md "Path of a write", step 3). Entries at or below the stored consistent
+//! index are skipped, so replay after a crash never applies an entry twice.
+//!
+//! Apply results depend only on the entry and the state (never on wall-clock time, local
+//! flags or which member applies), so every member computes the same store and the same
+//! `HashKV`.
+
+use std::sync::Arc;
+
+use keel_proto::keelpb::{raft_request, raft_response, ApplyError, RaftResponse};
+use openraft::{EntryPayload, StorageIOError, StoredMembership};
+
+use crate::cindex;
+use crate::error::EtcdError;
+use crate::membership::Attributes;
+use crate::mvcc::MvccStore;
+use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
+
+/// sled key of the last applied raft membership config (bincode `StoredMembership`).
+const MEMBERSHIP_KEY: &[u8] = b"s/membership";
+
+/// Applies committed entries to the store. Owned by the raft state machine: exactly one
+/// applier runs per member, in log order.
+pub struct Applier {
+    tree: sled::Tree,
+    store: Arc<MvccStore>,
+    attributes: Arc<Attributes>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership<NodeId, MemberNode>,
+}
+
+impl Applier {
+    /// Loads the applied state (consistent index, membership) from `tree`.
+    ///
+    /// Errors: sled I/O or an undecodable stored value.
+    pub fn open(
+        tree: sled::Tree,
+        store: Arc<MvccStore>,
+        attributes: Arc<Attributes>,
+    ) -> Result<Applier, String> {
+        let last_applied = cindex::load(&tree)?;
+        let membership = match tree.get(MEMBERSHIP_KEY).map_err(|e| e.to_string())? {
+            Some(v) => bincode::deserialize(&v).map_err(|e| format!("membership: {e}"))?,
+            None => StoredMembership::default(),
+        };
+        Ok(Applier {
+            tree,
+            store,
+            attributes,
+            last_applied,
+            membership,
+        })
+    }
+
+    /// The consistent index: the last applied log id.
+    pub fn last_applied(&self) -> Option<LogId> {
+        self.last_applied
+    }
+
+    /// The last applied membership config.
+    pub fn membership(&self) -> &StoredMembership<NodeId, MemberNode> {
+        &self.membership
+    }
+
+    /// The MVCC store this applier writes to.
+    pub fn store(&self) -> &Arc<MvccStore> {
+        &self.store
+    }
+
+    /// The sled tree holding all member state.
+    pub fn tree(&self) -> &sled::Tree {
+        &self.tree
+    }
+
+    /// Applies one committed entry and returns its result.
+    ///
+    /// Errors: only storage failures (sled I/O), which are fatal for the member. etcd-level
+    /// failures (a compacted revision, an empty txn branch...) are results, carried in the
+    /// response as `ApplyError`, and still advance the consistent index.
+    pub fn apply(&mut self, entry: &Entry) -> Result<Response, StorageError> {
+        let log_id = entry.log_id;
+        if self.last_applied.is_some_and(|ci| log_id.index <= ci.index) {
+            // Replay of an entry whose effects are already in the store.
+            return Ok(Response(RaftResponse {
+                revision: self.store.current_revision(),
+                response: None,
+            }));
+        }
+        let response = match &entry.payload {
+            EntryPayload::Blank => self.commit_only(&log_id, |_| {})?,
+            EntryPayload::Membership(m) => {
+                let stored = StoredMembership::new(Some(log_id), m.clone());
+                let bytes = bincode::serialize(&stored).map_err(|e| StorageIOError::apply(log_id, &e))?;
+                let resp = self.commit_only(&log_id, |b| b.insert(MEMBERSHIP_KEY, bytes))?;
+                self.membership = stored;
+                resp
+            }
+            EntryPayload::Normal(req) => self.apply_request(&log_id, req.0.request.as_ref())?,
+        };
+        self.last_applied = Some(log_id);
+        Ok(Response(response))
+    }
+
+    fn apply_request(
+        &mut self,
+        log_id: &LogId,
+        req: Option<&raft_request::Request>,
+    ) -> Result<RaftResponse, StorageError> {
+        use raft_request::Request as Rq;
+        use raft_response::Response as Rs;
+        let mut w = self.store.write();
+        let outcome: Result<Option<Rs>, EtcdError> = match req {
+            Some(Rq::Put(r)) => w.put(r).map(|x| Some(Rs::Put(x))),
+            Some(Rq::DeleteRange(r)) => w.delete_range(r).map(|x| Some(Rs::DeleteRange(x))),
+            Some(Rq::Txn(r)) => w.txn(r).map(|x| Some(Rs::Txn(x))),
+            Some(Rq::Compaction(r)) => w.compact(r.revision).map(|x| Some(Rs::Compaction(x))),
+            Some(Rq::MemberAttributes(a)) => {
+                Attributes::stage(w.batch_mut(), a);
+                Ok(None)
+            }
+            Some(Rq::LeaseGrant(_)) | Some(Rq::LeaseRevoke(_)) => Err(EtcdError::Internal(
+                "keel: this member's version cannot apply lease requests".into(),
+            )),
+            None => Ok(None),
+        };
+        match outcome {
+            Ok(response) => {
+                cindex::stage(w.batch_mut(), log_id);
+                let committed = w.commit().map_err(|e| StorageIOError::apply(*log_id, &e))?;
+                if let Some(Rq::MemberAttributes(a)) = req {
+                    self.attributes.publish(a.clone());
+                }
+                Ok(RaftResponse {
+                    revision: committed.revision,
+                    response,
+                })
+            }
+            Err(e) => {
+                // Nothing of the failed request is written; the entry still counts as applied.
+                drop(w);
+                let error = Rs::Error(ApplyError {
+                    code: e.code() as i32,
+                    message: e.to_string(),
+                });
+                let mut resp = self.commit_only(log_id, |_| {})?;
+                resp.response = Some(error);
+                Ok(resp)
+            }
+        }
+    }
+
+    /// Commits a batch holding only the consistent index plus `extra` writes.
+    fn commit_only(
+        &mut self,
+        log_id: &LogId,
+        extra: impl FnOnce(&mut sled::Batch),
+    ) -> Result<RaftResponse, StorageError> {
+        let mut w = self.store.write();
+        extra(w.batch_mut());
+        cindex::stage(w.batch_mut(), log_id);
+        let committed = w.commit().map_err(|e| StorageIOError::apply(*log_id, &e))?;
+        Ok(RaftResponse {
+            revision: committed.revision,
+            response: None,
+        })
+    }
+}

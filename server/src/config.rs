@@ -1,0 +1,188 @@
+//! Member configuration: etcd's flag names, defaults and config-file keys.
+//!
+//! Flags follow etcd's `etcd --help` (v3.4–3.6). As in etcd, when `--config-file` is given
+//! the YAML file is the whole configuration and other flags are ignored. Keel differs from
+//! etcd only in the default data dir (`<name>.keel` instead of `<name>.etcd`).
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// etcd's default `--max-request-bytes`: 1.5 MiB.
+pub const DEFAULT_MAX_REQUEST_BYTES: u32 = 1_572_864;
+/// gRPC framing allowance on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`).
+pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+/// Command-line flags of `keel`, with etcd's names and defaults.
+#[derive(Parser, Debug, Clone, Deserialize)]
+#[command(name = "keel", version = concat!(env!("CARGO_PKG_VERSION"), " (etcd API ", "3.6.0", ")"),
+    about = "Keel: a raft-replicated key-value store that speaks the etcd v3 API")]
+#[serde(rename_all = "kebab-case", default)]
+pub struct Config {
+    /// Human-readable name for this member.
+    #[arg(long, default_value = "default")]
+    pub name: String,
+    /// Path to the data directory (default: `<name>.keel`).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Comma-separated URLs to listen on for client traffic.
+    #[arg(long, default_value = "http://localhost:2379")]
+    pub listen_client_urls: String,
+    /// Comma-separated client URLs of this member to advertise to the cluster.
+    #[arg(long, default_value = "http://localhost:2379")]
+    pub advertise_client_urls: String,
+    /// Comma-separated URLs to listen on for peer traffic.
+    #[arg(long, default_value = "http://localhost:2380")]
+    pub listen_peer_urls: String,
+    /// Comma-separated peer URLs of this member to advertise to the cluster.
+    #[arg(long, default_value = "http://localhost:2380")]
+    pub initial_advertise_peer_urls: String,
+    /// Initial cluster configuration for bootstrapping (`name=peer-url,...`).
+    #[arg(long, default_value = "default=http://localhost:2380")]
+    pub initial_cluster: String,
+    /// Initial cluster state: `new` or `existing`.
+    #[arg(long, default_value = "new", value_parser = ["new", "existing"])]
+    pub initial_cluster_state: String,
+    /// Initial cluster token; member and cluster IDs derive from it.
+    #[arg(long, default_value = "etcd-cluster")]
+    pub initial_cluster_token: String,
+    /// Maximum client request size in bytes the server will accept.
+    #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: u32,
+    /// Maximum number of operations permitted in a transaction.
+    #[arg(long, default_value_t = 128)]
+    pub max_txn_ops: u32,
+    /// Raise alarms when backend size exceeds the given quota (0 = default 2 GiB).
+    #[arg(long, default_value_t = 0)]
+    pub quota_backend_bytes: i64,
+    /// Number of committed transactions to trigger a snapshot to disk.
+    #[arg(long, default_value_t = 10_000)]
+    pub snapshot_count: u64,
+    /// Time (in milliseconds) of a heartbeat interval.
+    #[arg(long, default_value_t = 100)]
+    pub heartbeat_interval: u64,
+    /// Time (in milliseconds) for an election to timeout.
+    #[arg(long, default_value_t = 1000)]
+    pub election_timeout: u64,
+    /// Path to the server configuration file (YAML, etcd's keys). Other flags are ignored
+    /// when it is given, as in etcd.
+    #[arg(long)]
+    #[serde(skip)]
+    pub config_file: Option<PathBuf>,
+    /// Logging level: debug, info, warn, error.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config::parse_from(["keel"])
+    }
+}
+
+impl Config {
+    /// Parses the command line; if `--config-file` is set, loads that file instead.
+    ///
+    /// Errors: an unreadable or invalid YAML file (message names the file).
+    pub fn load() -> Result<Config, String> {
+        let cli = Config::parse();
+        match &cli.config_file {
+            None => Ok(cli),
+            Some(path) => Config::from_yaml_file(path),
+        }
+    }
+
+    /// Loads a YAML config file with etcd's keys (`name`, `data-dir`, `listen-client-urls`,
+    /// ...); missing keys take the flag defaults. Unknown etcd keys are ignored.
+    pub fn from_yaml_file(path: &std::path::Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read --config-file {}: {e}", path.display()))?;
+        let mut cfg: Config = serde_norway::from_str(&text)
+            .map_err(|e| format!("invalid --config-file {}: {e}", path.display()))?;
+        cfg.config_file = Some(path.to_path_buf());
+        Ok(cfg)
+    }
+
+    /// The data directory: `--data-dir`, or `<name>.keel`.
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("{}.keel", self.name)))
+    }
+
+    /// Backend quota in bytes (etcd's default when 0: 2 GiB).
+    pub fn quota_bytes(&self) -> i64 {
+        if self.quota_backend_bytes > 0 {
+            self.quota_backend_bytes
+        } else {
+            2 * 1024 * 1024 * 1024
+        }
+    }
+}
+
+/// Splits a comma-separated URL list.
+pub fn split_urls(urls: &str) -> Vec<String> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Turns `http://host:port` into a socket address to bind (`localhost` → 127.0.0.1).
+///
+/// Errors: a URL without a port, or a host that does not resolve.
+pub fn bind_addr(url: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .unwrap_or(url);
+    let hostport = rest.split('/').next().unwrap_or(rest);
+    let hostport = hostport.replacen("localhost", "127.0.0.1", 1);
+    hostport
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {url}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{url} resolves to no address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_etcd() {
+        let c = Config::default();
+        assert_eq!(c.name, "default");
+        assert_eq!(c.data_dir(), PathBuf::from("default.keel"));
+        assert_eq!(c.listen_client_urls, "http://localhost:2379");
+        assert_eq!(c.initial_cluster, "default=http://localhost:2380");
+        assert_eq!(c.max_request_bytes, 1_572_864);
+        assert_eq!(c.max_txn_ops, 128);
+        assert_eq!(c.snapshot_count, 10_000);
+        assert_eq!(c.quota_bytes(), 2 * 1024 * 1024 * 1024);
+    }
+
+    #[test]
+    fn yaml_uses_etcd_keys_and_defaults_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("keel.yaml");
+        std::fs::write(&p, "name: n1\ndata-dir: /tmp/x\nmax-txn-ops: 64\nlisten-client-urls: http://127.0.0.1:9\n").unwrap();
+        let c = Config::from_yaml_file(&p).unwrap();
+        assert_eq!(c.name, "n1");
+        assert_eq!(c.data_dir(), PathBuf::from("/tmp/x"));
+        assert_eq!(c.max_txn_ops, 64);
+        assert_eq!(c.listen_client_urls, "http://127.0.0.1:9");
+        assert_eq!(c.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
+        std::fs::write(&p, "max-txn-ops: [").unwrap();
+        assert!(Config::from_yaml_file(&p).unwrap_err().contains("invalid --config-file"));
+    }
+
+    #[test]
+    fn bind_addr_resolves_localhost() {
+        assert_eq!(bind_addr("http://localhost:2379").unwrap().to_string(), "127.0.0.1:2379");
+        assert!(bind_addr("http://127.0.0.1").is_err());
+    }
+}

@@ -1,0 +1,194 @@
+//! openraft log storage on Keel's WAL (`crate::wal`).
+//!
+//! Entries are bincode-encoded `openraft::Entry` values keyed by log index; the vote, the
+//! committed log id and the last purged log id are WAL metadata records. Durability contract
+//! (Raft paper §5.1 and openraft's `RaftLogStorage` docs): `save_vote` returns only after the
+//! vote is fsync'ed, and the `LogFlushed` callback of `append` fires only after the entries are
+//! fsync'ed. Concurrent appends share one fdatasync (group commit, in the WAL).
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader, StorageIOError, Vote};
+
+use super::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
+use crate::wal::{Lsn, Wal, WalError};
+
+/// WAL metadata key of the raft vote (bincode `Vote<NodeId>`).
+pub const META_VOTE: u8 = 1;
+/// WAL metadata key of the committed log id (bincode `Option<LogId>`).
+pub const META_COMMITTED: u8 = 2;
+/// WAL metadata key of the last purged log id (bincode `LogId`).
+pub const META_PURGED: u8 = 3;
+
+/// The raft log store. Cheap to clone: clones share one WAL (the reader handed to
+/// replication tasks is such a clone).
+#[derive(Clone)]
+pub struct LogStore {
+    wal: Arc<Wal>,
+}
+
+impl LogStore {
+    /// Wraps an opened WAL.
+    pub fn new(wal: Arc<Wal>) -> LogStore {
+        LogStore { wal }
+    }
+
+    fn meta<T: serde::de::DeserializeOwned>(&self, key: u8) -> Result<Option<T>, StorageError> {
+        match self.wal.meta(key) {
+            None => Ok(None),
+            Some(bytes) => bincode::deserialize(&bytes)
+                .map(Some)
+                .map_err(|e| StorageIOError::read_logs(&e).into()),
+        }
+    }
+
+    /// Waits, off the async runtime's worker threads, until `lsn` is durable.
+    async fn durable(&self, lsn: Lsn) -> Result<(), WalError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.wal.on_durable(
+            lsn,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.await
+            .unwrap_or_else(|_| Err(WalError::Io(std::io::Error::other("wal sync thread stopped"))))
+    }
+
+    fn decode(bytes: &[u8], index: u64) -> Result<Entry, StorageError> {
+        bincode::deserialize(bytes).map_err(|e| StorageIOError::read_log_at_index(index, &e).into())
+    }
+}
+
+fn io_err(e: &WalError) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s + 1,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.wal.last_index().map_or(0, |l| l + 1),
+        };
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let raw = self
+            .wal
+            .read_range(start, end)
+            .map_err(|e| StorageIOError::read_logs(&e))?;
+        raw.iter().map(|(i, b)| Self::decode(b, *i)).collect()
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged_log_id: Option<LogId> = self.meta(META_PURGED)?;
+        let last_log_id = match self.wal.last_index() {
+            Some(i) => match self.wal.read(i).map_err(|e| StorageIOError::read_logs(&e))? {
+                Some(bytes) => Some(Self::decode(&bytes, i)?.log_id),
+                None => last_purged_log_id,
+            },
+            None => last_purged_log_id,
+        };
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+        let bytes = bincode::serialize(vote).map_err(|e| StorageIOError::write_vote(&e))?;
+        let lsn = self
+            .wal
+            .set_meta(META_VOTE, &bytes)
+            .map_err(|e| StorageIOError::write_vote(&e))?;
+        // A vote must be on disk before it is acknowledged (Raft paper §5.2, Figure 2).
+        self.durable(lsn)
+            .await
+            .map_err(|e| StorageIOError::write_vote(&e).into())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
+        self.meta(META_VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        // Not waited for: committed is a hint that lets a restart re-apply without an
+        // election; it only ever names entries that are already durable.
+        let bytes = bincode::serialize(&committed).map_err(|e| StorageIOError::write_logs(&e))?;
+        self.wal
+            .set_meta(META_COMMITTED, &bytes)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(self.meta::<Option<LogId>>(META_COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let encoded: Vec<(u64, Vec<u8>)> = entries
+            .into_iter()
+            .map(|e| bincode::serialize(&e).map(|b| (e.log_id.index, b)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
+        let lsn = self
+            .wal
+            .append(&refs)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        // Group commit: the WAL's sync thread fires this after the fdatasync covering `lsn`.
+        self.wal.on_durable(
+            lsn,
+            Box::new(move |r| callback.log_io_completed(r.map_err(|e| io_err(&e)))),
+        );
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.wal
+            .truncate_from(log_id.index)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        // Persist the purge point before dropping segments, so a restart never sees a log
+        // that starts after a gap without knowing why.
+        let bytes = bincode::serialize(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
+        let lsn = self
+            .wal
+            .set_meta(META_PURGED, &bytes)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.durable(lsn)
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.wal
+            .purge_to(log_id.index)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,12 @@
+//! openraft glue: the type configuration, log storage on the WAL, the state machine over
+//! apply/MVCC, snapshot files, and the peer network over tonic.
+
+pub mod log_store;
+pub mod network;
+pub mod snapshot;
+pub mod state_machine;
+pub mod types;
+
+pub use log_store::LogStore;
+pub use network::PeerNetwork;
+pub use state_machine::{SharedStore, StateMachine};
