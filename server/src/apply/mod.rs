@@ -20,6 +20,9 @@ use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
 
+#[cfg(test)]
+mod tests;
+
 /// sled key of the last applied raft membership config (bincode `StoredMembership`).
 const MEMBERSHIP_KEY: &[u8] = b"s/membership";
 

@@ -7,6 +7,11 @@ pub mod snapshot;
 pub mod state_machine;
 pub mod types;
 
+#[cfg(test)]
+mod recovery_test;
+#[cfg(test)]
+mod storage_suite_test;
+
 pub use log_store::LogStore;
 pub use network::PeerNetwork;
 pub use state_machine::{SharedStore, StateMachine};
