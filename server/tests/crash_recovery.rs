@@ -13,10 +13,11 @@ mod support;
 mod check;
 #[path = "crash_recovery/history.rs"]
 mod history;
+#[path = "crash_recovery/store.rs"]
+mod store;
 #[path = "crash_recovery/writer.rs"]
 mod writer;
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 use keel_proto::etcdserverpb::{CompactionRequest, RangeRequest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use store::Store;
 use support::grpc;
 use support::process::Keel;
 
@@ -61,7 +63,7 @@ fn acknowledged_writes_survive_repeated_sigkill() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let base = rt.block_on(read_store(&keel.endpoint())).revision;
+    let base = rt.block_on(Store::read(&keel.endpoint())).revision;
 
     let control = Arc::new(writer::Control {
         endpoint: keel.endpoint(),
@@ -100,7 +102,7 @@ fn acknowledged_writes_survive_repeated_sigkill() {
             .collect()
     });
 
-    let store = rt.block_on(read_store(&keel.endpoint()));
+    let store = rt.block_on(Store::read(&keel.endpoint()));
     eprintln!(
         "after {CRASHES} crashes: {}",
         check::summary(&history, &store)
@@ -110,7 +112,7 @@ fn acknowledged_writes_survive_repeated_sigkill() {
     // Recovering the same data dir again yields the very same store: replay is idempotent.
     keel.kill9();
     keel.restart();
-    let again = rt.block_on(read_store(&keel.endpoint()));
+    let again = rt.block_on(Store::read(&keel.endpoint()));
     assert_eq!(
         again.revision, store.revision,
         "store revision changed by a restart without writes"
@@ -131,7 +133,7 @@ fn compaction_and_revisions_survive_sigkill() {
     let endpoint = keel.endpoint();
     let r0 = rt.block_on(async {
         let mut kv = grpc::kv(&endpoint).await;
-        let r0 = read_store(&endpoint).await.revision;
+        let r0 = Store::read(&endpoint).await.revision;
         for value in ["v1", "v2", "v3"] {
             grpc::put(&mut kv, "foo", value).await;
         }
@@ -182,29 +184,6 @@ fn compaction_and_revisions_survive_sigkill() {
     });
 }
 
-/// Reads every key (`key = "\0"`, `range_end = "\0"`) with a linearizable Range.
-async fn read_store(endpoint: &str) -> check::Store {
-    let mut kv = grpc::kv(endpoint).await;
-    let response = grpc::range(&mut kv, &[0], &[0]).await;
-    let revision = response
-        .header
-        .as_ref()
-        .expect("RangeResponse.header")
-        .revision;
-    assert!(!response.more, "an unlimited Range returned more=true");
-    assert_eq!(
-        response.count as usize,
-        response.kvs.len(),
-        "count of an unlimited Range"
-    );
-    let kvs: BTreeMap<Vec<u8>, _> = response
-        .kvs
-        .into_iter()
-        .map(|kv| (kv.key.clone(), kv))
-        .collect();
-    check::Store { kvs, revision }
-}
-
 /// Waits until `min` more writes are acknowledged; panics with the member log after
 /// [`PROGRESS_TIMEOUT`].
 fn wait_for_acks(acked: &AtomicU64, min: u64, keel: &Keel) {
@@ -222,7 +201,7 @@ fn wait_for_acks(acked: &AtomicU64, min: u64, keel: &Keel) {
     }
 }
 
-fn assert_consistent(history: &[history::Attempt], store: &check::Store, base: i64, keel: &Keel) {
+fn assert_consistent(history: &[history::Attempt], store: &Store, base: i64, keel: &Keel) {
     let violations = check::check(history, store, base);
     if !violations.is_empty() {
         let shown: Vec<&String> = violations.iter().take(SHOWN_VIOLATIONS).collect();

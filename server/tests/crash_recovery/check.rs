@@ -19,12 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use keel_proto::mvccpb::KeyValue;
 
 use super::history::{Attempt, Outcome, Write};
-
-/// The store as read back: key -> KeyValue, plus the `header.revision` of that read.
-pub struct Store {
-    pub kvs: BTreeMap<Vec<u8>, KeyValue>,
-    pub revision: i64,
-}
+use super::store::Store;
 
 /// Applies rules 1-5 and returns one line per violation (empty = the history is consistent).
 /// `base` is the store revision before the clients started.

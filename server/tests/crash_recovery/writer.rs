@@ -78,7 +78,7 @@ pub async fn run(writer: usize, control: Arc<Control>) -> Vec<Attempt> {
 
 fn next_write(writer: usize, seq: u64) -> Write {
     let value = format!("value-of-w{writer}-{seq}").into_bytes();
-    if seq % TXN_EVERY == 0 {
+    if seq.is_multiple_of(TXN_EVERY) {
         let key = |side: &str| format!("crash/w{writer}/t{seq:08}/{side}").into_bytes();
         Write::PairTxn {
             a: key("a"),
