@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,6 +44,8 @@ pub struct Node {
     /// The configuration this member runs with.
     pub config: Config,
     db: sled::Db,
+    /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
+    db_size: AtomicI64,
     next_request_id: AtomicU64,
 }
 
@@ -151,10 +153,12 @@ impl Node {
             store: shared,
             attributes,
             config,
+            db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
             db,
             next_request_id: AtomicU64::new(1),
         });
         node.clone().spawn_publish();
+        node.clone().spawn_db_size_refresh();
         Ok(node)
     }
 
@@ -276,9 +280,38 @@ impl Node {
         }
     }
 
-    /// Bytes the store occupies on disk (sled's estimate).
+    /// Bytes the store occupies on disk (sled's figure, at most ~1 s old).
     pub fn db_size(&self) -> i64 {
-        self.db.size_on_disk().map(|b| b as i64).unwrap_or(0)
+        self.db_size.load(Ordering::Relaxed)
+    }
+
+    /// etcd's backend quota (`--quota-backend-bytes`): requests that add data (puts, txns
+    /// with puts) are refused once the store is larger than the quota; reads, deletes and
+    /// compactions still work so space can be reclaimed.
+    ///
+    /// Errors: `NoSpace` (`etcdserver: mvcc: database space exceeded`).
+    pub fn check_quota(&self) -> Result<(), EtcdError> {
+        if self.db_size() > self.config.quota_bytes() {
+            Err(EtcdError::NoSpace)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn spawn_db_size_refresh(self: Arc<Self>) {
+        let weak = Arc::downgrade(&self);
+        drop(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(node) = weak.upgrade() else { return };
+                let db = node.db.clone();
+                if let Ok(Ok(size)) = tokio::task::spawn_blocking(move || db.size_on_disk()).await {
+                    node.db_size.store(size as i64, Ordering::Relaxed);
+                }
+            }
+        });
     }
 
     /// Data directory of this member.
