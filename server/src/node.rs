@@ -6,12 +6,12 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use keel_proto::etcdserverpb::ResponseHeader;
-use keel_proto::keelpb::{self, raft_request, raft_response, RaftRequest, RaftResponse};
+use keel_proto::keelpb::{self, raft_request, RaftRequest, RaftResponse};
 use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 
@@ -21,6 +21,7 @@ use crate::error::EtcdError;
 use crate::membership::{self, Attributes};
 use crate::mvcc::MvccStore;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
+use crate::raft::proposer::{into_result, Proposer};
 use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
 use crate::wal::{Wal, WalOptions};
 
@@ -47,6 +48,7 @@ pub struct Node {
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
     next_request_id: AtomicU64,
+    proposer: OnceLock<Proposer>,
 }
 
 impl Node {
@@ -156,7 +158,18 @@ impl Node {
             db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
             db,
             next_request_id: AtomicU64::new(1),
+            proposer: OnceLock::new(),
         });
+        let weak: Weak<Node> = Arc::downgrade(&node);
+        let _ = node.proposer.set(Proposer::start(Arc::new(move |req| {
+            let weak = weak.clone();
+            Box::pin(async move {
+                match weak.upgrade() {
+                    Some(node) => node.propose_entry(req).await,
+                    None => Err(EtcdError::Stopped),
+                }
+            })
+        })));
         node.clone().spawn_publish();
         node.clone().spawn_db_size_refresh();
         Ok(node)
@@ -187,7 +200,8 @@ impl Node {
         });
     }
 
-    /// Proposes a request through the raft log and waits until it is applied here.
+    /// Proposes a client request through the raft log and waits until it is applied here.
+    /// Concurrent requests are batched into one log entry ([`Proposer`]).
     ///
     /// Errors: `RequestTooLarge` if the encoded request exceeds `--max-request-bytes`;
     /// `NoLeader`/`Timeout` if no leader emerges within the request timeout; `Stopped` when
@@ -200,6 +214,14 @@ impl Node {
         if req.encoded_len() > self.config.max_request_bytes as usize {
             return Err(EtcdError::RequestTooLarge);
         }
+        self.proposer.get().ok_or(EtcdError::Stopped)?.propose(req).await
+    }
+
+    /// Proposes one log entry as is (a request or a batch), forwarding it to the leader when
+    /// this member is a follower, and returns its apply result.
+    ///
+    /// Errors: as [`Node::propose`].
+    pub async fn propose_entry(&self, req: RaftRequest) -> Result<RaftResponse, EtcdError> {
         let deadline = tokio::time::Instant::now() + self.request_timeout();
         loop {
             match self.raft.client_write(Request(req.clone())).await {
@@ -323,13 +345,5 @@ impl Node {
     pub async fn shutdown(&self) {
         let _ = self.raft.shutdown().await;
         let _ = self.db.flush_async().await;
-    }
-}
-
-/// Turns an apply result into the caller's result (apply-time etcd errors become `Err`).
-fn into_result(resp: RaftResponse) -> Result<RaftResponse, EtcdError> {
-    match &resp.response {
-        Some(raft_response::Response::Error(e)) => Err(EtcdError::from_parts(e.code, &e.message)),
-        _ => Ok(resp),
     }
 }
