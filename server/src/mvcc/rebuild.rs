@@ -10,6 +10,7 @@
 //!    blocks.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use super::MvccError;
 use super::backend::decode_meta;
@@ -26,6 +27,10 @@ const CHUNKS: i64 = 64;
 pub(super) struct Rebuilt {
     pub index: Index,
     pub max_main: i64,
+    /// Records read.
+    pub records: usize,
+    /// Slowest thread's scan+decode time, slowest thread's sort time, merge+build time.
+    pub times: [Duration; 3],
 }
 
 /// Records read by one thread: keys packed in one arena.
@@ -61,16 +66,19 @@ pub(super) fn rebuild(tree: &sled::Tree) -> Result<Rebuilt, MvccError> {
         return Ok(Rebuilt {
             index: Index::new(),
             max_main: 0,
+            records: 0,
+            times: [Duration::ZERO; 3],
         });
     };
     let span = hi - lo + 1;
     let chunks = span.min(CHUNKS);
     let bound = |i: i64| lo + (span as i128 * i as i128 / chunks as i128) as i64;
     let next = AtomicUsize::new(0);
-    let runs: Vec<Run> = std::thread::scope(|s| {
+    let runs: Vec<(Run, Duration, Duration)> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..THREADS)
             .map(|_| {
-                s.spawn(|| -> Result<Run, MvccError> {
+                s.spawn(|| -> Result<(Run, Duration, Duration), MvccError> {
+                    let started = Instant::now();
                     let mut run = Run::default();
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed) as i64;
@@ -79,6 +87,7 @@ pub(super) fn rebuild(tree: &sled::Tree) -> Result<Rebuilt, MvccError> {
                         }
                         scan(tree, bound(i), bound(i + 1), &mut run)?;
                     }
+                    let scanned = started.elapsed();
                     let arena = &run.arena;
                     let key = |it: &Item| &arena[it.start..it.start + it.len as usize];
                     run.items.sort_unstable_by(|a, b| {
@@ -86,7 +95,7 @@ pub(super) fn rebuild(tree: &sled::Tree) -> Result<Rebuilt, MvccError> {
                             .cmp(key(b))
                             .then(a.rev.revision().cmp(&b.rev.revision()))
                     });
-                    Ok(run)
+                    Ok((run, scanned, started.elapsed() - scanned))
                 })
             })
             .collect();
@@ -98,10 +107,17 @@ pub(super) fn rebuild(tree: &sled::Tree) -> Result<Rebuilt, MvccError> {
             })
             .collect::<Result<Vec<_>, _>>()
     })?;
+    let built = Instant::now();
+    let scan_time = runs.iter().map(|r| r.1).max().unwrap_or_default();
+    let sort_time = runs.iter().map(|r| r.2).max().unwrap_or_default();
+    let runs: Vec<Run> = runs.into_iter().map(|r| r.0).collect();
+    let records = runs.iter().map(|r| r.items.len()).sum();
     let index = Index::from_sorted(Histories::new(&runs));
     Ok(Rebuilt {
         index,
         max_main: hi,
+        records,
+        times: [scan_time, sort_time, built.elapsed()],
     })
 }
 
