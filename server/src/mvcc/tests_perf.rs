@@ -81,6 +81,10 @@ fn single_puts(store: &MvccStore, n: usize) -> Duration {
 #[test]
 #[ignore = "1M-key measurement; run in release with --ignored --nocapture"]
 fn measure_one_million_keys() {
+    // The open log line carries the rebuild's phase timings.
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .try_init();
     let dir = tempfile::tempdir().unwrap();
     let db = sled::Config::new()
         .path(dir.path())
@@ -160,10 +164,18 @@ fn measure_one_million_keys() {
     println!("HashKV at 1M keys: {:?}", t.elapsed());
 
     drop(store);
-    let t = Instant::now();
-    let store = MvccStore::open(db.open_tree("keel").unwrap()).unwrap();
-    let rebuild = t.elapsed();
-    println!("index rebuild on reopen (1M keys, 1M records, 2 threads): {rebuild:?}");
+    let mut rebuilds = Vec::new();
+    let mut store = None;
+    for _ in 0..3 {
+        drop(store.take());
+        let t = Instant::now();
+        store = Some(MvccStore::open(db.open_tree("keel").unwrap()).unwrap());
+        rebuilds.push(t.elapsed());
+    }
+    let store = store.unwrap();
+    println!("index rebuild on reopen (1M keys, 1M records, 2 threads), 3 runs: {rebuilds:?}");
+    rebuilds.sort();
+    let rebuild = rebuilds[1];
     assert_eq!(store.hash_kv(0).unwrap(), h);
     let rebuilt = store.index_stats();
     println!(

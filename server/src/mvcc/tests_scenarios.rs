@@ -1682,3 +1682,12 @@ fn a_missing_record_is_compacted_only_if_a_compaction_passed_the_read_revision()
     tree.remove(&a_rev).unwrap().unwrap();
     assert!(internal(f.store.hash_kv(0).unwrap_err()), "sparse path");
 }
+
+#[test]
+fn store_is_shareable_and_write_txn_is_send() {
+    fn shareable<T: Send + Sync>() {}
+    fn sendable<T: Send>() {}
+    shareable::<MvccStore>();
+    shareable::<std::sync::Arc<MvccStore>>();
+    sendable::<super::WriteTxn<'static>>();
+}
