@@ -4,11 +4,15 @@
 use std::sync::Arc;
 
 use keel_proto::keelpb::peer_server::Peer;
+use keel_proto::etcdserverpb::{
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
 use keel_proto::keelpb::{RaftPayload, RaftRequest, RaftResponse};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use super::lease_leader;
 use crate::node::Node;
 
 /// Peer service of one member.
@@ -56,5 +60,26 @@ impl Peer for PeerService {
             return Err(Status::invalid_argument("forwarded raft request is empty"));
         };
         Ok(Response::new(self.node.propose(request).await?))
+    }
+
+    async fn lease_renew(&self, r: Request<LeaseKeepAliveRequest>) -> Result<Response<LeaseKeepAliveResponse>, Status> {
+        let id = r.into_inner().id;
+        let deadline = tokio::time::Instant::now() + self.node.request_timeout();
+        let ttl = lease_leader::renew_local(&self.node, id, deadline).await?;
+        Ok(Response::new(LeaseKeepAliveResponse { id, ttl, ..Default::default() }))
+    }
+
+    async fn lease_remaining(
+        &self,
+        r: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let id = r.into_inner().id;
+        let deadline = tokio::time::Instant::now() + self.node.request_timeout();
+        let ttl = lease_leader::remaining_local(&self.node, id, deadline).await?;
+        Ok(Response::new(LeaseTimeToLiveResponse {
+            id,
+            ttl: ttl.unwrap_or(-1),
+            ..Default::default()
+        }))
     }
 }

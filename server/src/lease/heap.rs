@@ -128,12 +128,23 @@ impl DeadlineHeap {
 
     /// Asserts the invariants of the module docs. O(n); for tests.
     pub fn check_invariants(&self) {
-        assert_eq!(self.pos.len(), self.entries.len(), "position map and entries differ in size");
+        assert_eq!(
+            self.pos.len(),
+            self.entries.len(),
+            "position map and entries differ in size"
+        );
         for (i, (deadline, id)) in self.entries.iter().enumerate() {
-            assert_eq!(self.pos.get(id), Some(&i), "lease {id} is not indexed at {i}");
+            assert_eq!(
+                self.pos.get(id),
+                Some(&i),
+                "lease {id} is not indexed at {i}"
+            );
             if i > 0 {
                 let parent = (i - 1) / 2;
-                assert!(self.entries[parent].0 <= *deadline, "heap order broken at {i}");
+                assert!(
+                    self.entries[parent].0 <= *deadline,
+                    "heap order broken at {i}"
+                );
             }
         }
     }
@@ -223,7 +234,12 @@ mod tests {
         let full = h.heap_bytes();
         while h.pop_due(at(t, 100_000)).is_some() {}
         assert!(h.is_empty());
-        assert!(h.heap_bytes() < full / 100, "heap kept {} of {} bytes", h.heap_bytes(), full);
+        assert!(
+            h.heap_bytes() < full / 100,
+            "heap kept {} of {} bytes",
+            h.heap_bytes(),
+            full
+        );
     }
 
     #[derive(Debug, Clone)]

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use keel_proto::etcdserverpb::{DeleteRangeRequest, LeaseCheckpoint, LeaseGrantRequest};
-use keel_proto::mvccpb::{event::EventType, Event};
-use tokio::sync::{watch, Notify};
+use keel_proto::mvccpb::{Event, event::EventType};
+use tokio::sync::{Notify, watch};
 
 use super::primary::{Primary, PrimaryConfig, PrimaryRenewal};
 use super::record::{self, LeaseRecord};
@@ -136,7 +136,11 @@ impl Lessor {
     ///
     /// Errors: sled I/O or an undecodable record. A key attached to an unknown lease is
     /// logged and skipped (etcd does the same).
-    pub fn load(&self, tree: &sled::Tree, leased_keys: Vec<(Vec<u8>, LeaseId)>) -> Result<(), String> {
+    pub fn load(
+        &self,
+        tree: &sled::Tree,
+        leased_keys: Vec<(Vec<u8>, LeaseId)>,
+    ) -> Result<(), String> {
         let mut leases: HashMap<LeaseId, Lease> = record::load_all(tree)?
             .into_iter()
             .map(|r| {
@@ -156,7 +160,9 @@ impl Lessor {
                     l.keys.insert(key.clone());
                     owners.insert(key, id);
                 }
-                None => tracing::warn!(lease = id, key = %key.escape_ascii(), "key attached to an unknown lease"),
+                None => {
+                    tracing::warn!(lease = id, key = %key.escape_ascii(), "key attached to an unknown lease")
+                }
             }
         }
         let mut st = self.lock();
@@ -172,7 +178,11 @@ impl Lessor {
     }
 
     fn schedule(leases: &HashMap<LeaseId, Lease>, config: PrimaryConfig, now: Instant) -> Primary {
-        Primary::promote(config, leases.iter().map(|(id, l)| (*id, l.ttl, l.remaining_ttl)), now)
+        Primary::promote(
+            config,
+            leases.iter().map(|(id, l)| (*id, l.ttl, l.remaining_ttl)),
+            now,
+        )
     }
 
     fn bump(&self) {
@@ -235,7 +245,11 @@ impl Lessor {
     ///
     /// Errors: ID 0 → `LeaseNotFound` (etcd), TTL above [`MAX_LEASE_TTL`] →
     /// `LeaseTtlTooLarge`, an existing ID → `LeaseExist`. Nothing is staged on error.
-    pub fn apply_grant(&self, w: &mut WriteTxn<'_>, req: &LeaseGrantRequest) -> Result<ApplyOutcome, EtcdError> {
+    pub fn apply_grant(
+        &self,
+        w: &mut WriteTxn<'_>,
+        req: &LeaseGrantRequest,
+    ) -> Result<ApplyOutcome, EtcdError> {
         if req.id == NO_LEASE {
             return Err(EtcdError::LeaseNotFound);
         }
@@ -302,7 +316,11 @@ impl Lessor {
 
     /// Applies a `LeaseCheckpoint` batch (etcd `lessor.Checkpoint`): records each existing
     /// lease's remaining TTL (unknown leases are skipped: they were revoked meanwhile).
-    pub fn apply_checkpoint(&self, w: &mut WriteTxn<'_>, checkpoints: &[LeaseCheckpoint]) -> ApplyOutcome {
+    pub fn apply_checkpoint(
+        &self,
+        w: &mut WriteTxn<'_>,
+        checkpoints: &[LeaseCheckpoint],
+    ) -> ApplyOutcome {
         let st = self.lock();
         let mut changed = Vec::with_capacity(checkpoints.len());
         for cp in checkpoints {
@@ -380,8 +398,16 @@ impl Lessor {
     fn attach_from_events(st: &mut State, events: &[Event]) {
         for ev in events {
             let Some(kv) = &ev.kv else { continue };
-            let new_owner = if ev.r#type == EventType::Put as i32 { kv.lease } else { NO_LEASE };
-            let old_owner = st.owners.get(kv.key.as_slice()).copied().unwrap_or(NO_LEASE);
+            let new_owner = if ev.r#type == EventType::Put as i32 {
+                kv.lease
+            } else {
+                NO_LEASE
+            };
+            let old_owner = st
+                .owners
+                .get(kv.key.as_slice())
+                .copied()
+                .unwrap_or(NO_LEASE);
             if old_owner == new_owner {
                 continue;
             }
@@ -399,7 +425,9 @@ impl Lessor {
                         st.owners.insert(key, new_owner);
                     }
                     // Apply checks leases before writing; reaching this is a bug upstream.
-                    None => tracing::error!(lease = new_owner, "put attached a key to an unknown lease"),
+                    None => {
+                        tracing::error!(lease = new_owner, "put attached a key to an unknown lease")
+                    }
                 }
             }
         }
@@ -435,9 +463,15 @@ impl Lessor {
     /// A keepalive of lease `id` on this member (etcd `lessor.Renew`).
     pub fn renew(&self, id: LeaseId) -> Renewal {
         let mut st = self.lock();
-        let State { leases, primary, .. } = &mut *st;
-        let Some(p) = primary.as_mut() else { return Renewal::NotPrimary };
-        let Some(l) = leases.get(&id) else { return Renewal::NotFound };
+        let State {
+            leases, primary, ..
+        } = &mut *st;
+        let Some(p) = primary.as_mut() else {
+            return Renewal::NotPrimary;
+        };
+        let Some(l) = leases.get(&id) else {
+            return Renewal::NotFound;
+        };
         match p.renew(id, l.ttl, Instant::now()) {
             PrimaryRenewal::Expired => Renewal::Expired,
             PrimaryRenewal::Renewed => Renewal::Renewed {
@@ -451,7 +485,9 @@ impl Lessor {
     /// `Lease.Remaining`, rounded down).
     pub fn remaining(&self, id: LeaseId) -> Remaining {
         let st = self.lock();
-        let Some(p) = st.primary.as_ref() else { return Remaining::NotPrimary };
+        let Some(p) = st.primary.as_ref() else {
+            return Remaining::NotPrimary;
+        };
         match st.leases.get(&id) {
             None => Remaining::NotFound,
             Some(l) => Remaining::Secs(p.remaining(id, Instant::now()).unwrap_or(l.ttl)),
@@ -461,13 +497,17 @@ impl Lessor {
     /// Leader loop: takes up to `max` expired leases to revoke (empty if not primary).
     pub fn take_expired(&self, max: usize) -> Vec<LeaseId> {
         let mut st = self.lock();
-        st.primary.as_mut().map_or_else(Vec::new, |p| p.take_expired(Instant::now(), max))
+        st.primary
+            .as_mut()
+            .map_or_else(Vec::new, |p| p.take_expired(Instant::now(), max))
     }
 
     /// Leader loop: takes up to `max` due checkpoints (empty if not primary).
     pub fn take_checkpoints(&self, max: usize) -> Vec<LeaseCheckpoint> {
         let mut st = self.lock();
-        let Some(p) = st.primary.as_mut() else { return Vec::new() };
+        let Some(p) = st.primary.as_mut() else {
+            return Vec::new();
+        };
         p.take_checkpoints(Instant::now(), max)
             .into_iter()
             .map(|(id, remaining_ttl)| LeaseCheckpoint { id, remaining_ttl })
@@ -478,7 +518,9 @@ impl Lessor {
     /// alone is due.
     pub fn next_due(&self) -> (Option<Instant>, Option<Instant>) {
         let st = self.lock();
-        st.primary.as_ref().map_or((None, None), |p| (p.next_due(), p.next_expiry()))
+        st.primary
+            .as_ref()
+            .map_or((None, None), |p| (p.next_due(), p.next_expiry()))
     }
 
     /// Leader loop: resolves when a lease was scheduled earlier than all others, or on

@@ -21,6 +21,7 @@
 //! before proposing ([`id::LeaseIdGenerator`]) and the minimum TTL is applied before
 //! proposing too.
 
+mod apply;
 pub mod heap;
 pub mod id;
 mod lessor;

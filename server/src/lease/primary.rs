@@ -17,8 +17,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use super::heap::DeadlineHeap;
 use super::LeaseId;
+use super::heap::DeadlineHeap;
 
 /// How the leader schedules expiry and checkpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,7 +170,9 @@ impl Primary {
     pub fn take_expired(&mut self, now: Instant, max: usize) -> Vec<LeaseId> {
         let mut due = Vec::new();
         while due.len() < max {
-            let Some((_, id)) = self.expiry.pop_due(now) else { break };
+            let Some((_, id)) = self.expiry.pop_due(now) else {
+                break;
+            };
             due.push(id);
         }
         for &id in &due {
@@ -186,11 +188,16 @@ impl Primary {
     pub fn take_checkpoints(&mut self, now: Instant, max: usize) -> Vec<(LeaseId, i64)> {
         let mut out = Vec::new();
         while out.len() < max {
-            let Some((_, id)) = self.checkpoints.pop_due(now) else { break };
+            let Some((_, id)) = self.checkpoints.pop_due(now) else {
+                break;
+            };
             match self.expiry.get(id) {
                 Some(deadline) if deadline > now && !self.revoking.contains(&id) => {
                     let left = deadline - now;
-                    out.push((id, left.as_secs() as i64 + i64::from(left.subsec_nanos() > 0)));
+                    out.push((
+                        id,
+                        left.as_secs() as i64 + i64::from(left.subsec_nanos() > 0),
+                    ));
                 }
                 _ => {}
             }
@@ -238,10 +245,22 @@ mod tests {
     fn promotion_uses_checkpointed_remaining_ttl_plus_extension() {
         let t = Instant::now();
         let p = Primary::promote(config(Some(5)), [(1, 60, 20), (2, 60, 0)].into_iter(), t);
-        assert_eq!(p.remaining(1, t), Some(21), "checkpointed 20 s + 1 s extension");
-        assert_eq!(p.remaining(2, t), Some(61), "no checkpoint: full TTL + extension");
+        assert_eq!(
+            p.remaining(1, t),
+            Some(21),
+            "checkpointed 20 s + 1 s extension"
+        );
+        assert_eq!(
+            p.remaining(2, t),
+            Some(61),
+            "no checkpoint: full TTL + extension"
+        );
         let off = Primary::promote(config(None), [(1, 60, 20)].into_iter(), t);
-        assert_eq!(off.remaining(1, t), Some(61), "checkpoints off: remaining TTL is ignored");
+        assert_eq!(
+            off.remaining(1, t),
+            Some(61),
+            "checkpoints off: remaining TTL is ignored"
+        );
     }
 
     #[test]
@@ -253,7 +272,11 @@ mod tests {
         p.granted(3, 10, t);
         let at = t + Duration::from_secs(3);
         assert_eq!(p.take_expired(at, 10), vec![1, 2]);
-        assert_eq!(p.take_expired(at, 10), Vec::<LeaseId>::new(), "in flight: not taken twice");
+        assert_eq!(
+            p.take_expired(at, 10),
+            Vec::<LeaseId>::new(),
+            "in flight: not taken twice"
+        );
         assert_eq!(p.renew(1, 2, at), PrimaryRenewal::Expired);
         assert_eq!(p.remaining(1, at), Some(0));
         // The revocation of 2 applied; 1 never did, so it comes back after the retry delay.
@@ -269,7 +292,10 @@ mod tests {
         for id in 0..10 {
             p.granted(id, 5, t);
         }
-        assert_eq!(p.renew(4, 5, t + Duration::from_secs(4)), PrimaryRenewal::Renewed);
+        assert_eq!(
+            p.renew(4, 5, t + Duration::from_secs(4)),
+            PrimaryRenewal::Renewed
+        );
         assert_eq!(p.remaining(4, t + Duration::from_secs(4)), Some(5));
         let due = p.take_expired(t + Duration::from_secs(6), 3);
         assert_eq!(due.len(), 3);
@@ -289,7 +315,11 @@ mod tests {
         p.granted(2, 4, t); // shorter than the interval: never checkpointed
         assert_eq!(p.take_checkpoints(t + Duration::from_secs(4), 10), vec![]);
         let at = t + Duration::from_millis(5_500);
-        assert_eq!(p.take_checkpoints(at, 10), vec![(1, 15)], "14.5 s left rounds up");
+        assert_eq!(
+            p.take_checkpoints(at, 10),
+            vec![(1, 15)],
+            "14.5 s left rounds up"
+        );
         p.checkpointed(1, 20, 15, at);
         assert_eq!(p.stats().1, 1, "rescheduled after the checkpoint applied");
         // A cleared checkpoint (after a keepalive) guarantees the full TTL.

@@ -54,7 +54,10 @@ pub fn decode(key: &[u8], value: &[u8]) -> Result<LeaseRecord, String> {
         return Err(bad("key is not `l` + 8 bytes"));
     }
     if value.first() != Some(&FORMAT) {
-        return Err(bad(&format!("unsupported format {:?} (this binary reads {FORMAT})", value.first())));
+        return Err(bad(&format!(
+            "unsupported format {:?} (this binary reads {FORMAT})",
+            value.first()
+        )));
     }
     if value.len() != VALUE_LEN {
         return Err(bad("value has the wrong size"));
@@ -96,8 +99,16 @@ mod tests {
     #[test]
     fn round_trips_negative_and_large_ids() {
         for r in [
-            LeaseRecord { id: -5, ttl: 60, remaining_ttl: 0 },
-            LeaseRecord { id: i64::MAX, ttl: super::super::MAX_LEASE_TTL, remaining_ttl: 42 },
+            LeaseRecord {
+                id: -5,
+                ttl: 60,
+                remaining_ttl: 0,
+            },
+            LeaseRecord {
+                id: i64::MAX,
+                ttl: super::super::MAX_LEASE_TTL,
+                remaining_ttl: 42,
+            },
         ] {
             assert_eq!(decode(&key(r.id), &encode(&r)).unwrap(), r);
         }
@@ -105,11 +116,23 @@ mod tests {
 
     #[test]
     fn rejects_unknown_formats_and_sizes() {
-        let r = LeaseRecord { id: 7, ttl: 1, remaining_ttl: 0 };
+        let r = LeaseRecord {
+            id: 7,
+            ttl: 1,
+            remaining_ttl: 0,
+        };
         let mut v = encode(&r);
         v[0] = 9;
-        assert!(decode(&key(7), &v).unwrap_err().contains("unsupported format"));
-        assert!(decode(&key(7), &encode(&r)[..10]).unwrap_err().contains("wrong size"));
+        assert!(
+            decode(&key(7), &v)
+                .unwrap_err()
+                .contains("unsupported format")
+        );
+        assert!(
+            decode(&key(7), &encode(&r)[..10])
+                .unwrap_err()
+                .contains("wrong size")
+        );
         assert!(decode(b"lx", &encode(&r)).is_err());
     }
 
@@ -119,11 +142,30 @@ mod tests {
         let tree = db.open_tree("t").unwrap();
         tree.insert(b"k-not-a-lease", b"x").unwrap();
         let mut b = sled::Batch::default();
-        stage_put(&mut b, &LeaseRecord { id: 2, ttl: 10, remaining_ttl: 0 });
-        stage_put(&mut b, &LeaseRecord { id: 1, ttl: 20, remaining_ttl: 5 });
+        stage_put(
+            &mut b,
+            &LeaseRecord {
+                id: 2,
+                ttl: 10,
+                remaining_ttl: 0,
+            },
+        );
+        stage_put(
+            &mut b,
+            &LeaseRecord {
+                id: 1,
+                ttl: 20,
+                remaining_ttl: 5,
+            },
+        );
         tree.apply_batch(b).unwrap();
         let all = load_all(&tree).unwrap();
-        assert_eq!(all.iter().map(|r| (r.id, r.ttl, r.remaining_ttl)).collect::<Vec<_>>(), vec![(1, 20, 5), (2, 10, 0)]);
+        assert_eq!(
+            all.iter()
+                .map(|r| (r.id, r.ttl, r.remaining_ttl))
+                .collect::<Vec<_>>(),
+            vec![(1, 20, 5), (2, 10, 0)]
+        );
         let mut b = sled::Batch::default();
         stage_remove(&mut b, 1);
         tree.apply_batch(b).unwrap();

@@ -21,14 +21,15 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::LeaseCheckpointRequest;
-use keel_proto::keelpb::{raft_request, LeaseExpire, RaftResponse};
+use keel_proto::keelpb::{LeaseExpire, RaftResponse, raft_request};
 use openraft::{RaftMetrics, ServerState};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use super::Lessor;
 use super::primary::PrimaryConfig;
 use super::rate::TokenBucket;
-use super::Lessor;
+use crate::config::Config;
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::raft::types::{MemberNode, NodeId};
@@ -37,7 +38,10 @@ use crate::raft::types::{MemberNode, NodeId};
 /// tests).
 pub trait Proposer: Send + Sync + 'static {
     /// Proposes `req` and resolves once it is applied here.
-    fn propose(&self, req: raft_request::Request) -> impl Future<Output = Result<RaftResponse, EtcdError>> + Send;
+    fn propose(
+        &self,
+        req: raft_request::Request,
+    ) -> impl Future<Output = Result<RaftResponse, EtcdError>> + Send;
 }
 
 /// A [`Proposer`] that does not keep its member alive.
@@ -65,6 +69,26 @@ pub struct RunnerConfig {
     pub max_in_flight: usize,
 }
 
+impl RunnerConfig {
+    /// The loop settings of a member with `config`: TTL extension = election timeout (etcd
+    /// `Promote(electionTimeout)`), revocation retry = etcd's request timeout (5 s + 2 ×
+    /// election timeout), the rate and checkpoint interval from the flags.
+    pub fn from_config(config: &Config) -> RunnerConfig {
+        let interval = config.lease_checkpoint_interval;
+        RunnerConfig {
+            primary: PrimaryConfig {
+                extend: Duration::from_millis(config.election_timeout),
+                checkpoint_interval: (interval > 0).then(|| Duration::from_millis(interval)),
+                revoke_retry: Duration::from_millis(5000 + 2 * config.election_timeout),
+            },
+            revoke_rate: config.lease_revoke_rate.max(1),
+            batch: DEFAULT_EXPIRE_BATCH,
+            checkpoint_batch: DEFAULT_CHECKPOINT_BATCH,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
+}
+
 /// Default leases per `LeaseExpire` entry: 1000 IDs are ~10 KB, far below
 /// `--max-request-bytes`, and one entry's apply stays short.
 pub const DEFAULT_EXPIRE_BATCH: usize = 1000;
@@ -78,12 +102,16 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 4;
 pub fn is_ready_leader(m: &RaftMetrics<NodeId, MemberNode>, me: NodeId) -> bool {
     m.state == ServerState::Leader
         && m.current_leader == Some(me)
-        && m.last_applied.is_some_and(|l| l.leader_id.term == m.current_term)
+        && m.last_applied
+            .is_some_and(|l| l.leader_id.term == m.current_term)
 }
 
 /// Derives the leadership signal of [`run`] from raft metrics. The signal closes (after a
 /// final `false`) when raft shuts down.
-pub fn leadership(mut metrics: watch::Receiver<RaftMetrics<NodeId, MemberNode>>, me: NodeId) -> watch::Receiver<bool> {
+pub fn leadership(
+    mut metrics: watch::Receiver<RaftMetrics<NodeId, MemberNode>>,
+    me: NodeId,
+) -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         loop {
@@ -119,7 +147,10 @@ pub async fn run<P: Proposer>(
             return;
         }
         lessor.promote(config.primary.clone());
-        tracing::info!(leases = lessor.len(), "lease: became primary, expiry schedule built");
+        tracing::info!(
+            leases = lessor.len(),
+            "lease: became primary, expiry schedule built"
+        );
         let closed = serve_as_primary(&lessor, &proposer, &mut leader, &config).await;
         lessor.demote();
         tracing::info!("lease: stepped down, expiry schedule dropped");
@@ -155,8 +186,14 @@ async fn serve_as_primary<P: Proposer>(
             let p = proposer.clone();
             in_flight.spawn(async move {
                 let n = ids.len();
-                if let Err(e) = p.propose(raft_request::Request::LeaseExpire(LeaseExpire { ids })).await {
-                    tracing::warn!(leases = n, "lease: expiry entry not applied, will retry: {e}");
+                if let Err(e) = p
+                    .propose(raft_request::Request::LeaseExpire(LeaseExpire { ids }))
+                    .await
+                {
+                    tracing::warn!(
+                        leases = n,
+                        "lease: expiry entry not applied, will retry: {e}"
+                    );
                 }
             });
         }
@@ -168,7 +205,8 @@ async fn serve_as_primary<P: Proposer>(
             }
             let p = proposer.clone();
             in_flight.spawn(async move {
-                let req = raft_request::Request::LeaseCheckpoint(LeaseCheckpointRequest { checkpoints });
+                let req =
+                    raft_request::Request::LeaseCheckpoint(LeaseCheckpointRequest { checkpoints });
                 if let Err(e) = p.propose(req).await {
                     tracing::debug!("lease: checkpoint entry not applied: {e}");
                 }
