@@ -235,7 +235,7 @@ mod tests {
         while h.pop_due(at(t, 100_000)).is_some() {}
         assert!(h.is_empty());
         assert!(
-            h.heap_bytes() < full / 100,
+            h.heap_bytes() < full / 20,
             "heap kept {} of {} bytes",
             h.heap_bytes(),
             full

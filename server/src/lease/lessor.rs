@@ -370,6 +370,8 @@ impl Lessor {
                     }
                     revoked_any = true;
                 }
+                shrink_if_sparse(&mut st.leases);
+                shrink_if_sparse(&mut st.owners);
             }
             Some(ApplyOutcome::Checkpointed(records)) => {
                 for r in records {
@@ -541,6 +543,15 @@ impl Lessor {
             primary_revoking: primary.map(|s| s.2),
             primary_heap_bytes: primary.map(|s| s.3),
         }
+    }
+}
+
+/// Gives memory back after a storm: a map below a quarter of its capacity shrinks, so the
+/// lessor's memory follows the live leases, not the peak.
+fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    const MIN_CAPACITY: usize = 1024;
+    if map.capacity() >= MIN_CAPACITY && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
     }
 }
 

@@ -269,7 +269,7 @@ mod tests {
         let mut p = Primary::promote(config(None), std::iter::empty(), t);
         p.granted(1, 2, t);
         p.granted(2, 3, t);
-        p.granted(3, 10, t);
+        p.granted(3, 100, t);
         let at = t + Duration::from_secs(3);
         assert_eq!(p.take_expired(at, 10), vec![1, 2]);
         assert_eq!(

@@ -47,13 +47,15 @@ impl TokenBucket {
         self.tokens = (self.tokens - n as f64).max(0.0);
     }
 
-    /// How long until at least one whole token is available (zero if one is).
-    pub fn wait_for_one(&mut self, now: Instant) -> Duration {
+    /// How long until at least `n` whole tokens are available (zero if they are; `n` is
+    /// capped at the burst).
+    pub fn wait_for(&mut self, n: usize, now: Instant) -> Duration {
         self.refill(now);
-        if self.tokens >= 1.0 {
+        let n = (n as f64).min(self.burst);
+        if self.tokens >= n {
             Duration::ZERO
         } else {
-            Duration::from_secs_f64((1.0 - self.tokens) / self.rate)
+            Duration::from_secs_f64((n - self.tokens) / self.rate)
         }
     }
 }
@@ -69,7 +71,8 @@ mod tests {
         assert_eq!(b.available(t0), 100, "a full bucket gives its burst");
         b.consume(100);
         assert_eq!(b.available(t0), 0);
-        assert_eq!(b.wait_for_one(t0), Duration::from_millis(1));
+        assert_eq!(b.wait_for(1, t0), Duration::from_millis(1));
+        assert_eq!(b.wait_for(10, t0), Duration::from_millis(10));
         // 50 ms at 1000/s refills 50 tokens.
         assert_eq!(b.available(t0 + Duration::from_millis(50)), 50);
         // A long pause refills only up to the burst.

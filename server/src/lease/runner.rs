@@ -7,7 +7,8 @@
 //!
 //! - due leases are taken from the schedule within the revocation budget (a
 //!   [`TokenBucket`] at `--lease-revoke-rate` leases/s), grouped into `keelpb.LeaseExpire`
-//!   entries of at most `batch` leases, and proposed with at most `max_in_flight` entries
+//!   entries of at most `batch` leases (and, while the rate limit bites, of at least a
+//!   tenth of a second's budget), and proposed with at most `max_in_flight` entries
 //!   outstanding. Every member applies the same deletion. A lease whose entry does not
 //!   apply is proposed again after `revoke_retry`.
 //! - due checkpoints are proposed as `LeaseCheckpoint` entries of at most
@@ -168,6 +169,9 @@ async fn serve_as_primary<P: Proposer>(
     config: &RunnerConfig,
 ) -> bool {
     let batch = config.batch.max(1);
+    // When the rate limit bites, wait for at least a tenth of a second's budget so that a
+    // storm is revoked in ~10 well-filled entries per second, not one entry per token.
+    let min_batch = batch.min((config.revoke_rate / 10).max(1) as usize);
     let max_in_flight = config.max_in_flight.max(1);
     let mut bucket = TokenBucket::new(config.revoke_rate, batch as u64, Instant::now());
     let mut in_flight: JoinSet<()> = JoinSet::new();
@@ -175,7 +179,7 @@ async fn serve_as_primary<P: Proposer>(
         // Revocations, within the rate and the in-flight bound.
         while in_flight.len() < max_in_flight {
             let budget = bucket.available(Instant::now()).min(batch);
-            if budget == 0 {
+            if budget < min_batch {
                 break;
             }
             let ids = lessor.take_expired(budget);
@@ -218,7 +222,11 @@ async fn serve_as_primary<P: Proposer>(
         let full = in_flight.len() >= max_in_flight;
         let wake_at = if next_expiry.is_some_and(|d| d <= now) {
             // Leases are due: wait for budget (or for a slot, via join_next below).
-            (!full).then(|| now + bucket.wait_for_one(now).max(Duration::from_millis(1)))
+            (!full).then(|| {
+                now + bucket
+                    .wait_for(min_batch, now)
+                    .max(Duration::from_millis(1))
+            })
         } else if full {
             None
         } else {
