@@ -4,8 +4,9 @@
 //! - Grant and revoke go through the raft log. The lease ID (client-chosen, or generated
 //!   here) and the TTL (raised to etcd's minimum TTL) are fixed before proposing, so apply
 //!   does not depend on the member.
-//! - Keepalives and remaining TTLs need the leader's schedule ([`super::lease_leader`]).
-//! - TimeToLive and Leases read the local lessor after a linearizable read barrier.
+//! - Keepalives and TimeToLive need the leader's schedule ([`super::lease_leader`]); a
+//!   follower forwards them, as etcd does.
+//! - Leases lists the leases this member has applied (etcd: local, no read barrier).
 //!
 //! Responses follow etcd 3.4: an unknown lease gives `LeaseRevoke` → `etcdserver: requested
 //! lease not found`, `LeaseTimeToLive` → TTL -1 (no error), `LeaseKeepAlive` → TTL 0.
@@ -160,36 +161,16 @@ impl Lease for LeaseService {
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let req = request.into_inner();
-        self.node.read_barrier().await?;
-        let not_found = |header| LeaseTimeToLiveResponse {
-            header: Some(header),
-            id: req.id,
-            ttl: -1,
-            ..Default::default()
-        };
-        let Some(info) = self.node.lessor.info(req.id, req.keys) else {
-            return Ok(Response::new(not_found(self.header_now())));
-        };
-        let remaining = lease_leader::remaining(&self.node, &self.leader, req.id).await?;
-        let header = self.header_now();
-        Ok(Response::new(match remaining {
-            // Revoked between the two reads.
-            None => not_found(header),
-            Some(ttl) => LeaseTimeToLiveResponse {
-                header: Some(header),
-                id: req.id,
-                ttl,
-                granted_ttl: info.ttl,
-                keys: info.keys,
-            },
-        }))
+        let mut resp = lease_leader::time_to_live(&self.node, &self.leader, &req).await?;
+        resp.header = Some(self.header_now());
+        Ok(Response::new(resp))
     }
 
+    /// The leases this member has applied, like etcd (`lessor.Leases`, no read barrier).
     async fn lease_leases(
         &self,
         _request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        self.node.read_barrier().await?;
         let leases = self
             .node
             .lessor

@@ -1,9 +1,9 @@
 //! Lease calls that only the leader can answer, because only it holds deadlines: a
-//! keepalive ([`renew`]) and the remaining TTL ([`remaining`]).
+//! keepalive ([`renew`]) and TimeToLive's remaining TTL ([`time_to_live`]).
 //!
 //! On the leader they run against the local [`crate::lease::Lessor`]; on a follower they
 //! are forwarded to the leader over the peer protocol (`keelpb.Peer/LeaseRenew`,
-//! `LeaseRemaining`; etcd forwards keepalives to the leader over HTTP the same way). A
+//! `LeaseTimeToLive`; etcd forwards both to the leader over HTTP the same way). A
 //! member that just won an election answers once its schedule is built (it has applied its
 //! term's first entry). Every wait is bounded by etcd's request timeout.
 
@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use keel_proto::etcdserverpb::{
     LeaseCheckpoint, LeaseCheckpointRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest,
+    LeaseTimeToLiveResponse,
 };
 use keel_proto::keelpb::peer_client::PeerClient;
 use keel_proto::keelpb::raft_request::Request as Rq;
@@ -183,20 +184,22 @@ async fn forward_renew(
     }
 }
 
-/// The remaining TTL of lease `id` in whole seconds from the leader's schedule, `None` if
-/// the lease does not exist (etcd `LeaseTimeToLive` asks the leader the same way).
+/// `LeaseTimeToLive` answered by the leader: the lease's granted TTL, its remaining TTL
+/// in whole seconds from the leader's schedule, and its keys if asked; TTL -1 when there is
+/// no such lease (etcd 3.4 answers a follower's TimeToLive from the leader the same way).
+/// The header is left for the caller.
 ///
 /// Errors: as [`renew`].
-pub async fn remaining(
+pub async fn time_to_live(
     node: &Node,
     leader: &LeaderClient,
-    id: LeaseId,
-) -> Result<Option<i64>, EtcdError> {
+    req: &LeaseTimeToLiveRequest,
+) -> Result<LeaseTimeToLiveResponse, EtcdError> {
     let deadline = Instant::now() + node.request_timeout();
     loop {
         let attempt = match route(node) {
-            Route::Local => remaining_local(node, id, deadline).await,
-            Route::Remote(url) => forward_remaining(leader, &url, id, deadline).await,
+            Route::Local => time_to_live_local(node, req, deadline).await,
+            Route::Remote(url) => forward_time_to_live(leader, &url, req, deadline).await,
             Route::NoLeader => Err(EtcdError::NotLeader),
         };
         match attempt {
@@ -206,22 +209,44 @@ pub async fn remaining(
     }
 }
 
-/// [`remaining`] on this member, which must be the leader.
+/// [`time_to_live`] on this member, which must be the leader: a read barrier (so every
+/// committed grant and revocation is applied here), then the lessor and its schedule.
 ///
 /// Errors: `NotLeader` if this member does not lead; `Timeout` at `deadline`.
-pub async fn remaining_local(
+pub async fn time_to_live_local(
     node: &Node,
-    id: LeaseId,
+    req: &LeaseTimeToLiveRequest,
     deadline: Instant,
-) -> Result<Option<i64>, EtcdError> {
+) -> Result<LeaseTimeToLiveResponse, EtcdError> {
+    if !leads(node) {
+        return Err(EtcdError::NotLeader);
+    }
+    node.read_barrier().await?;
+    let not_found = LeaseTimeToLiveResponse {
+        id: req.id,
+        ttl: -1,
+        ..Default::default()
+    };
     loop {
         let mut changes = node.lessor.changes();
-        match node.lessor.remaining(id) {
-            Remaining::Secs(s) => return Ok(Some(s)),
-            Remaining::NotFound => return Ok(None),
+        let Some(info) = node.lessor.info(req.id, req.keys) else {
+            return Ok(not_found);
+        };
+        match node.lessor.remaining(req.id) {
+            Remaining::Secs(ttl) => {
+                return Ok(LeaseTimeToLiveResponse {
+                    header: None,
+                    id: req.id,
+                    ttl,
+                    granted_ttl: info.ttl,
+                    keys: info.keys,
+                });
+            }
+            Remaining::NotFound => return Ok(not_found),
             Remaining::NotPrimary if !leads(node) => return Err(EtcdError::NotLeader),
             Remaining::NotPrimary => {}
         }
+        // Elected but the schedule is not built yet.
         let wake = (Instant::now() + RETRY_PAUSE).min(deadline);
         let _ = tokio::time::timeout_at(wake, changes.changed()).await;
         if Instant::now() >= deadline {
@@ -230,22 +255,19 @@ pub async fn remaining_local(
     }
 }
 
-async fn forward_remaining(
+async fn forward_time_to_live(
     leader: &LeaderClient,
     url: &str,
-    id: LeaseId,
+    req: &LeaseTimeToLiveRequest,
     deadline: Instant,
-) -> Result<Option<i64>, EtcdError> {
+) -> Result<LeaseTimeToLiveResponse, EtcdError> {
     let mut client = leader.client(url)?;
-    let mut req = tonic::Request::new(LeaseTimeToLiveRequest { id, keys: false });
-    req.set_timeout(deadline.saturating_duration_since(Instant::now()));
-    match client.lease_remaining(req).await {
-        Ok(r) => {
-            let ttl = r.into_inner().ttl;
-            Ok((ttl >= 0).then_some(ttl))
-        }
+    let mut request = tonic::Request::new(req.clone());
+    request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+    match client.lease_time_to_live(request).await {
+        Ok(r) => Ok(r.into_inner()),
         Err(s) if s.code() == tonic::Code::Unavailable => {
-            tracing::debug!(leader = url, "lease remaining-TTL forward failed: {s}");
+            tracing::debug!(leader = url, "lease TimeToLive forward failed: {s}");
             Err(EtcdError::NotLeader)
         }
         Err(s) => Err(EtcdError::from_parts(s.code() as i32, s.message())),

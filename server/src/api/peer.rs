@@ -69,17 +69,12 @@ impl Peer for PeerService {
         Ok(Response::new(LeaseKeepAliveResponse { id, ttl, ..Default::default() }))
     }
 
-    async fn lease_remaining(
+    async fn lease_time_to_live(
         &self,
         r: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let id = r.into_inner().id;
         let deadline = tokio::time::Instant::now() + self.node.request_timeout();
-        let ttl = lease_leader::remaining_local(&self.node, id, deadline).await?;
-        Ok(Response::new(LeaseTimeToLiveResponse {
-            id,
-            ttl: ttl.unwrap_or(-1),
-            ..Default::default()
-        }))
+        let resp = lease_leader::time_to_live_local(&self.node, r.get_ref(), deadline).await?;
+        Ok(Response::new(resp))
     }
 }
