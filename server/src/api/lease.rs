@@ -14,7 +14,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use keel_proto::etcdserverpb::lease_server::Lease;
 use keel_proto::etcdserverpb::{
     LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
@@ -36,6 +36,8 @@ use crate::node::Node;
 const GENERATED_ID_ATTEMPTS: usize = 3;
 /// Keepalive responses buffered per stream before the stream stops reading requests.
 const KEEPALIVE_BUFFER: usize = 16;
+/// Keepalives of one stream renewed concurrently (answers stay in request order).
+const KEEPALIVE_PIPELINE: usize = 32;
 
 /// The response stream of `LeaseKeepAlive`.
 type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
@@ -128,25 +130,37 @@ impl Lease for LeaseService {
         &self,
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
-        let mut inbound = request.into_inner();
+        let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_BUFFER);
         let node = self.node.clone();
         let leader = self.leader.clone();
         tokio::spawn(async move {
-            // One response per request, in order (etcd `leaseKeepAlive`). The stream ends
-            // when the client closes it, on a transport error, or after an error response.
-            while let Ok(Some(req)) = inbound.message().await {
-                // The header is taken before renewing, so a client never sees a keepalive
-                // at a revision after the lease's revocation (etcd does the same).
-                let header = node.header(node.store.get().current_revision());
-                let item = match lease_leader::renew(&node, &leader, req.id).await {
-                    Ok(ttl) => Ok(LeaseKeepAliveResponse {
-                        header: Some(header),
-                        id: req.id,
-                        ttl,
-                    }),
-                    Err(e) => Err(Status::from(e)),
-                };
+            // One response per request, in request order (etcd `leaseKeepAlive`); up to
+            // KEEPALIVE_PIPELINE renewals of one stream run at once, so a follower's
+            // forwarding round trips overlap. The stream ends when the client closes it, on
+            // a transport error, or after an error response.
+            let requests = inbound
+                .take_while(|r| std::future::ready(r.is_ok()))
+                .filter_map(|r| std::future::ready(r.ok()));
+            let replies = requests
+                .map(|req| {
+                    let (node, leader) = (node.clone(), leader.clone());
+                    async move {
+                        // The header is taken before renewing, so a client never sees a
+                        // keepalive at a revision after the lease's revocation (as etcd).
+                        let header = node.header(node.store.get().current_revision());
+                        let ttl = lease_leader::renew(&node, &leader, req.id).await?;
+                        Ok(LeaseKeepAliveResponse {
+                            header: Some(header),
+                            id: req.id,
+                            ttl,
+                        })
+                    }
+                })
+                .buffered(KEEPALIVE_PIPELINE);
+            let mut replies = std::pin::pin!(replies);
+            while let Some(item) = replies.next().await {
+                let item = item.map_err(|e: EtcdError| Status::from(e));
                 let failed = item.is_err();
                 if tx.send(item).await.is_err() || failed {
                     break;

@@ -31,8 +31,11 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// forwarded keepalive).
 #[derive(Clone, Default)]
 pub struct LeaderClient {
-    cached: Arc<Mutex<Option<(String, PeerClient<Channel>)>>>,
+    cached: Arc<Mutex<Option<CachedPeer>>>,
 }
+
+/// A leader's peer URL and a client on a channel to it.
+type CachedPeer = (String, PeerClient<Channel>);
 
 impl LeaderClient {
     fn client(&self, url: &str) -> Result<PeerClient<Channel>, EtcdError> {
@@ -262,7 +265,7 @@ async fn forward_time_to_live(
     deadline: Instant,
 ) -> Result<LeaseTimeToLiveResponse, EtcdError> {
     let mut client = leader.client(url)?;
-    let mut request = tonic::Request::new(req.clone());
+    let mut request = tonic::Request::new(*req);
     request.set_timeout(deadline.saturating_duration_since(Instant::now()));
     match client.lease_time_to_live(request).await {
         Ok(r) => Ok(r.into_inner()),

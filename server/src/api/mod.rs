@@ -10,7 +10,7 @@ mod cluster;
 mod kv;
 pub mod kv_validate;
 mod lease;
-pub mod lease_leader;
+mod lease_leader;
 mod maintenance;
 mod peer;
 mod unimplemented;
