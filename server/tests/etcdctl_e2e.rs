@@ -216,12 +216,15 @@ fn txn_takes_success_or_failure_branch_atomically() {
     assert_eq!(out["header"]["revision"], r0 + 3, "{out}");
     let responses = out["responses"].as_array().expect("responses");
     assert_eq!(responses.len(), 2, "{out}");
+    // etcd fills only `revision` in the headers of the responses inside a txn (the outer
+    // header carries the ids and the term).
+    let inner_header = json!({ "revision": r0 + 3 });
     assert_eq!(
-        responses[0]["Response"]["ResponsePut"]["header"]["revision"],
-        r0 + 3,
+        responses[0]["Response"]["ResponsePut"]["header"], inner_header,
         "{out}"
     );
     let range = &responses[1]["Response"]["ResponseRange"];
+    assert_eq!(range["header"], inner_header, "{out}");
     assert_eq!(
         range["kvs"],
         json!([kv_json("foo", "bar", r0 + 1, r0 + 1, 1)]),
@@ -440,4 +443,32 @@ fn config_file_sets_name_urls_and_limits() {
         &etcdctl_stdin(&keel.endpoint(), &["txn"], "\nput k1 v\n\n\n"),
         &["SUCCESS", "", "OK"],
     );
+}
+
+/// `--quota-backend-bytes`: once the store is larger than the quota, puts (and txns that put)
+/// fail with etcd's NOSPACE error, while reads and deletes keep working.
+#[test]
+fn writes_past_the_backend_quota_fail_with_nospace() {
+    let keel = Keel::start_with(&["--quota-backend-bytes", "100"]);
+    const NOSPACE: &str = "Error: etcdserver: mvcc: database space exceeded";
+    // The member measures its store about once a second: wait until it reports more than the
+    // quota (bounded).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let status = ctl(&keel, &["endpoint", "status", "-w", "json"]).json();
+        let db_size = status[0]["Status"]["dbSize"].as_i64().unwrap_or(0);
+        if db_size > 100 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dbSize never exceeded 100: {status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ctl(&keel, &["put", "a", "1"]).fails_with(NOSPACE);
+    etcdctl_stdin(&keel.endpoint(), &["txn"], "\nput b 2\n\n\n").fails_with(NOSPACE);
+    let got = ctl(&keel, &["get", "a", "-w", "json"]).json();
+    assert_eq!(got["header"]["revision"], json!(1), "nothing was written");
+    assert_eq!(ctl(&keel, &["del", "a"]).ok().lines(), vec!["0"]);
 }
