@@ -18,6 +18,7 @@ use prost::Message;
 use crate::apply::Applier;
 use crate::config::{split_urls, Config};
 use crate::error::EtcdError;
+use crate::lease::{self, id::LeaseIdGenerator, Lessor};
 use crate::membership::{self, Attributes};
 use crate::mvcc::MvccStore;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
@@ -44,6 +45,10 @@ pub struct Node {
     pub attributes: Arc<Attributes>,
     /// The configuration this member runs with.
     pub config: Config,
+    /// Lease state (every member) and, on the leader, the expiry schedule.
+    pub lessor: Arc<Lessor>,
+    /// Lease IDs for grants proposed by this member without a client-chosen ID.
+    pub lease_ids: LeaseIdGenerator,
     db: sled::Db,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
@@ -121,7 +126,9 @@ impl Node {
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,
         );
         let attributes = Arc::new(Attributes::load(&tree).map_err(anyhow::Error::msg)?);
-        let applier = Applier::open(tree.clone(), store.clone(), attributes.clone()).map_err(anyhow::Error::msg)?;
+        let lessor = Arc::new(Lessor::new());
+        let applier = Applier::open_with_lessor(tree.clone(), store.clone(), attributes.clone(), lessor.clone())
+            .map_err(anyhow::Error::msg)?;
         let shared = Arc::new(SharedStore::new(store));
         let sm = StateMachine::new(applier, shared.clone(), attributes.clone(), snap_dir);
 
@@ -155,6 +162,8 @@ impl Node {
             store: shared,
             attributes,
             config,
+            lessor,
+            lease_ids: LeaseIdGenerator::new(id),
             db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
             db,
             next_request_id: AtomicU64::new(1),
@@ -172,6 +181,7 @@ impl Node {
         })));
         node.clone().spawn_publish();
         node.clone().spawn_db_size_refresh();
+        lease::runner::spawn(&node, lease::runner::RunnerConfig::from_config(&node.config));
         Ok(node)
     }
 
@@ -287,7 +297,7 @@ impl Node {
     }
 
     /// etcd's request timeout: 5 s plus twice the election timeout.
-    fn request_timeout(&self) -> Duration {
+    pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(5000 + 2 * self.config.election_timeout)
     }
 
