@@ -23,6 +23,7 @@ use crate::mvcc::MvccStore;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
 use crate::wal::{Wal, WalOptions};
+use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 
 /// sled tree holding all member state (MVCC, consistent index, membership, ...).
 const TREE: &str = "keel";
@@ -43,6 +44,8 @@ pub struct Node {
     pub attributes: Arc<Attributes>,
     /// The configuration this member runs with.
     pub config: Config,
+    /// The watchable store: every watcher of every stream on this member.
+    pub watch: Arc<WatchHub>,
     db: sled::Db,
     next_request_id: AtomicU64,
 }
@@ -117,8 +120,11 @@ impl Node {
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,
         );
         let attributes = Arc::new(Attributes::load(&tree).map_err(anyhow::Error::msg)?);
-        let applier = Applier::open(tree.clone(), store.clone(), attributes.clone()).map_err(anyhow::Error::msg)?;
+        let mut applier = Applier::open(tree.clone(), store.clone(), attributes.clone()).map_err(anyhow::Error::msg)?;
         let shared = Arc::new(SharedStore::new(store));
+        let watch = WatchHub::new(Arc::new(StoreHistory(shared.clone())), WatchConfig::from_config(&config));
+        watch.spawn_sync_thread().context("cannot start the watch sync thread")?;
+        applier.set_watch_hub(watch.clone());
         let sm = StateMachine::new(applier, shared.clone(), attributes.clone(), snap_dir);
 
         let raft_config = openraft::Config {
@@ -151,6 +157,7 @@ impl Node {
             store: shared,
             attributes,
             config,
+            watch,
             db,
             next_request_id: AtomicU64::new(1),
         });

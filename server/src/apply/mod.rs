@@ -19,6 +19,7 @@ use crate::error::EtcdError;
 use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
+use crate::watch::WatchHub;
 
 #[cfg(test)]
 mod tests;
@@ -34,6 +35,8 @@ pub struct Applier {
     attributes: Arc<Attributes>,
     last_applied: Option<LogId>,
     membership: StoredMembership<NodeId, MemberNode>,
+    /// Receives the events of every committed revision (watchers on this member).
+    watch: Option<Arc<WatchHub>>,
 }
 
 impl Applier {
@@ -56,6 +59,7 @@ impl Applier {
             attributes,
             last_applied,
             membership,
+            watch: None,
         })
     }
 
@@ -72,6 +76,16 @@ impl Applier {
     /// The MVCC store this applier writes to.
     pub fn store(&self) -> &Arc<MvccStore> {
         &self.store
+    }
+
+    /// Hands the events of every committed revision to `hub` from now on.
+    pub fn set_watch_hub(&mut self, hub: Arc<WatchHub>) {
+        self.watch = Some(hub);
+    }
+
+    /// The watch hub this applier feeds, if any.
+    pub fn watch_hub(&self) -> Option<&Arc<WatchHub>> {
+        self.watch.as_ref()
     }
 
     /// The sled tree holding all member state.
@@ -134,13 +148,15 @@ impl Applier {
             Ok(response) => {
                 cindex::stage(w.batch_mut(), log_id);
                 let committed = w.commit().map_err(|e| StorageIOError::apply(*log_id, &e))?;
+                let revision = committed.revision;
+                if let Some(hub) = &self.watch {
+                    // Never blocks: slow watchers fall behind and catch up from the store.
+                    hub.notify(revision, committed.events);
+                }
                 if let Some(Rq::MemberAttributes(a)) = req {
                     self.attributes.publish(a.clone());
                 }
-                Ok(RaftResponse {
-                    revision: committed.revision,
-                    response,
-                })
+                Ok(RaftResponse { revision, response })
             }
             Err(e) => {
                 // Nothing of the failed request is written; the entry still counts as applied.

@@ -18,6 +18,7 @@ pub mod backend;
 mod compact;
 mod events;
 mod hash;
+mod history;
 pub mod index;
 pub mod key_index;
 mod range;

@@ -102,6 +102,10 @@ impl StateMachine {
         let err = |e: &dyn std::error::Error| -> StorageError {
             StorageIOError::read_snapshot(Some(meta.signature()), AnyErr::from(e)).into()
         };
+        let watch = self.applier.watch_hub().cloned();
+        if let Some(hub) = &watch {
+            hub.begin_install();
+        }
         let tmp = self
             .receiving
             .take()
@@ -140,6 +144,11 @@ impl StateMachine {
         self.applier = Applier::open(tree, store.clone(), self.attributes.clone())
             .map_err(|e| err(&io::Error::other(e)))?;
         self.shared.set(store);
+        if let Some(hub) = watch {
+            // Every watcher catches up from the new store (or is canceled as compacted).
+            hub.finish_install();
+            self.applier.set_watch_hub(hub);
+        }
         Ok(())
     }
 }

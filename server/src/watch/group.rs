@@ -194,8 +194,8 @@ impl Chunk {
         self.max_end = best.and_then(|b| b.end.clone());
     }
 
-    /// Whether some interval of this chunk may contain a key `>= key`... precisely: whether
-    /// the largest end is above `key`.
+    /// Whether the largest end of this chunk lies above `key` (else no interval of it can
+    /// contain `key`).
     fn reaches_past(&self, key: &[u8]) -> bool {
         self.max_end.as_deref().is_none_or(|e| e > key)
     }
@@ -224,7 +224,17 @@ impl RangeIndex {
 
     fn insert(&mut self, start: &Arc<[u8]>, end: Option<&Arc<[u8]>>, id: WatcherId) {
         if self.chunks.is_empty() {
-            self.chunks.push(Chunk::default());
+            let mut chunk = Chunk {
+                intervals: vec![Interval {
+                    start: start.clone(),
+                    end: end.cloned(),
+                    ids: IdSet::One(id),
+                }],
+                max_end: None,
+            };
+            chunk.recompute_max();
+            self.chunks.push(chunk);
+            return;
         }
         let c = self.chunk_for(start, end.map(|e| &**e));
         let chunk = &mut self.chunks[c];

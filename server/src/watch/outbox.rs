@@ -286,6 +286,7 @@ impl Outbox {
     }
 
     /// The stream's unsynced-watcher count.
+    #[cfg(test)]
     pub(super) fn unsynced(&self) -> u32 {
         self.lock().unsynced
     }
