@@ -226,6 +226,8 @@ impl WatchHub {
         let mut resp = bare_response(w.watch_id, rev);
         resp.canceled = true;
         w.outbox.push_control(resp);
+        // After the cancel: a deferred progress answer must not precede it.
+        Self::answer_pending_progress(rev, &w.outbox);
         true
     }
 
@@ -248,7 +250,6 @@ impl WatchHub {
             WatcherState::Unsynced => {
                 st.unsynced.remove(&id);
                 w.outbox.add_unsynced(-1);
-                Self::answer_pending_progress(st.rev, &w.outbox);
             }
             WatcherState::Compacted => {}
         }
@@ -357,7 +358,7 @@ impl WatchHub {
                     match w.outbox.try_push(w.watch_id, item, bytes, true) {
                         Ok(()) => {
                             w.events_since_tick = true;
-                            w.next_rev = w.next_rev.max(revision + 1);
+                            w.next_rev = w.next_rev.max(revision);
                             false
                         }
                         Err(Refused::Full) => true,

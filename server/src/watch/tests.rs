@@ -125,6 +125,20 @@ pub(super) fn drain(output: &mut WatchOutput) -> Vec<WatchResponse> {
     out
 }
 
+/// Up to `n` responses the output has ready now (a slow client).
+pub(super) fn read(output: &mut WatchOutput, n: usize) -> Vec<WatchResponse> {
+    let waker = noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut out = Vec::new();
+    while out.len() < n {
+        match std::pin::Pin::new(&mut *output).poll_next(&mut cx) {
+            Poll::Ready(Some(r)) => out.push(r),
+            _ => break,
+        }
+    }
+    out
+}
+
 pub(super) fn create(key: &str) -> WatchCreateRequest {
     WatchCreateRequest {
         key: key.into(),
