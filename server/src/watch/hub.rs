@@ -80,7 +80,8 @@ pub struct WatcherSpec {
     pub watch_id: i64,
     /// Watched keys.
     pub range: WatchKeyRange,
-    /// `start_revision` (0 = from the next revision). Must not be negative.
+    /// `start_revision` (0 = from the next revision; a negative one is below every compact
+    /// revision, so the watcher is canceled as compacted, as in etcd 3.4).
     pub start_revision: i64,
     /// Event types filtered out.
     pub filter: EventFilter,

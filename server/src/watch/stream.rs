@@ -8,8 +8,9 @@
 //!   "mvcc: watcher range is empty"`; a client-chosen `watch_id` already in use on this
 //!   stream gets the same with `"mvcc: duplicate watch ID provided on the WatchStream"`;
 //!   `watch_id` 0 means "pick one": the smallest unused ID counting up from 0 on this
-//!   stream; a negative `start_revision` gets the same with etcd's compacted-revision error
-//!   (etcd ≥ 3.5); a start revision in the future is accepted and waits for it;
+//!   stream; a start revision in the future is accepted and waits for it; a negative
+//!   `start_revision` is treated as etcd 3.4 treats it, as a revision below the compact
+//!   revision: the watcher is created, then canceled with `compact_revision` set;
 //! - cancel: of a watcher of this stream answers `canceled` with its ID; of an unknown ID is
 //!   ignored without a response (etcd);
 //! - progress request: see [`WatchHub::request_progress`];
@@ -29,7 +30,6 @@ use super::key_range::{EventFilter, WatchKeyRange};
 use super::outbox::{bare_response, Outbox};
 use super::response::push_responses;
 use super::watcher::{WatcherFlags, WatcherId};
-use crate::error::EtcdError;
 
 /// etcd's `mvcc.ErrWatcherDuplicateID` text, sent as `cancel_reason`.
 pub const DUPLICATE_ID_REASON: &str = "mvcc: duplicate watch ID provided on the WatchStream";
@@ -76,9 +76,6 @@ impl WatchStream {
 
     /// A create request: registers the watcher, or answers why not.
     pub fn create(&mut self, req: &WatchCreateRequest) {
-        if req.start_revision < 0 {
-            return self.reject(&EtcdError::Compacted.to_string());
-        }
         let range = match WatchKeyRange::from_request(&req.key, &req.range_end) {
             Ok(r) => r,
             Err(reason) => return self.reject(reason),
