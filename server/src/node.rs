@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use keel_proto::etcdserverpb::ResponseHeader;
-use keel_proto::keelpb::{self, raft_request, raft_response, RaftRequest, RaftResponse};
+use keel_proto::keelpb::{self, raft_request, RaftRequest, RaftResponse};
 use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 
@@ -21,6 +21,7 @@ use crate::error::EtcdError;
 use crate::membership::{self, Attributes};
 use crate::mvcc::MvccStore;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
+use crate::raft::proposer::{into_result, Proposer};
 use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
 use crate::wal::{Wal, WalOptions};
 use crate::watch::{StoreHistory, WatchConfig, WatchHub};
@@ -47,7 +48,10 @@ pub struct Node {
     /// The watchable store: every watcher of every stream on this member.
     pub watch: Arc<WatchHub>,
     db: sled::Db,
+    /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
+    db_size: AtomicI64,
     next_request_id: AtomicU64,
+    proposer: OnceLock<Proposer>,
 }
 
 impl Node {
@@ -158,10 +162,23 @@ impl Node {
             attributes,
             config,
             watch,
+            db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
             db,
             next_request_id: AtomicU64::new(1),
+            proposer: OnceLock::new(),
         });
+        let weak: Weak<Node> = Arc::downgrade(&node);
+        let _ = node.proposer.set(Proposer::start(Arc::new(move |req| {
+            let weak = weak.clone();
+            Box::pin(async move {
+                match weak.upgrade() {
+                    Some(node) => node.propose_entry(req).await,
+                    None => Err(EtcdError::Stopped),
+                }
+            })
+        })));
         node.clone().spawn_publish();
+        node.clone().spawn_db_size_refresh();
         Ok(node)
     }
 
@@ -190,7 +207,8 @@ impl Node {
         });
     }
 
-    /// Proposes a request through the raft log and waits until it is applied here.
+    /// Proposes a client request through the raft log and waits until it is applied here.
+    /// Concurrent requests are batched into one log entry ([`Proposer`]).
     ///
     /// Errors: `RequestTooLarge` if the encoded request exceeds `--max-request-bytes`;
     /// `NoLeader`/`Timeout` if no leader emerges within the request timeout; `Stopped` when
@@ -203,6 +221,14 @@ impl Node {
         if req.encoded_len() > self.config.max_request_bytes as usize {
             return Err(EtcdError::RequestTooLarge);
         }
+        self.proposer.get().ok_or(EtcdError::Stopped)?.propose(req).await
+    }
+
+    /// Proposes one log entry as is (a request or a batch), forwarding it to the leader when
+    /// this member is a follower, and returns its apply result.
+    ///
+    /// Errors: as [`Node::propose`].
+    pub async fn propose_entry(&self, req: RaftRequest) -> Result<RaftResponse, EtcdError> {
         let deadline = tokio::time::Instant::now() + self.request_timeout();
         loop {
             match self.raft.client_write(Request(req.clone())).await {
@@ -283,9 +309,38 @@ impl Node {
         }
     }
 
-    /// Bytes the store occupies on disk (sled's estimate).
+    /// Bytes the store occupies on disk (sled's figure, at most ~1 s old).
     pub fn db_size(&self) -> i64 {
-        self.db.size_on_disk().map(|b| b as i64).unwrap_or(0)
+        self.db_size.load(Ordering::Relaxed)
+    }
+
+    /// etcd's backend quota (`--quota-backend-bytes`): requests that add data (puts, txns
+    /// with puts) are refused once the store is larger than the quota; reads, deletes and
+    /// compactions still work so space can be reclaimed.
+    ///
+    /// Errors: `NoSpace` (`etcdserver: mvcc: database space exceeded`).
+    pub fn check_quota(&self) -> Result<(), EtcdError> {
+        if self.db_size() > self.config.quota_bytes() {
+            Err(EtcdError::NoSpace)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn spawn_db_size_refresh(self: Arc<Self>) {
+        let weak = Arc::downgrade(&self);
+        drop(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(node) = weak.upgrade() else { return };
+                let db = node.db.clone();
+                if let Ok(Ok(size)) = tokio::task::spawn_blocking(move || db.size_on_disk()).await {
+                    node.db_size.store(size as i64, Ordering::Relaxed);
+                }
+            }
+        });
     }
 
     /// Data directory of this member.
@@ -297,13 +352,5 @@ impl Node {
     pub async fn shutdown(&self) {
         let _ = self.raft.shutdown().await;
         let _ = self.db.flush_async().await;
-    }
-}
-
-/// Turns an apply result into the caller's result (apply-time etcd errors become `Err`).
-fn into_result(resp: RaftResponse) -> Result<RaftResponse, EtcdError> {
-    match &resp.response {
-        Some(raft_response::Response::Error(e)) => Err(EtcdError::from_parts(e.code, &e.message)),
-        _ => Ok(resp),
     }
 }

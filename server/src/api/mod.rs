@@ -25,6 +25,7 @@ use keel_proto::keelpb::peer_server::PeerServer;
 use keel_proto::v3electionpb::election_server::ElectionServer;
 use keel_proto::v3lockpb::lock_server::LockServer;
 use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 
 pub use cluster::ClusterService;
 pub use kv::KvService;
@@ -44,10 +45,8 @@ pub async fn serve_clients(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let max = node.config.max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = incoming(addr).await?;
     Server::builder()
-        .tcp_nodelay(true)
         .add_service(KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max))
         .add_service(MaintenanceServer::new(MaintenanceService::new(node.clone())).max_decoding_message_size(max))
         .add_service(ClusterServer::new(ClusterService::new(node.clone())).max_decoding_message_size(max))
@@ -69,10 +68,8 @@ pub async fn serve_peers(
     addr: SocketAddr,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = incoming(addr).await?;
     Server::builder()
-        .tcp_nodelay(true)
         .add_service(
             PeerServer::new(PeerService::new(node))
                 .max_decoding_message_size(usize::MAX)
@@ -81,4 +78,12 @@ pub async fn serve_peers(
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
+}
+
+/// Binds `addr` with TCP_NODELAY on every accepted connection. (`Server::tcp_nodelay` only
+/// applies to listeners tonic binds itself; without it, Nagle's algorithm and the client's
+/// delayed ACK add ~40 ms to many small responses.)
+async fn incoming(addr: SocketAddr) -> std::io::Result<TcpIncoming> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    Ok(TcpIncoming::from(listener).with_nodelay(Some(true)))
 }

@@ -52,9 +52,9 @@ impl Peer for PeerService {
 
     async fn forward(&self, r: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
         let req = r.into_inner();
-        let Some(request) = req.request else {
+        if req.request.is_none() {
             return Err(Status::invalid_argument("forwarded raft request is empty"));
-        };
-        Ok(Response::new(self.node.propose(request).await?))
+        }
+        Ok(Response::new(self.node.propose_entry(req).await?))
     }
 }

@@ -11,10 +11,10 @@
 
 use std::sync::Arc;
 
-use keel_proto::keelpb::{raft_request, raft_response, ApplyError, RaftResponse};
+use keel_proto::keelpb::{raft_request, raft_response, ApplyError, RaftRequest, RaftResponse, ResponseBatch};
 use openraft::{EntryPayload, StorageIOError, StoredMembership};
 
-use crate::cindex;
+use crate::cindex::{self, ConsistentIndex};
 use crate::error::EtcdError;
 use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
@@ -33,7 +33,7 @@ pub struct Applier {
     tree: sled::Tree,
     store: Arc<MvccStore>,
     attributes: Arc<Attributes>,
-    last_applied: Option<LogId>,
+    ci: ConsistentIndex,
     membership: StoredMembership<NodeId, MemberNode>,
     /// Receives the events of every committed revision (watchers on this member).
     watch: Option<Arc<WatchHub>>,
@@ -48,7 +48,7 @@ impl Applier {
         store: Arc<MvccStore>,
         attributes: Arc<Attributes>,
     ) -> Result<Applier, String> {
-        let last_applied = cindex::load(&tree)?;
+        let ci = cindex::load(&tree)?;
         let membership = match tree.get(MEMBERSHIP_KEY).map_err(|e| e.to_string())? {
             Some(v) => bincode::deserialize(&v).map_err(|e| format!("membership: {e}"))?,
             None => StoredMembership::default(),
@@ -57,15 +57,15 @@ impl Applier {
             tree,
             store,
             attributes,
-            last_applied,
+            ci,
             membership,
             watch: None,
         })
     }
 
-    /// The consistent index: the last applied log id.
+    /// The last log entry whose every request is applied (openraft's last applied).
     pub fn last_applied(&self) -> Option<LogId> {
-        self.last_applied
+        self.ci.applied
     }
 
     /// The last applied membership config.
@@ -100,35 +100,87 @@ impl Applier {
     /// response as `ApplyError`, and still advance the consistent index.
     pub fn apply(&mut self, entry: &Entry) -> Result<Response, StorageError> {
         let log_id = entry.log_id;
-        if self.last_applied.is_some_and(|ci| log_id.index <= ci.index) {
+        if self.ci.covers(log_id.index) {
             // Replay of an entry whose effects are already in the store.
-            return Ok(Response(RaftResponse {
-                revision: self.store.current_revision(),
-                response: None,
-            }));
+            return Ok(Response(self.replayed()));
         }
+        let done = ConsistentIndex {
+            applied: Some(log_id),
+            partial: None,
+        };
         let response = match &entry.payload {
-            EntryPayload::Blank => self.commit_only(&log_id, |_| {})?,
+            EntryPayload::Blank => self.commit_only(done, |_| {})?,
             EntryPayload::Membership(m) => {
                 let stored = StoredMembership::new(Some(log_id), m.clone());
                 let bytes = bincode::serialize(&stored).map_err(|e| StorageIOError::apply(log_id, &e))?;
-                let resp = self.commit_only(&log_id, |b| b.insert(MEMBERSHIP_KEY, bytes))?;
+                let resp = self.commit_only(done, |b| b.insert(MEMBERSHIP_KEY, bytes))?;
                 self.membership = stored;
                 resp
             }
-            EntryPayload::Normal(req) => self.apply_request(&log_id, req.0.request.as_ref())?,
+            EntryPayload::Normal(req) => match &req.0.request {
+                Some(raft_request::Request::Batch(batch)) => self.apply_batch(&log_id, &batch.requests)?,
+                other => self.apply_request(other.as_ref(), done)?,
+            },
         };
-        self.last_applied = Some(log_id);
         Ok(Response(response))
     }
 
+    /// Applies the requests of a batch entry in order, each with its own sled batch that
+    /// records the progress within the entry, so a crash part-way resumes at the first
+    /// request not yet applied.
+    fn apply_batch(&mut self, log_id: &LogId, requests: &[RaftRequest]) -> Result<RaftResponse, StorageError> {
+        let n = requests.len() as u32;
+        let already = self.ci.done_in(log_id);
+        let mut responses = Vec::with_capacity(requests.len());
+        for (k, req) in requests.iter().enumerate() {
+            let k = k as u32;
+            if k < already {
+                responses.push(self.replayed());
+                continue;
+            }
+            let next = if k + 1 == n {
+                ConsistentIndex {
+                    applied: Some(*log_id),
+                    partial: None,
+                }
+            } else {
+                ConsistentIndex {
+                    applied: self.ci.applied,
+                    partial: Some((*log_id, k + 1)),
+                }
+            };
+            responses.push(self.apply_request(req.request.as_ref(), next)?);
+        }
+        if n == 0 {
+            let done = ConsistentIndex {
+                applied: Some(*log_id),
+                partial: None,
+            };
+            self.commit_only(done, |_| {})?;
+        }
+        Ok(RaftResponse {
+            revision: self.store.current_revision(),
+            response: Some(raft_response::Response::Batch(ResponseBatch { responses })),
+        })
+    }
+
+    /// The response for work a replay skips (its proposer is gone after a restart).
+    fn replayed(&self) -> RaftResponse {
+        RaftResponse {
+            revision: self.store.current_revision(),
+            response: None,
+        }
+    }
+
+    /// Applies one request and stages `next` as the consistent index in the same sled batch.
     fn apply_request(
         &mut self,
-        log_id: &LogId,
         req: Option<&raft_request::Request>,
+        next: ConsistentIndex,
     ) -> Result<RaftResponse, StorageError> {
         use raft_request::Request as Rq;
         use raft_response::Response as Rs;
+        let log_id = next.applied.or(next.partial.map(|p| p.0)).expect("apply always advances the index");
         let mut w = self.store.write();
         let outcome: Result<Option<Rs>, EtcdError> = match req {
             Some(Rq::Put(r)) => w.put(r).map(|x| Some(Rs::Put(x))),
@@ -142,12 +194,14 @@ impl Applier {
             Some(Rq::LeaseGrant(_)) | Some(Rq::LeaseRevoke(_)) => Err(EtcdError::Internal(
                 "keel: this member's version cannot apply lease requests".into(),
             )),
+            Some(Rq::Batch(_)) => Err(EtcdError::Internal("keel: nested request batches are not allowed".into())),
             None => Ok(None),
         };
         match outcome {
             Ok(response) => {
-                cindex::stage(w.batch_mut(), log_id);
-                let committed = w.commit().map_err(|e| StorageIOError::apply(*log_id, &e))?;
+                cindex::stage(w.batch_mut(), &next);
+                let committed = w.commit().map_err(|e| StorageIOError::apply(log_id, &e))?;
+                self.ci = next;
                 let revision = committed.revision;
                 if let Some(hub) = &self.watch {
                     // Never blocks: slow watchers fall behind and catch up from the store.
@@ -159,29 +213,31 @@ impl Applier {
                 Ok(RaftResponse { revision, response })
             }
             Err(e) => {
-                // Nothing of the failed request is written; the entry still counts as applied.
+                // Nothing of the failed request is written; it still counts as applied.
                 drop(w);
                 let error = Rs::Error(ApplyError {
                     code: e.code() as i32,
                     message: e.to_string(),
                 });
-                let mut resp = self.commit_only(log_id, |_| {})?;
+                let mut resp = self.commit_only(next, |_| {})?;
                 resp.response = Some(error);
                 Ok(resp)
             }
         }
     }
 
-    /// Commits a batch holding only the consistent index plus `extra` writes.
+    /// Commits a sled batch holding only the consistent index `next` plus `extra` writes.
     fn commit_only(
         &mut self,
-        log_id: &LogId,
+        next: ConsistentIndex,
         extra: impl FnOnce(&mut sled::Batch),
     ) -> Result<RaftResponse, StorageError> {
+        let log_id = next.applied.or(next.partial.map(|p| p.0)).expect("apply always advances the index");
         let mut w = self.store.write();
         extra(w.batch_mut());
-        cindex::stage(w.batch_mut(), log_id);
-        let committed = w.commit().map_err(|e| StorageIOError::apply(*log_id, &e))?;
+        cindex::stage(w.batch_mut(), &next);
+        let committed = w.commit().map_err(|e| StorageIOError::apply(log_id, &e))?;
+        self.ci = next;
         Ok(RaftResponse {
             revision: committed.revision,
             response: None,

@@ -8,6 +8,8 @@ use keel_proto::mvccpb::Event;
 use keel_proto::mvccpb::event::EventType;
 
 use super::backend;
+use super::index::Index;
+use super::revision::Revision;
 use super::revision::{parse_record_key, record_key_lower_bound};
 use super::store::MvccStore;
 use crate::error::EtcdError;
@@ -53,15 +55,23 @@ impl MvccStore {
             let (rkey, value) = item.map_err(|e| internal(&e))?;
             let (rev, tombstone) =
                 parse_record_key(&rkey).ok_or_else(|| internal(&"malformed record key"))?;
-            if max_events > 0 && batch.events.len() >= max_events {
-                if let Some(last) = batch.events.last().and_then(|e| e.kv.as_ref()) {
-                    if rev.main > last.mod_revision {
-                        batch.last_revision = last.mod_revision;
-                        break;
-                    }
-                }
+            let last = batch
+                .events
+                .last()
+                .and_then(|e| e.kv.as_ref())
+                .map(|kv| kv.mod_revision);
+            if let Some(last) =
+                last.filter(|&l| max_events > 0 && batch.events.len() >= max_events && rev.main > l)
+            {
+                // Stop at a revision boundary: never split one revision's events.
+                batch.last_revision = last;
+                break;
             }
             let mut kv = backend::decode_kv(&rkey, &value).map_err(|e| internal(&e))?;
+            if rev.main <= view.compact_rev && !indexed(&view.index, &kv.key, rev) {
+                // Compacted away but not yet removed from sled (see compactor.rs).
+                continue;
+            }
             let kind = if tombstone {
                 kv.mod_revision = rev.main;
                 EventType::Delete
@@ -80,4 +90,11 @@ impl MvccStore {
         }
         Ok(batch)
     }
+}
+
+/// Whether the index still holds revision `rev` of `key`.
+fn indexed(index: &Index, key: &[u8], rev: Revision) -> bool {
+    index
+        .get(key)
+        .is_some_and(|h| h.revisions().any(|r| r.revision() == rev))
 }

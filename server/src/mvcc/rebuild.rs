@@ -51,6 +51,10 @@ impl Run {
 ///
 /// Errors: sled I/O or a corrupt record.
 pub(super) fn rebuild(tree: &sled::Tree) -> Result<Rebuilt, MvccError> {
+    // No record removal may run while the records are scanned (see compactor.rs).
+    let _gate = super::compactor::REBUILD_GATE
+        .write()
+        .unwrap_or_else(|e| e.into_inner());
     let first = first_main(tree.scan_prefix([RECORD_PREFIX]).next())?;
     let last = first_main(tree.scan_prefix([RECORD_PREFIX]).next_back())?;
     let (Some(lo), Some(hi)) = (first, last) else {

@@ -3,6 +3,7 @@
 
 pub mod log_store;
 pub mod network;
+pub mod proposer;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;

@@ -6,7 +6,7 @@
 //! the raft log up to it (DESIGN.md invariant "the raft log is purged only up to an index
 //! whose applied state is durable").
 
-use std::io;
+use std::io::{self, Seek};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
@@ -98,26 +98,24 @@ impl StateMachine {
         })
     }
 
-    fn install(&mut self, meta: &snapshot::Meta) -> Result<(), StorageError> {
+    /// Replaces the store with the snapshot in `file` (already complete and synced).
+    fn install(&mut self, meta: &snapshot::Meta, mut file: std::fs::File) -> Result<(), StorageError> {
         let err = |e: &dyn std::error::Error| -> StorageError {
             StorageIOError::read_snapshot(Some(meta.signature()), AnyErr::from(e)).into()
         };
         let watch = self.applier.watch_hub().cloned();
-        if let Some(hub) = &watch {
-            hub.begin_install();
-        }
-        let tmp = self
-            .receiving
-            .take()
-            .ok_or_else(|| err(&io::Error::other("no snapshot is being received")))?;
         let tree = self.applier.tree().clone();
-        let mut file = std::fs::File::open(&tmp).map_err(|e| err(&e))?;
         tokio::task::block_in_place(|| -> io::Result<()> {
-            // Verify first (load checks the CRC before the first callback), then replace.
+            // Verify the whole file before touching the store.
+            snapshot::verify(&mut file)?;
+            if let Some(hub) = &watch {
+                // History reads from here on would see a half-replaced store.
+                hub.begin_install();
+            }
             tree.clear().map_err(io::Error::other)?;
             let mut batch = sled::Batch::default();
             let mut n = 0usize;
-            snapshot::load(&mut file, |k, v| {
+            snapshot::read_records(&mut file, |k, v| {
                 batch.insert(k, v);
                 n += 1;
                 if n % 10_000 == 0 {
@@ -130,9 +128,18 @@ impl StateMachine {
             Ok(())
         })
         .map_err(|e| err(&e))?;
+        // Keep the installed snapshot as this member's current snapshot.
         let path = snapshot::file_name(&self.snap_dir, meta);
+        let tmp = path.with_extension("tmp");
+        file.seek(io::SeekFrom::Start(0)).map_err(|e| err(&e))?;
+        let mut out = std::fs::File::create(&tmp).map_err(|e| err(&e))?;
+        io::copy(&mut file, &mut out).map_err(|e| err(&e))?;
+        out.sync_all().map_err(|e| err(&e))?;
         std::fs::rename(&tmp, &path).map_err(|e| err(&e))?;
         snapshot::remove_others(&self.snap_dir, &path).map_err(|e| err(&e))?;
+        if let Some(r) = self.receiving.take() {
+            let _ = std::fs::remove_file(r);
+        }
 
         let store = Arc::new(MvccStore::open(tree.clone()).map_err(|e| err(&io::Error::other(e.to_string())))?);
         let attributes = Attributes::load(&tree).map_err(|e| err(&io::Error::other(e)))?;
@@ -229,8 +236,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .sync_all()
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
-        drop(snapshot);
-        self.install(meta)
+        let file = snapshot.into_std().await;
+        self.install(meta, file)
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
@@ -239,7 +246,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         let mut file = std::fs::File::open(&path).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         let meta = snapshot::read_meta(&mut file).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        use std::io::Seek;
         file.seek(io::SeekFrom::Start(0))
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         Ok(Some(Snapshot {
