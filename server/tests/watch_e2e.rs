@@ -20,11 +20,11 @@ use keel_proto::etcdserverpb::{
 use keel_proto::mvccpb::event::EventType;
 use support::etcdctl::{etcdctl, etcdctl_path};
 use support::ports::free_ports;
-use support::process::{member_binary, Keel};
+use support::process::{Keel, member_binary};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
 use tonic::Streaming;
+use tonic::transport::{Channel, Endpoint};
 
 /// How long a test waits for one expected watch response.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,7 +56,8 @@ struct WatchConn {
 impl WatchConn {
     async fn open(endpoint: &str) -> WatchConn {
         let (tx, requests) = mpsc::channel(16);
-        let mut client = WatchClient::new(channel(endpoint).await).max_decoding_message_size(64 << 20);
+        let mut client =
+            WatchClient::new(channel(endpoint).await).max_decoding_message_size(64 << 20);
         let rx = client
             .watch(ReceiverStream::new(requests))
             .await
@@ -117,8 +118,17 @@ fn events(r: &WatchResponse) -> Vec<(String, String, i64, String)> {
         .iter()
         .map(|e| {
             let kv = e.kv.as_ref().expect("kv");
-            let t = if e.r#type == EventType::Delete as i32 { "DELETE" } else { "PUT" };
-            (t.into(), String::from_utf8_lossy(&kv.key).into(), kv.mod_revision, String::from_utf8_lossy(&kv.value).into())
+            let t = if e.r#type == EventType::Delete as i32 {
+                "DELETE"
+            } else {
+                "PUT"
+            };
+            (
+                t.into(),
+                String::from_utf8_lossy(&kv.key).into(),
+                kv.mod_revision,
+                String::from_utf8_lossy(&kv.value).into(),
+            )
         })
         .collect()
 }
@@ -149,7 +159,11 @@ impl BgCtl {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn etcdctl");
-        BgCtl { child, out, _dir: dir }
+        BgCtl {
+            child,
+            out,
+            _dir: dir,
+        }
     }
 
     fn lines(&self) -> Vec<String> {
@@ -212,7 +226,10 @@ fn etcdctl_watch_replays_history_then_follows_live_writes() {
     let lines = watch.stop_after(16);
     assert_eq!(
         lines,
-        ["PUT", "foo", "1", "PUT", "foo", "1", "foo", "2", "DELETE", "foo", "2", "foo", "", "PUT", "foo", "3"],
+        [
+            "PUT", "foo", "1", "PUT", "foo", "1", "foo", "2", "DELETE", "foo", "2", "foo", "",
+            "PUT", "foo", "3"
+        ],
         "history (with prev values; a delete has an empty value), then the live put"
     );
 }
@@ -235,7 +252,11 @@ fn etcdctl_watch_prefix_sees_a_txn_and_a_compacted_start_is_canceled() {
         err.contains("watch was canceled (etcdserver: mvcc: required revision has been compacted)"),
         "stderr: {err}"
     );
-    assert_eq!(code, Some(5), "etcdctl's exit code for a watch canceled by the server");
+    assert_eq!(
+        code,
+        Some(5),
+        "etcdctl's exit code for a watch canceled by the server"
+    );
 }
 
 #[test]
@@ -260,21 +281,49 @@ fn grpc_watch_follows_etcd_semantics_on_one_stream() {
         assert!(created.created && !created.canceled);
         assert_eq!((created.watch_id, header_rev(&created)), (0, r2));
         let hist = w.next().await;
-        assert_eq!(events(&hist), vec![ev("PUT", "k", r1, "1"), ev("PUT", "k", r2, "2")]);
+        assert_eq!(
+            events(&hist),
+            vec![ev("PUT", "k", r1, "1"), ev("PUT", "k", r2, "2")]
+        );
         assert!(hist.events[0].prev_kv.is_none(), "no prev_kv on a creation");
-        assert_eq!(hist.events[1].prev_kv.as_ref().map(|p| p.value.clone()), Some(b"1".to_vec()));
+        assert_eq!(
+            hist.events[1].prev_kv.as_ref().map(|p| p.value.clone()),
+            Some(b"1".to_vec())
+        );
 
         // Client-chosen ID, duplicate ID, invalid range: the stream stays usable.
-        w.create(WatchCreateRequest { key: "t".into(), range_end: "u".into(), watch_id: 7, ..Default::default() }).await;
-        w.create(WatchCreateRequest { key: "x".into(), watch_id: 7, ..Default::default() }).await;
-        w.create(WatchCreateRequest { key: "b".into(), range_end: "a".into(), ..Default::default() }).await;
+        w.create(WatchCreateRequest {
+            key: "t".into(),
+            range_end: "u".into(),
+            watch_id: 7,
+            ..Default::default()
+        })
+        .await;
+        w.create(WatchCreateRequest {
+            key: "x".into(),
+            watch_id: 7,
+            ..Default::default()
+        })
+        .await;
+        w.create(WatchCreateRequest {
+            key: "b".into(),
+            range_end: "a".into(),
+            ..Default::default()
+        })
+        .await;
         let ok = w.next().await;
         assert_eq!((ok.watch_id, ok.created), (7, true));
         let dup = w.next().await;
         assert_eq!((dup.watch_id, dup.created, dup.canceled), (-1, true, true));
-        assert_eq!(dup.cancel_reason, "mvcc: duplicate watch ID provided on the WatchStream");
+        assert_eq!(
+            dup.cancel_reason,
+            "mvcc: duplicate watch ID provided on the WatchStream"
+        );
         let bad = w.next().await;
-        assert_eq!((bad.watch_id, bad.cancel_reason.as_str()), (-1, "mvcc: watcher range is empty"));
+        assert_eq!(
+            (bad.watch_id, bad.cancel_reason.as_str()),
+            (-1, "mvcc: watcher range is empty")
+        );
 
         // The events of one txn arrive in one response.
         let txn = kv
@@ -282,7 +331,11 @@ fn grpc_watch_follows_etcd_semantics_on_one_stream() {
                 success: ["t1", "t2", "z"]
                     .iter()
                     .map(|k| RequestOp {
-                        request: Some(Op::RequestPut(PutRequest { key: (*k).into(), value: b"v".to_vec(), ..Default::default() })),
+                        request: Some(Op::RequestPut(PutRequest {
+                            key: (*k).into(),
+                            value: b"v".to_vec(),
+                            ..Default::default()
+                        })),
                     })
                     .collect(),
                 ..Default::default()
@@ -294,28 +347,65 @@ fn grpc_watch_follows_etcd_semantics_on_one_stream() {
         let live = w.next().await;
         assert_eq!(live.watch_id, 7);
         assert_eq!(header_rev(&live), r3);
-        assert_eq!(events(&live), vec![ev("PUT", "t1", r3, "v"), ev("PUT", "t2", r3, "v")]);
+        assert_eq!(
+            events(&live),
+            vec![ev("PUT", "t1", r3, "v"), ev("PUT", "t2", r3, "v")]
+        );
 
         // Progress: watch ID -1 and the current revision, after the events it covers.
-        w.send(RequestUnion::ProgressRequest(WatchProgressRequest {})).await;
+        w.send(RequestUnion::ProgressRequest(WatchProgressRequest {}))
+            .await;
         let progress = w.next().await;
-        assert_eq!((progress.watch_id, header_rev(&progress), progress.events.len()), (-1, r3, 0));
+        assert_eq!(
+            (
+                progress.watch_id,
+                header_rev(&progress),
+                progress.events.len()
+            ),
+            (-1, r3, 0)
+        );
 
         // Cancel: an unknown ID gets nothing, a real one its canceled response.
-        w.send(RequestUnion::CancelRequest(WatchCancelRequest { watch_id: 42 })).await;
-        w.send(RequestUnion::CancelRequest(WatchCancelRequest { watch_id: 0 })).await;
+        w.send(RequestUnion::CancelRequest(WatchCancelRequest {
+            watch_id: 42,
+        }))
+        .await;
+        w.send(RequestUnion::CancelRequest(WatchCancelRequest {
+            watch_id: 0,
+        }))
+        .await;
         let canceled = w.next().await;
-        assert_eq!((canceled.watch_id, canceled.canceled, canceled.created), (0, true, false));
+        assert_eq!(
+            (canceled.watch_id, canceled.canceled, canceled.created),
+            (0, true, false)
+        );
         put(&mut kv, "k", b"3").await;
         w.expect_nothing(Duration::from_millis(500)).await;
 
         // A start revision below the compact revision: created, then canceled with it.
-        kv.compact(CompactionRequest { revision: r2, physical: true }).await.expect("compact");
-        w.create(WatchCreateRequest { key: "k".into(), start_revision: r1, ..Default::default() }).await;
+        kv.compact(CompactionRequest {
+            revision: r2,
+            physical: true,
+        })
+        .await
+        .expect("compact");
+        w.create(WatchCreateRequest {
+            key: "k".into(),
+            start_revision: r1,
+            ..Default::default()
+        })
+        .await;
         let created = w.next().await;
         assert!(created.created);
         let compacted = w.next().await;
-        assert_eq!((compacted.watch_id, compacted.canceled, compacted.compact_revision), (created.watch_id, true, r2));
+        assert_eq!(
+            (
+                compacted.watch_id,
+                compacted.canceled,
+                compacted.compact_revision
+            ),
+            (created.watch_id, true, r2)
+        );
     });
 }
 
@@ -339,7 +429,13 @@ fn a_stalled_stream_never_blocks_writes_and_catches_up_in_order() {
     runtime().block_on(async {
         let mut kv = KvClient::new(channel(&ep).await);
         let mut stalled = WatchConn::open(&ep).await;
-        stalled.create(WatchCreateRequest { key: "s".into(), range_end: "t".into(), ..Default::default() }).await;
+        stalled
+            .create(WatchCreateRequest {
+                key: "s".into(),
+                range_end: "t".into(),
+                ..Default::default()
+            })
+            .await;
         let created = stalled.next().await;
         let first = header_rev(&created) + 1;
         let rss_before = rss_bytes(pid);
@@ -352,14 +448,24 @@ fn a_stalled_stream_never_blocks_writes_and_catches_up_in_order() {
         }
         let elapsed = started.elapsed();
         let grown = rss_bytes(pid).saturating_sub(rss_before);
-        assert!(elapsed < Duration::from_secs(120), "writes took {elapsed:?}");
-        assert!(grown < 96 << 20, "member RSS grew by {} MiB for a stalled watcher", grown >> 20);
+        assert!(
+            elapsed < Duration::from_secs(120),
+            "writes took {elapsed:?}"
+        );
+        assert!(
+            grown < 96 << 20,
+            "member RSS grew by {} MiB for a stalled watcher",
+            grown >> 20
+        );
 
         // Now read: every revision exactly once, in order.
         let mut next = first;
         let deadline = Instant::now() + Duration::from_secs(60);
         while next <= last {
-            assert!(Instant::now() < deadline, "caught up only to {next} of {last}");
+            assert!(
+                Instant::now() < deadline,
+                "caught up only to {next} of {last}"
+            );
             let r = stalled.next().await;
             for e in &r.events {
                 let rev = e.kv.as_ref().expect("kv").mod_revision;
@@ -393,7 +499,9 @@ fn start_cluster() -> Vec<Member> {
 
 fn try_start_cluster(ready_within: Duration) -> Result<Vec<Member>, String> {
     let ports = free_ports(6);
-    let cluster: Vec<String> = (0..3).map(|i| format!("m{i}=http://127.0.0.1:{}", ports[2 * i + 1])).collect();
+    let cluster: Vec<String> = (0..3)
+        .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[2 * i + 1]))
+        .collect();
     let cluster = cluster.join(",");
     let members: Vec<Member> = (0..3)
         .map(|i| {
@@ -404,16 +512,29 @@ fn try_start_cluster(ready_within: Duration) -> Result<Vec<Member>, String> {
                 .args(["--name", &format!("m{i}")])
                 .arg("--data-dir")
                 .arg(dir.path().join("data"))
-                .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
-                .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+                .args([
+                    "--listen-client-urls",
+                    &format!("http://127.0.0.1:{client}"),
+                ])
+                .args([
+                    "--advertise-client-urls",
+                    &format!("http://127.0.0.1:{client}"),
+                ])
                 .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+                .args([
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{peer}"),
+                ])
                 .args(["--initial-cluster", &cluster])
                 .stdout(log.try_clone().expect("log"))
                 .stderr(log)
                 .spawn()
                 .expect("spawn keel");
-            Member { child, client, _dir: dir }
+            Member {
+                child,
+                client,
+                _dir: dir,
+            }
         })
         .collect();
     let deadline = Instant::now() + ready_within;
@@ -423,9 +544,14 @@ fn try_start_cluster(ready_within: Duration) -> Result<Vec<Member>, String> {
             if Instant::now() > deadline {
                 let logs: Vec<String> = members
                     .iter()
-                    .map(|m| std::fs::read_to_string(m._dir.path().join("keel.log")).unwrap_or_default())
+                    .map(|m| {
+                        std::fs::read_to_string(m._dir.path().join("keel.log")).unwrap_or_default()
+                    })
                     .collect();
-                return Err(format!("member on {endpoint} not ready: {e}\n{}", logs.join("\n-----\n")));
+                return Err(format!(
+                    "member on {endpoint} not ready: {e}\n{}",
+                    logs.join("\n-----\n")
+                ));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -437,11 +563,17 @@ fn try_start_cluster(ready_within: Duration) -> Result<Vec<Member>, String> {
 fn probe_write(endpoint: &str) -> Result<(), String> {
     let endpoint = endpoint.to_string();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
         rt.block_on(async {
             let channel = support::grpc::channel(&endpoint, Duration::from_secs(2)).await?;
             KvClient::new(channel)
-                .put(PutRequest { key: b"keel-e2e-probe".to_vec(), ..Default::default() })
+                .put(PutRequest {
+                    key: b"keel-e2e-probe".to_vec(),
+                    ..Default::default()
+                })
                 .await
                 .map(|_| ())
                 .map_err(|s| format!("put: {s:?}"))
@@ -454,12 +586,20 @@ fn probe_write(endpoint: &str) -> Result<(), String> {
 #[test]
 fn every_member_serves_watches_including_followers() {
     let members = start_cluster();
-    let eps: Vec<String> = members.iter().map(|m| format!("127.0.0.1:{}", m.client)).collect();
+    let eps: Vec<String> = members
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.client))
+        .collect();
     runtime().block_on(async {
         let mut watches = Vec::new();
         for ep in &eps {
             let mut w = WatchConn::open(ep).await;
-            w.create(WatchCreateRequest { key: "f".into(), prev_kv: true, ..Default::default() }).await;
+            w.create(WatchCreateRequest {
+                key: "f".into(),
+                prev_kv: true,
+                ..Default::default()
+            })
+            .await;
             assert!(w.next().await.created);
             watches.push(w);
         }
@@ -474,7 +614,14 @@ fn every_member_serves_watches_including_followers() {
             while got.len() < 3 {
                 got.extend(events(&w.next().await));
             }
-            assert_eq!(got, vec![ev("PUT", "f", revs[0], "v0"), ev("PUT", "f", revs[1], "v1"), ev("PUT", "f", revs[2], "v2")]);
+            assert_eq!(
+                got,
+                vec![
+                    ev("PUT", "f", revs[0], "v0"),
+                    ev("PUT", "f", revs[1], "v1"),
+                    ev("PUT", "f", revs[2], "v2")
+                ]
+            );
         }
     });
 }

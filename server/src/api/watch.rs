@@ -8,8 +8,8 @@
 //! dropped, the task is aborted and the stream's watchers are removed.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::{Stream, StreamExt};
 use keel_proto::etcdserverpb::watch_server::Watch;
@@ -17,8 +17,8 @@ use keel_proto::etcdserverpb::{WatchRequest, WatchResponse};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::node::Node;
-use crate::watch::progress::jittered;
 use crate::watch::WatchStream;
+use crate::watch::progress::jittered;
 
 /// Watch service of one member.
 pub struct WatchService {
@@ -38,10 +38,15 @@ impl WatchService {
 }
 
 /// The response stream type of `Watch` (tonic's `BoxStream`, fixed by the generated trait).
-pub type WatchResponseStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
+pub type WatchResponseStream =
+    Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
 
 /// Reads requests until the client goes away; ticks progress notifications meanwhile.
-async fn serve_requests(mut session: WatchStream, mut inbound: Streaming<WatchRequest>, period: std::time::Duration) {
+async fn serve_requests(
+    mut session: WatchStream,
+    mut inbound: Streaming<WatchRequest>,
+    period: std::time::Duration,
+) {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut open = true;

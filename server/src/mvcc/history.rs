@@ -23,7 +23,7 @@ use super::backend;
 use super::events::EventBatch;
 use super::index::KeyRange;
 use super::key_index::RevInfo;
-use super::revision::{record_key_lower_bound, Revision};
+use super::revision::{Revision, record_key_lower_bound};
 use super::store::{MvccStore, View};
 use crate::error::EtcdError;
 
@@ -125,13 +125,18 @@ impl MvccStore {
             last_main: None,
         };
         let span = (to - from + 1) as usize;
-        let by_key = matches!(range, KeyRange::Single(_)) || view.index.count(&range, view.rev) <= span;
+        let by_key =
+            matches!(range, KeyRange::Single(_)) || view.index.count(&range, view.rev) <= span;
         let complete = if by_key {
             self.history_by_key(&view, &range, from, to, &mut out)?
         } else {
             self.history_by_revision(&range, from, to, &mut out)?
         };
-        let last_revision = if complete { to } else { out.last_main.unwrap_or(to) };
+        let last_revision = if complete {
+            to
+        } else {
+            out.last_main.unwrap_or(to)
+        };
         let mut events = out.events;
         if with_prev_kv {
             for ev in &mut events {
@@ -154,7 +159,12 @@ impl MvccStore {
         self.prev_at(&view, key, revision)
     }
 
-    fn prev_at(&self, view: &View, key: &[u8], revision: i64) -> Result<Option<KeyValue>, EtcdError> {
+    fn prev_at(
+        &self,
+        view: &View,
+        key: &[u8],
+        revision: i64,
+    ) -> Result<Option<KeyValue>, EtcdError> {
         let before = revision - 1;
         if before < view.compact_rev {
             return Err(EtcdError::Compacted);
@@ -167,7 +177,9 @@ impl MvccStore {
 
     /// `prev_kv` of a history event: none for a key creation (etcd `IsCreateEvent`).
     fn prev_kv_in(&self, view: &View, ev: &Event) -> Result<Option<KeyValue>, EtcdError> {
-        let Some(kv) = ev.kv.as_ref() else { return Ok(None) };
+        let Some(kv) = ev.kv.as_ref() else {
+            return Ok(None);
+        };
         let create = ev.r#type == EventType::Put as i32 && kv.create_revision == kv.mod_revision;
         if create {
             return Ok(None);
@@ -198,7 +210,11 @@ impl MvccStore {
                 return Ok(false);
             }
             let kv = self.read_value(key, &info, from)?;
-            let event = if info.tombstone { delete_event(kv, rev.main) } else { put_event(kv) };
+            let event = if info.tombstone {
+                delete_event(kv, rev.main)
+            } else {
+                put_event(kv)
+            };
             out.push(rev.main, event);
         }
         Ok(true)
@@ -214,7 +230,8 @@ impl MvccStore {
     ) -> Result<bool, EtcdError> {
         let floor_before = self.compact_floor.load(Ordering::Acquire);
         let bounds = record_key_lower_bound(from)..record_key_lower_bound(to.saturating_add(1));
-        let internal = |e: &dyn std::fmt::Display| EtcdError::Internal(format!("mvcc: watch history: {e}"));
+        let internal =
+            |e: &dyn std::fmt::Display| EtcdError::Internal(format!("mvcc: watch history: {e}"));
         let mut complete = true;
         for item in self.tree.range(bounds) {
             let (rkey, value) = item.map_err(|e| internal(&e))?;
@@ -227,7 +244,11 @@ impl MvccStore {
                 break;
             }
             let kv = backend::decode_kv(&rkey, &value).map_err(|e| internal(&e))?;
-            let event = if meta.tombstone { delete_event(kv, meta.rev.main) } else { put_event(kv) };
+            let event = if meta.tombstone {
+                delete_event(kv, meta.rev.main)
+            } else {
+                put_event(kv)
+            };
             out.push(meta.rev.main, event);
         }
         // Records at or above the compact revision are never removed; a compaction above
@@ -247,7 +268,12 @@ mod tests {
     use super::*;
 
     fn store() -> MvccStore {
-        let tree = sled::Config::new().temporary(true).open().unwrap().open_tree("t").unwrap();
+        let tree = sled::Config::new()
+            .temporary(true)
+            .open()
+            .unwrap()
+            .open_tree("t")
+            .unwrap();
         MvccStore::open(tree).unwrap()
     }
 
@@ -284,8 +310,16 @@ mod tests {
             .iter()
             .map(|e| {
                 let kv = e.kv.as_ref().unwrap();
-                let prev = e.prev_kv.as_ref().map(|p| String::from_utf8(p.value.clone()).unwrap());
-                (e.r#type, String::from_utf8(kv.key.clone()).unwrap(), kv.mod_revision, prev)
+                let prev = e
+                    .prev_kv
+                    .as_ref()
+                    .map(|p| String::from_utf8(p.value.clone()).unwrap());
+                (
+                    e.r#type,
+                    String::from_utf8(kv.key.clone()).unwrap(),
+                    kv.mod_revision,
+                    prev,
+                )
             })
             .collect()
     }
@@ -313,7 +347,10 @@ mod tests {
         );
         assert_eq!(b.last_revision, r5);
         let tomb = b.events[2].kv.as_ref().unwrap();
-        assert_eq!((tomb.create_revision, tomb.version, tomb.value.len()), (0, 0, 0));
+        assert_eq!(
+            (tomb.create_revision, tomb.version, tomb.value.len()),
+            (0, 0, 0)
+        );
     }
 
     #[test]
@@ -331,12 +368,40 @@ mod tests {
         for (from, to) in [(first, last), (last - 3, last), (first + 10, first + 12)] {
             let view = s.view();
             let range = KeyRange::from_request(b"a", b"b");
-            let mut by_key = Collector { events: vec![], max_revisions: 0, max_bytes: 0, revisions: 0, bytes: 0, last_main: None };
-            let mut by_rev = Collector { events: vec![], max_revisions: 0, max_bytes: 0, revisions: 0, bytes: 0, last_main: None };
-            assert!(s.history_by_key(&view, &range, from, to, &mut by_key).unwrap());
-            assert!(s.history_by_revision(&range, from, to, &mut by_rev).unwrap());
-            assert_eq!(by_key.events, by_rev.events, "plans differ for {from}..={to}");
-            assert!(by_key.events.iter().all(|e| e.kv.as_ref().unwrap().key.starts_with(b"a")));
+            let mut by_key = Collector {
+                events: vec![],
+                max_revisions: 0,
+                max_bytes: 0,
+                revisions: 0,
+                bytes: 0,
+                last_main: None,
+            };
+            let mut by_rev = Collector {
+                events: vec![],
+                max_revisions: 0,
+                max_bytes: 0,
+                revisions: 0,
+                bytes: 0,
+                last_main: None,
+            };
+            assert!(
+                s.history_by_key(&view, &range, from, to, &mut by_key)
+                    .unwrap()
+            );
+            assert!(
+                s.history_by_revision(&range, from, to, &mut by_rev)
+                    .unwrap()
+            );
+            assert_eq!(
+                by_key.events, by_rev.events,
+                "plans differ for {from}..={to}"
+            );
+            assert!(
+                by_key
+                    .events
+                    .iter()
+                    .all(|e| e.kv.as_ref().unwrap().key.starts_with(b"a"))
+            );
         }
     }
 
@@ -347,15 +412,39 @@ mod tests {
         for i in 2..=10 {
             put(&s, "k", &i.to_string());
         }
-        let b = s.watch_history(b"k", b"", first, first + 100, 3, 0, false).unwrap();
+        let b = s
+            .watch_history(b"k", b"", first, first + 100, 3, 0, false)
+            .unwrap();
         assert_eq!(b.events.len(), 3);
-        assert_eq!(b.last_revision, first + 2, "continue after the last revision returned");
-        let b = s.watch_history(b"k", b"", first + 9, first + 100, 3, 0, false).unwrap();
-        assert_eq!((b.events.len(), b.last_revision), (1, first + 9), "span clamped to the current revision");
-        let b = s.watch_history(b"k", b"", first, first + 100, 0, 1, false).unwrap();
-        assert_eq!((b.events.len(), b.last_revision), (1, first), "the byte limit still returns one revision");
-        let b = s.watch_history(b"k", b"", first + 20, first + 100, 3, 0, false).unwrap();
-        assert_eq!(b.last_revision, first + 19, "nothing to read: continue where asked");
+        assert_eq!(
+            b.last_revision,
+            first + 2,
+            "continue after the last revision returned"
+        );
+        let b = s
+            .watch_history(b"k", b"", first + 9, first + 100, 3, 0, false)
+            .unwrap();
+        assert_eq!(
+            (b.events.len(), b.last_revision),
+            (1, first + 9),
+            "span clamped to the current revision"
+        );
+        let b = s
+            .watch_history(b"k", b"", first, first + 100, 0, 1, false)
+            .unwrap();
+        assert_eq!(
+            (b.events.len(), b.last_revision),
+            (1, first),
+            "the byte limit still returns one revision"
+        );
+        let b = s
+            .watch_history(b"k", b"", first + 20, first + 100, 3, 0, false)
+            .unwrap();
+        assert_eq!(
+            b.last_revision,
+            first + 19,
+            "nothing to read: continue where asked"
+        );
     }
 
     #[test]
@@ -365,14 +454,27 @@ mod tests {
         let r2 = put(&s, "k", "2");
         let r3 = put(&s, "k", "3");
         compact(&s, r2);
-        assert_eq!(s.watch_history(b"k", b"", r1, r3, 0, 0, false), Err(EtcdError::Compacted));
+        assert_eq!(
+            s.watch_history(b"k", b"", r1, r3, 0, 0, false),
+            Err(EtcdError::Compacted)
+        );
         let b = s.watch_history(b"k", b"", r2, r3, 0, 0, false).unwrap();
-        assert_eq!(b.events.len(), 2, "the compact revision itself is still readable");
+        assert_eq!(
+            b.events.len(),
+            2,
+            "the compact revision itself is still readable"
+        );
         // The event at the compact revision lost its prev_kv: report, do not omit.
-        assert_eq!(s.watch_history(b"k", b"", r2, r3, 0, 0, true), Err(EtcdError::Compacted));
+        assert_eq!(
+            s.watch_history(b"k", b"", r2, r3, 0, 0, true),
+            Err(EtcdError::Compacted)
+        );
         let b = s.watch_history(b"k", b"", r3, r3, 0, 0, true).unwrap();
         assert_eq!(summary(&b), vec![(PUT, "k".into(), r3, Some("2".into()))]);
-        assert_eq!(s.prev_kv(b"k", r3).unwrap().map(|kv| kv.value), Some(b"2".to_vec()));
+        assert_eq!(
+            s.prev_kv(b"k", r3).unwrap().map(|kv| kv.value),
+            Some(b"2".to_vec())
+        );
         assert_eq!(s.prev_kv(b"k", r2), Err(EtcdError::Compacted));
     }
 

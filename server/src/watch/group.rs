@@ -312,7 +312,10 @@ impl RangeIndex {
                 .iter()
                 .map(|c| {
                     c.intervals.capacity() * std::mem::size_of::<Interval>()
-                        + c.intervals.iter().map(|iv| iv.ids.heap_bytes()).sum::<usize>()
+                        + c.intervals
+                            .iter()
+                            .map(|iv| iv.ids.heap_bytes())
+                            .sum::<usize>()
                 })
                 .sum::<usize>()
     }
@@ -331,7 +334,7 @@ mod tests {
     }
 
     fn test_watcher() -> crate::watch::watcher::Watcher {
-        use crate::watch::{hub::SyncSignal, outbox::Outbox, watcher::*, WatchConfig};
+        use crate::watch::{WatchConfig, hub::SyncSignal, outbox::Outbox, watcher::*};
         Watcher {
             outbox: Outbox::new(&WatchConfig::default(), Arc::new(SyncSignal::default())),
             watch_id: 0,
@@ -368,7 +371,10 @@ mod tests {
         assert_eq!(matches(&index, b"c"), vec![id[2]]);
         assert!(matches(&index, b"0").is_empty());
         assert!(index.remove(&single, id[0]));
-        assert!(!index.remove(&single, id[0]), "second removal finds nothing");
+        assert!(
+            !index.remove(&single, id[0]),
+            "second removal finds nothing"
+        );
         assert!(index.remove(&span, id[1]));
         assert_eq!(matches(&index, b"b"), vec![id[2], id[3]]);
         assert_eq!(index.len(), 2);

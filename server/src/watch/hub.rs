@@ -32,12 +32,14 @@ use std::time::Duration;
 use keel_proto::mvccpb::Event;
 use prost::Message;
 
+use super::WatchConfig;
 use super::group::WatcherIndex;
 use super::key_range::{EventFilter, WatchKeyRange};
-use super::outbox::{bare_response, EventList, EventsItem, Item, Outbox, Refused, RevisionBatch, Selection};
-use super::source::{is_create, HistorySource};
+use super::outbox::{
+    EventList, EventsItem, Item, Outbox, Refused, RevisionBatch, Selection, bare_response,
+};
+use super::source::{HistorySource, is_create};
 use super::watcher::{Slab, Watcher, WatcherFlags, WatcherId, WatcherState};
-use super::WatchConfig;
 
 /// `watch_id` of responses not tied to one watcher (etcd's `clientv3.InvalidWatchID`):
 /// rejected creates and `WatchProgressRequest` answers.
@@ -190,7 +192,11 @@ impl WatchHub {
     pub fn add(&self, outbox: &Arc<Outbox>, spec: WatcherSpec) -> WatcherId {
         let mut st = self.lock();
         let rev = st.rev;
-        let start = if spec.start_revision == 0 { rev + 1 } else { spec.start_revision };
+        let start = if spec.start_revision == 0 {
+            rev + 1
+        } else {
+            spec.start_revision
+        };
         let synced = start > rev;
         let id = st.watchers.insert(Watcher {
             outbox: outbox.clone(),
@@ -199,7 +205,11 @@ impl WatchHub {
             next_rev: start,
             filter: spec.filter,
             flags: spec.flags,
-            state: if synced { WatcherState::Synced } else { WatcherState::Unsynced },
+            state: if synced {
+                WatcherState::Synced
+            } else {
+                WatcherState::Unsynced
+            },
             events_since_tick: false,
         });
         let mut created = bare_response(spec.watch_id, rev);
@@ -285,7 +295,11 @@ impl WatchHub {
     /// one response holding all its events of this revision. Never waits for a client.
     pub fn notify(&self, revision: i64, events: Vec<Event>) {
         let mut st = self.lock();
-        debug_assert!(revision >= st.rev, "revisions go backwards: {revision} < {}", st.rev);
+        debug_assert!(
+            revision >= st.rev,
+            "revisions go backwards: {revision} < {}",
+            st.rev
+        );
         st.rev = st.rev.max(revision);
         if events.is_empty() || st.synced.is_empty() {
             return;
@@ -294,7 +308,8 @@ impl WatchHub {
         let mut hits: Vec<(WatcherId, u32)> = Vec::new();
         for (i, ev) in events.iter().enumerate() {
             let key = ev.kv.as_ref().map_or(&[][..], |kv| &kv.key[..]);
-            st.synced.for_each_match(key, |id| hits.push((id, i as u32)));
+            st.synced
+                .for_each_match(key, |id| hits.push((id, i as u32)));
         }
         if hits.is_empty() {
             return;
@@ -306,7 +321,9 @@ impl WatchHub {
         let mut need_prev = vec![false; events.len()];
         for group in hits.chunk_by(|a, b| a.0 == b.0) {
             let id = group[0].0;
-            let Some(w) = st.watchers.get(id) else { continue };
+            let Some(w) = st.watchers.get(id) else {
+                continue;
+            };
             if revision < w.next_rev {
                 continue; // a watcher whose start revision is still ahead
             }
@@ -339,7 +356,9 @@ impl WatchHub {
         let batch = Arc::new(RevisionBatch { revision, events });
         for (id, selection) in deliveries {
             let behind = {
-                let Some(w) = st.watchers.get_mut(id) else { continue };
+                let Some(w) = st.watchers.get_mut(id) else {
+                    continue;
+                };
                 if prev_failed && w.flags.prev_kv() {
                     // The store could not give this revision's prev_kv now; let the
                     // history path retry (or cancel the watcher if it was compacted).
@@ -381,7 +400,9 @@ impl WatchHub {
             if is_create(ev) {
                 continue;
             }
-            let Some(key) = ev.kv.as_ref().map(|kv| kv.key.as_slice()) else { continue };
+            let Some(key) = ev.kv.as_ref().map(|kv| kv.key.as_slice()) else {
+                continue;
+            };
             match self.source.prev_kv(key, revision) {
                 Ok(prev) => ev.prev_kv = prev,
                 Err(e) => {
@@ -401,14 +422,18 @@ impl WatchHub {
         let mut st = self.lock();
         let rev = st.rev;
         for &id in ids {
-            let Some(w) = st.watchers.get_mut(id) else { continue };
+            let Some(w) = st.watchers.get_mut(id) else {
+                continue;
+            };
             if !w.flags.progress_notify() {
                 continue;
             }
             if w.state == WatcherState::Synced && !w.events_since_tick {
                 let resp = bare_response(w.watch_id, rev);
                 let bytes = resp.encoded_len();
-                let _ = w.outbox.try_push(w.watch_id, Item::Control(resp), bytes, false);
+                let _ = w
+                    .outbox
+                    .try_push(w.watch_id, Item::Control(resp), bytes, false);
             }
             w.events_since_tick = false;
         }
@@ -442,7 +467,9 @@ impl WatchHub {
         st.generation += 1;
         st.installing = false;
         for id in st.watchers.ids() {
-            let Some(w) = st.watchers.get_mut(id) else { continue };
+            let Some(w) = st.watchers.get_mut(id) else {
+                continue;
+            };
             if w.state != WatcherState::Synced {
                 continue;
             }
@@ -457,14 +484,14 @@ impl WatchHub {
         // the old one under raft, but keep the invariant if it ever is.
         let rev = st.rev;
         for id in st.unsynced.clone() {
-            if let Some(w) = st.watchers.get_mut(id) {
-                if w.next_rev > rev {
-                    let (range, outbox) = (w.range.clone(), w.outbox.clone());
-                    w.state = WatcherState::Synced;
-                    st.unsynced.remove(&id);
-                    st.synced.insert(&range, id);
-                    outbox.add_unsynced(-1);
-                }
+            if let Some(w) = st.watchers.get_mut(id)
+                && w.next_rev > rev
+            {
+                let (range, outbox) = (w.range.clone(), w.outbox.clone());
+                w.state = WatcherState::Synced;
+                st.unsynced.remove(&id);
+                st.synced.insert(&range, id);
+                outbox.add_unsynced(-1);
             }
         }
         drop(st);
@@ -480,7 +507,9 @@ impl WatchHub {
         let mut synced = 0;
         for id in st.watchers.ids() {
             let w = st.watchers.get(id).expect("listed");
-            let entry = per_outbox.entry(Arc::as_ptr(&w.outbox)).or_insert((0, &w.outbox));
+            let entry = per_outbox
+                .entry(Arc::as_ptr(&w.outbox))
+                .or_insert((0, &w.outbox));
             match w.state {
                 WatcherState::Synced => {
                     synced += 1;
@@ -488,7 +517,10 @@ impl WatchHub {
                 }
                 WatcherState::Unsynced => {
                     entry.0 += 1;
-                    assert!(st.unsynced.contains(&id), "unsynced watcher missing from the set");
+                    assert!(
+                        st.unsynced.contains(&id),
+                        "unsynced watcher missing from the set"
+                    );
                     assert!(w.next_rev <= st.rev, "unsynced watcher ahead of the hub");
                 }
                 WatcherState::Compacted => assert!(!st.unsynced.contains(&id)),

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use keel_proto::etcdserverpb::watch_create_request::FilterType;
-use keel_proto::mvccpb::event::EventType;
 use keel_proto::mvccpb::Event;
+use keel_proto::mvccpb::event::EventType;
 
 /// etcd's `mvcc.ErrEmptyWatcherRange` text, sent as `cancel_reason`.
 pub const EMPTY_RANGE_REASON: &str = "mvcc: watcher range is empty";
@@ -75,7 +75,10 @@ impl WatchKeyRange {
         match self {
             WatchKeyRange::Single(k) => (k, &[]),
             WatchKeyRange::Span { start, end: None } => (start, &[0]),
-            WatchKeyRange::Span { start, end: Some(e) } => (start, e),
+            WatchKeyRange::Span {
+                start,
+                end: Some(e),
+            } => (start, e),
         }
     }
 
@@ -170,8 +173,14 @@ mod tests {
 
     #[test]
     fn empty_ranges_are_rejected_with_etcds_reason() {
-        assert_eq!(WatchKeyRange::from_request(b"b", b"a"), Err(EMPTY_RANGE_REASON));
-        assert_eq!(WatchKeyRange::from_request(b"b", b"b"), Err(EMPTY_RANGE_REASON));
+        assert_eq!(
+            WatchKeyRange::from_request(b"b", b"a"),
+            Err(EMPTY_RANGE_REASON)
+        );
+        assert_eq!(
+            WatchKeyRange::from_request(b"b", b"b"),
+            Err(EMPTY_RANGE_REASON)
+        );
         assert_eq!(EMPTY_RANGE_REASON, "mvcc: watcher range is empty");
     }
 

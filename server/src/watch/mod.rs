@@ -73,7 +73,8 @@ impl Default for WatchConfig {
             buffer_len: DEFAULT_BUFFER_LEN,
             stream_buffer_bytes: DEFAULT_STREAM_BUFFER_BYTES,
             progress_interval: progress::DEFAULT_PROGRESS_INTERVAL,
-            max_response_bytes: crate::config::DEFAULT_MAX_REQUEST_BYTES as usize + GRPC_OVERHEAD_BYTES,
+            max_response_bytes: crate::config::DEFAULT_MAX_REQUEST_BYTES as usize
+                + GRPC_OVERHEAD_BYTES,
             batch_max_revisions: BATCH_MAX_REVISIONS,
             sync_batch: SYNC_BATCH,
         }

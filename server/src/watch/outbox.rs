@@ -20,8 +20,8 @@ use keel_proto::etcdserverpb::{ResponseHeader, WatchResponse};
 use keel_proto::mvccpb::Event;
 use prost::Message;
 
-use super::hub::SyncSignal;
 use super::WatchConfig;
+use super::hub::SyncSignal;
 
 /// The events of one applied revision, shared by every watcher they reach.
 #[derive(Debug)]
@@ -56,13 +56,18 @@ impl EventList {
         let strip = |e: &Event| Event {
             r#type: e.r#type,
             kv: e.kv.clone(),
-            prev_kv: if keep_prev_kv { e.prev_kv.clone() } else { None },
+            prev_kv: if keep_prev_kv {
+                e.prev_kv.clone()
+            } else {
+                None
+            },
         };
         match self {
             EventList::Shared(batch, Selection::All) => batch.events.iter().map(strip).collect(),
-            EventList::Shared(batch, Selection::Some(idx)) => {
-                idx.iter().map(|&i| strip(&batch.events[i as usize])).collect()
-            }
+            EventList::Shared(batch, Selection::Some(idx)) => idx
+                .iter()
+                .map(|&i| strip(&batch.events[i as usize]))
+                .collect(),
             EventList::Owned(events) => events.iter().map(strip).collect(),
         }
     }
@@ -203,7 +208,13 @@ impl Outbox {
     /// Queues an item that counts against `watch_id`'s bound, if it fits. A refusal marks
     /// the outbox starved when `wake_on_room` (the watcher will be caught up once room
     /// frees up); progress notifications pass `false` and are simply dropped, as in etcd.
-    pub fn try_push(&self, watch_id: i64, item: Item, bytes: usize, wake_on_room: bool) -> Result<(), Refused> {
+    pub fn try_push(
+        &self,
+        watch_id: i64,
+        item: Item,
+        bytes: usize,
+        wake_on_room: bool,
+    ) -> Result<(), Refused> {
         let mut inner = self.lock();
         if inner.closed {
             return Err(Refused::Closed);
@@ -240,12 +251,12 @@ impl Outbox {
             return Poll::Pending;
         };
         inner.bytes -= q.bytes;
-        if let Some(id) = q.counted_for {
-            if let Some(n) = inner.pending.get_mut(&id) {
-                *n -= 1;
-                if *n == 0 {
-                    inner.pending.remove(&id);
-                }
+        if let Some(id) = q.counted_for
+            && let Some(n) = inner.pending.get_mut(&id)
+        {
+            *n -= 1;
+            if *n == 0 {
+                inner.pending.remove(&id);
             }
         }
         if inner.queue.is_empty() && inner.queue.capacity() > 64 {
@@ -350,7 +361,10 @@ mod tests {
         let o = Outbox::new(&config(2, usize::MAX), signal.clone());
         assert!(o.try_push(1, events_item(1, 5), 10, true).is_ok());
         assert!(o.try_push(1, events_item(1, 6), 10, true).is_ok());
-        assert_eq!(o.try_push(1, events_item(1, 7), 10, true), Err(Refused::Full));
+        assert_eq!(
+            o.try_push(1, events_item(1, 7), 10, true),
+            Err(Refused::Full)
+        );
         assert!(!o.has_room(1));
         assert!(o.has_room(2), "the bound is per watcher");
         assert!(o.try_push(2, events_item(2, 7), 10, true).is_ok());
@@ -367,12 +381,21 @@ mod tests {
     #[test]
     fn stream_byte_bound_accepts_one_item_into_an_empty_outbox() {
         let o = Outbox::new(&config(128, 100), Arc::new(SyncSignal::default()));
-        assert!(o.try_push(1, events_item(1, 5), 1000, true).is_ok(), "empty outbox takes any item");
-        assert_eq!(o.try_push(2, events_item(2, 5), 1, true), Err(Refused::Full));
+        assert!(
+            o.try_push(1, events_item(1, 5), 1000, true).is_ok(),
+            "empty outbox takes any item"
+        );
+        assert_eq!(
+            o.try_push(2, events_item(2, 5), 1, true),
+            Err(Refused::Full)
+        );
         pop(&o);
         assert!(o.try_push(2, events_item(2, 5), 60, true).is_ok());
         assert!(o.try_push(2, events_item(2, 6), 40, true).is_ok());
-        assert_eq!(o.try_push(3, events_item(3, 6), 1, true), Err(Refused::Full));
+        assert_eq!(
+            o.try_push(3, events_item(3, 6), 1, true),
+            Err(Refused::Full)
+        );
     }
 
     #[test]
@@ -384,8 +407,14 @@ mod tests {
         assert_eq!(o.queued().0, 3);
         o.close();
         assert!(pop(&o).is_none());
-        assert_eq!(o.try_push(1, events_item(1, 5), 1, true), Err(Refused::Closed));
+        assert_eq!(
+            o.try_push(1, events_item(1, 5), 1, true),
+            Err(Refused::Closed)
+        );
         let waker = noop_waker();
-        assert!(matches!(o.poll_pop(&mut Context::from_waker(&waker)), Poll::Ready(None)));
+        assert!(matches!(
+            o.poll_pop(&mut Context::from_waker(&waker)),
+            Poll::Ready(None)
+        ));
     }
 }

@@ -35,13 +35,17 @@ impl FromStr for GoDuration {
         let mut total = 0f64;
         let mut rest = text;
         while !rest.is_empty() {
-            let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+            let num_len = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .unwrap_or(rest.len());
             if num_len == 0 {
                 return Err(bad());
             }
             let value: f64 = rest[..num_len].parse().map_err(|_| bad())?;
             rest = &rest[num_len..];
-            let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+            let unit_len = rest
+                .find(|c: char| c.is_ascii_digit() || c == '.')
+                .unwrap_or(rest.len());
             let nanos_per = match &rest[..unit_len] {
                 "ns" => 1.0,
                 "us" | "µs" | "μs" => 1e3,
@@ -128,7 +132,10 @@ mod tests {
         assert_eq!(parse("3us"), Duration::from_micros(3));
         assert_eq!(parse("0"), Duration::ZERO);
         for bad in ["", "10", "5x", "-1s", "ms", "1.2.3s"] {
-            assert!(bad.parse::<GoDuration>().is_err(), "{bad:?} should not parse");
+            assert!(
+                bad.parse::<GoDuration>().is_err(),
+                "{bad:?} should not parse"
+            );
         }
     }
 
@@ -142,16 +149,32 @@ mod tests {
 
     #[test]
     fn interval_follows_etcds_default_and_minimum() {
-        assert_eq!(effective_interval(Duration::ZERO), DEFAULT_PROGRESS_INTERVAL);
-        assert_eq!(effective_interval(Duration::from_millis(10)), MIN_PROGRESS_INTERVAL);
-        assert_eq!(effective_interval(Duration::from_secs(5)), Duration::from_secs(5));
+        assert_eq!(
+            effective_interval(Duration::ZERO),
+            DEFAULT_PROGRESS_INTERVAL
+        );
+        assert_eq!(
+            effective_interval(Duration::from_millis(10)),
+            MIN_PROGRESS_INTERVAL
+        );
+        assert_eq!(
+            effective_interval(Duration::from_secs(5)),
+            Duration::from_secs(5)
+        );
     }
 
     #[test]
     fn jitter_stays_within_a_tenth() {
         let base = Duration::from_secs(10);
         let values: Vec<Duration> = (0..100).map(|s| jittered(base, s)).collect();
-        assert!(values.iter().all(|d| *d >= base && *d < base + Duration::from_secs(1)));
-        assert!(values.windows(2).any(|w| w[0] != w[1]), "seeds spread the ticks");
+        assert!(
+            values
+                .iter()
+                .all(|d| *d >= base && *d < base + Duration::from_secs(1))
+        );
+        assert!(
+            values.windows(2).any(|w| w[0] != w[1]),
+            "seeds spread the ticks"
+        );
     }
 }

@@ -14,7 +14,7 @@ use keel_proto::etcdserverpb::WatchResponse;
 use keel_proto::mvccpb::Event;
 use prost::Message;
 
-use super::outbox::{bare_response, Item};
+use super::outbox::{Item, bare_response};
 
 /// Appends the response(s) of `item` to `out`; `max_bytes` is the fragmentation limit.
 pub fn push_responses(item: Item, max_bytes: usize, out: &mut VecDeque<WatchResponse>) {
@@ -95,7 +95,11 @@ mod tests {
     #[test]
     fn small_or_single_event_responses_are_not_split() {
         let mut out = VecDeque::new();
-        fragment(response(vec![put("a", 10, 10), put("b", 10, 10)]), 1 << 20, &mut out);
+        fragment(
+            response(vec![put("a", 10, 10), put("b", 10, 10)]),
+            1 << 20,
+            &mut out,
+        );
         assert_eq!(out.len(), 1);
         assert!(!out[0].fragment);
         out.clear();
@@ -117,7 +121,11 @@ mod tests {
         let flags: Vec<bool> = out.iter().map(|r| r.fragment).collect();
         assert!(flags[..flags.len() - 1].iter().all(|&f| f) && !flags[flags.len() - 1]);
         for r in &out {
-            assert!(r.encoded_len() < limit, "fragment of {} bytes >= {limit}", r.encoded_len());
+            assert!(
+                r.encoded_len() < limit,
+                "fragment of {} bytes >= {limit}",
+                r.encoded_len()
+            );
             assert_eq!(r.watch_id, 3);
             assert_eq!(r.header.as_ref().map(|h| h.revision), Some(10));
         }

@@ -25,9 +25,9 @@ use futures::Stream;
 use keel_proto::etcdserverpb::watch_request::RequestUnion;
 use keel_proto::etcdserverpb::{WatchCreateRequest, WatchRequest, WatchResponse};
 
-use super::hub::{WatchHub, WatcherSpec, INVALID_WATCH_ID};
+use super::hub::{INVALID_WATCH_ID, WatchHub, WatcherSpec};
 use super::key_range::{EventFilter, WatchKeyRange};
-use super::outbox::{bare_response, Outbox};
+use super::outbox::{Outbox, bare_response};
 use super::response::push_responses;
 use super::watcher::{WatcherFlags, WatcherId};
 

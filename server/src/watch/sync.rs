@@ -25,7 +25,7 @@ use prost::Message;
 
 use super::hub::WatchHub;
 use super::key_range::{EventFilter, WatchKeyRange};
-use super::outbox::{bare_response, EventList, EventsItem, Item, Refused};
+use super::outbox::{EventList, EventsItem, Item, Refused, bare_response};
 use super::source::{History, HistoryLimit};
 use super::watcher::{WatcherFlags, WatcherId, WatcherState};
 use crate::error::EtcdError;
@@ -98,7 +98,9 @@ impl WatchHub {
         for (job, outcome) in jobs.iter().zip(outcomes) {
             let Some(outcome) = outcome else { continue };
             let rev = st.rev;
-            let Some(w) = st.watchers.get_mut(job.id) else { continue };
+            let Some(w) = st.watchers.get_mut(job.id) else {
+                continue;
+            };
             if w.state != WatcherState::Unsynced || w.next_rev != job.next_rev {
                 continue;
             }
@@ -117,8 +119,12 @@ impl WatchHub {
                     served = true;
                 }
                 Outcome::Events(history) => {
-                    let events: Vec<_> =
-                        history.events.iter().filter(|e| job.filter.passes(e)).cloned().collect();
+                    let events: Vec<_> = history
+                        .events
+                        .iter()
+                        .filter(|e| job.filter.passes(e))
+                        .cloned()
+                        .collect();
                     if !events.is_empty() {
                         let bytes = events.iter().map(|e| e.encoded_len() + 4).sum();
                         let item = Item::Events(EventsItem {
@@ -146,7 +152,11 @@ impl WatchHub {
                 }
             }
         }
-        if served { SyncOutcome::Progress } else { SyncOutcome::Blocked }
+        if served {
+            SyncOutcome::Progress
+        } else {
+            SyncOutcome::Blocked
+        }
     }
 
     /// Step 1: the watchers of this round, the hub revision and generation; `None` when
@@ -162,7 +172,10 @@ impl WatchHub {
         let after = cursor.map_or(st.unsynced.range(..), |c| {
             st.unsynced.range((Bound::Excluded(c), Bound::Unbounded))
         });
-        let before = cursor.map(|c| st.unsynced.range(..=c)).into_iter().flatten();
+        let before = cursor
+            .map(|c| st.unsynced.range(..=c))
+            .into_iter()
+            .flatten();
         let max_scan = self.config.sync_batch.saturating_mul(8).max(1);
         let mut jobs = Vec::new();
         let mut last = None;
@@ -170,7 +183,9 @@ impl WatchHub {
             if jobs.len() >= self.config.sync_batch {
                 break;
             }
-            let Some(w) = st.watchers.get(id) else { continue };
+            let Some(w) = st.watchers.get(id) else {
+                continue;
+            };
             last = Some(id);
             if !w.outbox.has_room(w.watch_id) {
                 continue;

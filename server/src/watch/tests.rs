@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::task::noop_waker;
 use futures::Stream;
+use futures::task::noop_waker;
 use keel_proto::etcdserverpb::request_op::Request as Op;
 use keel_proto::etcdserverpb::watch_create_request::FilterType;
 use keel_proto::etcdserverpb::watch_request::RequestUnion;
@@ -174,8 +174,17 @@ fn events(r: &WatchResponse) -> Vec<(&'static str, String, i64, String)> {
         .iter()
         .map(|e| {
             let kv = e.kv.as_ref().expect("event kv");
-            let t = if e.r#type == EventType::Delete as i32 { "DELETE" } else { "PUT" };
-            (t, String::from_utf8_lossy(&kv.key).into(), kv.mod_revision, String::from_utf8_lossy(&kv.value).into())
+            let t = if e.r#type == EventType::Delete as i32 {
+                "DELETE"
+            } else {
+                "PUT"
+            };
+            (
+                t,
+                String::from_utf8_lossy(&kv.key).into(),
+                kv.mod_revision,
+                String::from_utf8_lossy(&kv.value).into(),
+            )
         })
         .collect()
 }
@@ -200,7 +209,11 @@ fn created_then_one_response_per_live_revision() {
     let got = drain(&mut out);
     assert_eq!(got.len(), 2);
     assert_eq!(events(&got[0]), vec![ev("PUT", "k", r1, "1")]);
-    assert_eq!(header_rev(&got[0]), r1, "live events: header revision = event revision");
+    assert_eq!(
+        header_rev(&got[0]),
+        r1,
+        "live events: header revision = event revision"
+    );
     assert_eq!(events(&got[1]), vec![ev("PUT", "k", r3, "2")]);
     h.hub.check_invariants();
 }
@@ -216,12 +229,21 @@ fn txn_events_share_one_response() {
         ..Default::default()
     }));
     drain(&mut out);
-    let r = h.txn(&[("t1", Some("a")), ("t2", Some("b")), ("t0", None), ("x", Some("z"))]);
+    let r = h.txn(&[
+        ("t1", Some("a")),
+        ("t2", Some("b")),
+        ("t0", None),
+        ("x", Some("z")),
+    ]);
     let got = drain(&mut out);
     assert_eq!(got.len(), 1, "one response per revision");
     assert_eq!(
         events(&got[0]),
-        vec![ev("PUT", "t1", r, "a"), ev("PUT", "t2", r, "b"), ev("DELETE", "t0", r, "")]
+        vec![
+            ev("PUT", "t1", r, "a"),
+            ev("PUT", "t2", r, "b"),
+            ev("DELETE", "t0", r, "")
+        ]
     );
 }
 
@@ -244,9 +266,18 @@ fn watch_ids_auto_client_chosen_and_duplicate() {
     s.handle(request(create("d")));
     let got = drain(&mut out);
     assert_eq!(got.len(), 4);
-    assert_eq!((got[0].watch_id, got[0].created, got[0].canceled), (1, true, false));
-    assert_eq!((got[1].watch_id, got[1].created, got[1].canceled), (-1, true, true));
-    assert_eq!(got[1].cancel_reason, "mvcc: duplicate watch ID provided on the WatchStream");
+    assert_eq!(
+        (got[0].watch_id, got[0].created, got[0].canceled),
+        (1, true, false)
+    );
+    assert_eq!(
+        (got[1].watch_id, got[1].created, got[1].canceled),
+        (-1, true, true)
+    );
+    assert_eq!(
+        got[1].cancel_reason,
+        "mvcc: duplicate watch ID provided on the WatchStream"
+    );
     assert_eq!(header_rev(&got[1]), rev);
     assert_eq!(got[2].watch_id, 0, "auto IDs count from 0");
     assert_eq!(got[3].watch_id, 2, "auto IDs skip IDs in use");
@@ -268,15 +299,30 @@ fn bad_requests_keep_the_stream_usable() {
         ..Default::default()
     }));
     s.handle(cancel(42));
-    s.handle(WatchRequest { request_union: None });
+    s.handle(WatchRequest {
+        request_union: None,
+    });
     h.sync_all();
     let got = drain(&mut out);
-    assert_eq!(got.len(), 3, "unknown cancel and empty requests get no response");
-    assert_eq!((got[0].watch_id, got[0].created, got[0].canceled), (-1, true, true));
+    assert_eq!(
+        got.len(),
+        3,
+        "unknown cancel and empty requests get no response"
+    );
+    assert_eq!(
+        (got[0].watch_id, got[0].created, got[0].canceled),
+        (-1, true, true)
+    );
     assert_eq!(got[0].cancel_reason, "mvcc: watcher range is empty");
     // etcd 3.4: a negative start is a compacted start.
-    assert_eq!((got[1].watch_id, got[1].created, got[1].canceled), (0, true, false));
-    assert_eq!((got[2].watch_id, got[2].canceled, header_rev(&got[2])), (0, true, 0));
+    assert_eq!(
+        (got[1].watch_id, got[1].created, got[1].canceled),
+        (0, true, false)
+    );
+    assert_eq!(
+        (got[2].watch_id, got[2].canceled, header_rev(&got[2])),
+        (0, true, 0)
+    );
     s.handle(request(create("k")));
     let r = h.put("k", "1");
     let got = drain(&mut out);
@@ -294,7 +340,10 @@ fn cancel_answers_and_stops_events() {
     s.handle(cancel(0));
     let got = drain(&mut out);
     assert_eq!(got.len(), 1);
-    assert_eq!((got[0].watch_id, got[0].created, got[0].canceled), (0, false, true));
+    assert_eq!(
+        (got[0].watch_id, got[0].created, got[0].canceled),
+        (0, false, true)
+    );
     assert_eq!(header_rev(&got[0]), h.hub.current_revision());
     h.put("k", "1");
     assert!(drain(&mut out).is_empty());
@@ -324,15 +373,29 @@ fn historical_watch_batches_history_then_goes_live() {
     assert_eq!(header_rev(&got[0]), r4);
     assert_eq!(
         events(&got[0]),
-        vec![ev("PUT", "k", r1, "1"), ev("PUT", "k", r2, "2"), ev("DELETE", "k", r3, ""), ev("PUT", "k", r4, "3")]
+        vec![
+            ev("PUT", "k", r1, "1"),
+            ev("PUT", "k", r2, "2"),
+            ev("DELETE", "k", r3, ""),
+            ev("PUT", "k", r4, "3")
+        ]
     );
-    let prev: Vec<Option<Vec<u8>>> =
-        got[0].events.iter().map(|e| e.prev_kv.as_ref().map(|p| p.value.clone())).collect();
-    assert_eq!(prev, vec![None, Some(b"1".to_vec()), Some(b"2".to_vec()), None]);
+    let prev: Vec<Option<Vec<u8>>> = got[0]
+        .events
+        .iter()
+        .map(|e| e.prev_kv.as_ref().map(|p| p.value.clone()))
+        .collect();
+    assert_eq!(
+        prev,
+        vec![None, Some(b"1".to_vec()), Some(b"2".to_vec()), None]
+    );
     let r5 = h.put("k", "4");
     let live = drain(&mut out);
     assert_eq!(events(&live[0]), vec![ev("PUT", "k", r5, "4")]);
-    assert_eq!(live[0].events[0].prev_kv.as_ref().map(|p| p.value.clone()), Some(b"3".to_vec()));
+    assert_eq!(
+        live[0].events[0].prev_kv.as_ref().map(|p| p.value.clone()),
+        Some(b"3".to_vec())
+    );
     assert_eq!(h.hub.stats().unsynced, 0);
 }
 
@@ -372,8 +435,15 @@ fn compacted_start_is_canceled_with_the_compact_revision() {
     let got = drain(&mut out);
     assert_eq!(got.len(), 2);
     assert!(got[0].created);
-    assert_eq!((got[1].watch_id, got[1].canceled, got[1].compact_revision), (0, true, r2));
-    assert_eq!(header_rev(&got[1]), 0, "etcd sends the compaction cancel with header revision 0");
+    assert_eq!(
+        (got[1].watch_id, got[1].canceled, got[1].compact_revision),
+        (0, true, r2)
+    );
+    assert_eq!(
+        header_rev(&got[1]),
+        0,
+        "etcd sends the compaction cancel with header revision 0"
+    );
     // The ID stays registered until the client cancels it, as in etcd.
     s.handle(cancel(0));
     let got = drain(&mut out);
@@ -402,9 +472,20 @@ fn filters_apply_to_live_and_historical_events() {
     let r3 = h.put("k", "2");
     let r4 = h.del("k");
     let got: Vec<_> = drain(&mut out).into_iter().filter(|r| !r.created).collect();
-    let noput: Vec<_> = got.iter().filter(|r| r.watch_id == 0).flat_map(events).collect();
-    let nodel: Vec<_> = got.iter().filter(|r| r.watch_id == 1).flat_map(events).collect();
-    assert_eq!(noput, vec![ev("DELETE", "k", r2, ""), ev("DELETE", "k", r4, "")]);
+    let noput: Vec<_> = got
+        .iter()
+        .filter(|r| r.watch_id == 0)
+        .flat_map(events)
+        .collect();
+    let nodel: Vec<_> = got
+        .iter()
+        .filter(|r| r.watch_id == 1)
+        .flat_map(events)
+        .collect();
+    assert_eq!(
+        noput,
+        vec![ev("DELETE", "k", r2, ""), ev("DELETE", "k", r4, "")]
+    );
     assert_eq!(nodel, vec![ev("PUT", "k", r3, "2")]);
 }
 
@@ -423,7 +504,11 @@ fn a_stalled_watcher_falls_behind_and_catches_up_without_gaps() {
     }));
     drain(&mut out);
     let revs: Vec<i64> = (0..20).map(|i| h.put("k", &i.to_string())).collect();
-    assert_eq!(h.hub.stats().unsynced, 1, "the full watcher moved to unsynced; apply went on");
+    assert_eq!(
+        h.hub.stats().unsynced,
+        1,
+        "the full watcher moved to unsynced; apply went on"
+    );
     let mut seen = Vec::new();
     for _ in 0..100 {
         seen.extend(drain(&mut out));
@@ -432,7 +517,10 @@ fn a_stalled_watcher_falls_behind_and_catches_up_without_gaps() {
         }
     }
     seen.extend(drain(&mut out));
-    let got: Vec<i64> = seen.iter().flat_map(|r| r.events.iter().map(|e| e.kv.as_ref().unwrap().mod_revision)).collect();
+    let got: Vec<i64> = seen
+        .iter()
+        .flat_map(|r| r.events.iter().map(|e| e.kv.as_ref().unwrap().mod_revision))
+        .collect();
     assert_eq!(got, revs, "every revision once, in order");
     for r in &seen {
         let last = r.events.last().unwrap().kv.as_ref().unwrap().mod_revision;
@@ -440,9 +528,18 @@ fn a_stalled_watcher_falls_behind_and_catches_up_without_gaps() {
     }
     let prevs: Vec<String> = seen
         .iter()
-        .flat_map(|r| r.events.iter().skip_while(|e| e.prev_kv.is_none()).map(|e| String::from_utf8_lossy(&e.prev_kv.as_ref().unwrap().value).to_string()))
+        .flat_map(|r| {
+            r.events
+                .iter()
+                .skip_while(|e| e.prev_kv.is_none())
+                .map(|e| String::from_utf8_lossy(&e.prev_kv.as_ref().unwrap().value).to_string())
+        })
         .collect();
-    assert_eq!(prevs, (0..19).map(|i| i.to_string()).collect::<Vec<_>>(), "prev_kv of every update");
+    assert_eq!(
+        prevs,
+        (0..19).map(|i| i.to_string()).collect::<Vec<_>>(),
+        "prev_kv of every update"
+    );
     assert_eq!(h.hub.stats().synced, 1);
     h.hub.check_invariants();
 }
@@ -453,8 +550,15 @@ fn progress_request_waits_for_unsynced_watchers() {
     let (mut s, mut out) = WatchStream::new(h.hub.clone());
     s.handle(progress());
     let got = drain(&mut out);
-    assert_eq!(got.len(), 1, "a stream without watchers is answered at once");
-    assert_eq!((got[0].watch_id, header_rev(&got[0])), (-1, h.hub.current_revision()));
+    assert_eq!(
+        got.len(),
+        1,
+        "a stream without watchers is answered at once"
+    );
+    assert_eq!(
+        (got[0].watch_id, header_rev(&got[0])),
+        (-1, h.hub.current_revision())
+    );
     assert!(got[0].events.is_empty() && !got[0].created && !got[0].canceled);
 
     let r1 = h.put("k", "1");
@@ -466,12 +570,20 @@ fn progress_request_waits_for_unsynced_watchers() {
     }));
     s.handle(progress());
     let got = drain(&mut out);
-    assert_eq!(got.len(), 1, "only the created response: the progress waits for the history");
+    assert_eq!(
+        got.len(),
+        1,
+        "only the created response: the progress waits for the history"
+    );
     h.sync_all();
     let got = drain(&mut out);
     assert_eq!(got.len(), 2);
     assert_eq!(events(&got[0]).len(), 2);
-    assert_eq!((got[1].watch_id, header_rev(&got[1])), (-1, r2), "progress after the events it covers");
+    assert_eq!(
+        (got[1].watch_id, header_rev(&got[1])),
+        (-1, r2),
+        "progress after the events it covers"
+    );
 }
 
 #[test]
@@ -488,11 +600,17 @@ fn periodic_progress_is_per_watcher_and_elided_after_events() {
     s.progress_tick();
     let got = drain(&mut out);
     assert_eq!(got.len(), 1, "only the progress_notify watcher");
-    assert_eq!((got[0].watch_id, header_rev(&got[0])), (0, h.hub.current_revision()));
+    assert_eq!(
+        (got[0].watch_id, header_rev(&got[0])),
+        (0, h.hub.current_revision())
+    );
     let r = h.put("k", "1");
     drain(&mut out);
     s.progress_tick();
-    assert!(drain(&mut out).is_empty(), "a tick right after events is skipped");
+    assert!(
+        drain(&mut out).is_empty(),
+        "a tick right after events is skipped"
+    );
     s.progress_tick();
     let got = drain(&mut out);
     assert_eq!((got.len(), header_rev(&got[0])), (1, r));
@@ -518,7 +636,9 @@ fn fragment_splits_a_large_txn() {
     }));
     drain(&mut out);
     let big = "v".repeat(300);
-    let ops: Vec<(String, Option<&str>)> = (0..8).map(|i| (format!("f{i}"), Some(big.as_str()))).collect();
+    let ops: Vec<(String, Option<&str>)> = (0..8)
+        .map(|i| (format!("f{i}"), Some(big.as_str())))
+        .collect();
     let ops: Vec<(&str, Option<&str>)> = ops.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     let r = h.txn(&ops);
     let got = drain(&mut out);
@@ -575,7 +695,10 @@ fn dropping_the_stream_removes_its_watchers() {
     assert_eq!(h.hub.stats().watchers, 10);
     drop(s);
     assert_eq!(h.hub.stats().watchers, 0);
-    assert!(drain(&mut out).is_empty(), "a closed outbox drops what was queued");
+    assert!(
+        drain(&mut out).is_empty(),
+        "a closed outbox drops what was queued"
+    );
     let waker = noop_waker();
     let polled = std::pin::Pin::new(&mut out).poll_next(&mut Context::from_waker(&waker));
     assert!(matches!(polled, Poll::Ready(None)), "the output ends");

@@ -29,7 +29,7 @@ use proptest::prelude::*;
 
 use super::key_range::{EventFilter, WatchKeyRange};
 use super::sync::SyncOutcome;
-use super::tests::{drain, read, Harness};
+use super::tests::{Harness, drain, read};
 use super::{WatchConfig, WatchOutput, WatchStream};
 
 const KEYS: [&str; 6] = ["a", "ab", "b", "ba", "c", "d"];
@@ -119,13 +119,25 @@ impl ModelStore {
                         lease: 0,
                     };
                     self.kvs.insert(key, kv.clone());
-                    self.log.push(Event { r#type: EventType::Put as i32, kv: Some(kv), prev_kv: prev });
+                    self.log.push(Event {
+                        r#type: EventType::Put as i32,
+                        kv: Some(kv),
+                        prev_kv: prev,
+                    });
                     changed = true;
                 }
                 None => {
                     if let Some(prev) = self.kvs.remove(&key) {
-                        let kv = KeyValue { key, mod_revision: rev, ..Default::default() };
-                        self.log.push(Event { r#type: EventType::Delete as i32, kv: Some(kv), prev_kv: Some(prev) });
+                        let kv = KeyValue {
+                            key,
+                            mod_revision: rev,
+                            ..Default::default()
+                        };
+                        self.log.push(Event {
+                            r#type: EventType::Delete as i32,
+                            kv: Some(kv),
+                            prev_kv: Some(prev),
+                        });
                         changed = true;
                     }
                 }
@@ -153,18 +165,30 @@ impl ModelWatcher {
         log.iter()
             .filter(|e| {
                 let kv = e.kv.as_ref().expect("kv");
-                kv.mod_revision >= self.start && self.range.contains(&kv.key) && self.filter.passes(e)
+                kv.mod_revision >= self.start
+                    && self.range.contains(&kv.key)
+                    && self.filter.passes(e)
             })
             .map(|e| Event {
                 r#type: e.r#type,
                 kv: e.kv.clone(),
-                prev_kv: if self.prev_kv { e.prev_kv.clone() } else { None },
+                prev_kv: if self.prev_kv {
+                    e.prev_kv.clone()
+                } else {
+                    None
+                },
             })
             .collect()
     }
 }
 
-fn create_request(range: usize, start: i64, prev_kv: bool, filter: u8, progress_notify: bool) -> WatchRequest {
+fn create_request(
+    range: usize,
+    start: i64,
+    prev_kv: bool,
+    filter: u8,
+    progress_notify: bool,
+) -> WatchRequest {
     let (key, end) = RANGES[range];
     let filters = filter_types(filter);
     WatchRequest {
@@ -213,7 +237,10 @@ fn run(ops: Vec<Op>, buffer_len: usize, batch_revs: usize) -> Result<(), TestCas
         sync_batch: 3,
         ..WatchConfig::default()
     });
-    let mut model = ModelStore { rev: h.store.current_revision(), ..Default::default() };
+    let mut model = ModelStore {
+        rev: h.store.current_revision(),
+        ..Default::default()
+    };
     let mut streams: Vec<(WatchStream, WatchOutput, Vec<WatchResponse>, i64)> = (0..STREAMS)
         .map(|_| {
             let (s, o) = WatchStream::new(h.hub.clone());
@@ -241,9 +268,19 @@ fn run(ops: Vec<Op>, buffer_len: usize, batch_revs: usize) -> Result<(), TestCas
                     x.1 = x.1.map(value);
                 }
                 model.apply(&t);
-                let values: Vec<(String, Option<String>)> =
-                    t.iter().map(|(k, v)| (KEYS[*k].to_string(), v.map(|b| String::from_utf8_lossy(&[b]).into()))).collect();
-                let ops: Vec<(&str, Option<&str>)> = values.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+                let values: Vec<(String, Option<String>)> = t
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            KEYS[*k].to_string(),
+                            v.map(|b| String::from_utf8_lossy(&[b]).into()),
+                        )
+                    })
+                    .collect();
+                let ops: Vec<(&str, Option<&str>)> = values
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_deref()))
+                    .collect();
                 h.txn(&ops);
             }
             Op::Compact(back) => {
@@ -254,17 +291,35 @@ fn run(ops: Vec<Op>, buffer_len: usize, batch_revs: usize) -> Result<(), TestCas
                     h.compact(at);
                 }
             }
-            Op::Watch { stream, range, back, prev_kv, filter, progress_notify } => {
-                let start = if back == 0 { 0 } else { (model.rev + 3 - i64::from(back)).max(1) };
+            Op::Watch {
+                stream,
+                range,
+                back,
+                prev_kv,
+                filter,
+                progress_notify,
+            } => {
+                let start = if back == 0 {
+                    0
+                } else {
+                    (model.rev + 3 - i64::from(back)).max(1)
+                };
                 let st = &mut streams[stream];
                 let watch_id = st.3;
                 st.3 += 1;
-                st.0.handle(create_request(range, start, prev_kv, filter, progress_notify));
+                st.0.handle(create_request(
+                    range,
+                    start,
+                    prev_kv,
+                    filter,
+                    progress_notify,
+                ));
                 let (key, end) = RANGES[range];
                 watchers.push(ModelWatcher {
                     stream,
                     watch_id,
-                    range: WatchKeyRange::from_request(key.as_bytes(), end.as_bytes()).expect("valid range"),
+                    range: WatchKeyRange::from_request(key.as_bytes(), end.as_bytes())
+                        .expect("valid range"),
                     start: if start == 0 { model.rev + 1 } else { start },
                     prev_kv,
                     filter: EventFilter::from_request(&filter_types(filter)),
@@ -278,7 +333,9 @@ fn run(ops: Vec<Op>, buffer_len: usize, batch_revs: usize) -> Result<(), TestCas
                     .collect();
                 if let Some(&id) = live.get(pick % live.len().max(1)) {
                     streams[stream].0.handle(WatchRequest {
-                        request_union: Some(RequestUnion::CancelRequest(WatchCancelRequest { watch_id: id })),
+                        request_union: Some(RequestUnion::CancelRequest(WatchCancelRequest {
+                            watch_id: id,
+                        })),
                     });
                     canceled.push((stream, id));
                 }
@@ -348,7 +405,11 @@ fn check_stream(
         let rec = got.entry(r.watch_id).or_default();
         if r.created {
             prop_assert!(!r.canceled, "unexpected rejected create: {:?}", r);
-            prop_assert!(rec.created.is_none(), "two created responses for {}", r.watch_id);
+            prop_assert!(
+                rec.created.is_none(),
+                "two created responses for {}",
+                r.watch_id
+            );
             rec.created = Some(pos);
             continue;
         }
@@ -357,7 +418,11 @@ fn check_stream(
             // etcd keeps a compacted watcher's ID until the client cancels it, and answers
             // that cancel.
             let cancel_ack = r.canceled && r.compact_revision == 0 && rec.compacted.is_some();
-            prop_assert!(rec.ended.is_none() || cancel_ack, "response after cancel: {:?}", r);
+            prop_assert!(
+                rec.ended.is_none() || cancel_ack,
+                "response after cancel: {:?}",
+                r
+            );
             if cancel_ack {
                 continue;
             }
@@ -375,30 +440,70 @@ fn check_stream(
             continue;
         }
         let revs: Vec<i64> = r.events.iter().map(rev_of).collect();
-        prop_assert!(revs.windows(2).all(|w| w[0] <= w[1]), "events out of order: {:?}", revs);
-        prop_assert!(header(r) >= *revs.last().expect("events"), "header below its events");
-        prop_assert!(revs[0] > rec.last_response_rev, "a revision split or repeated across responses");
+        prop_assert!(
+            revs.windows(2).all(|w| w[0] <= w[1]),
+            "events out of order: {:?}",
+            revs
+        );
+        prop_assert!(
+            header(r) >= *revs.last().expect("events"),
+            "header below its events"
+        );
+        prop_assert!(
+            revs[0] > rec.last_response_rev,
+            "a revision split or repeated across responses"
+        );
         rec.last_response_rev = *revs.last().expect("events");
         rec.events.extend(r.events.iter().cloned());
-        rec.event_pos.extend(std::iter::repeat_n(pos, r.events.len()));
+        rec.event_pos
+            .extend(std::iter::repeat_n(pos, r.events.len()));
     }
     for w in &mine {
         let rec = got.remove(&w.watch_id).unwrap_or_default();
-        prop_assert!(rec.created.is_some(), "watcher {} never created", w.watch_id);
+        prop_assert!(
+            rec.created.is_some(),
+            "watcher {} never created",
+            w.watch_id
+        );
         let expected = w.expected(&model.log);
         let by_client = canceled.contains(&(s, w.watch_id));
         if let Some(c) = rec.compacted {
-            prop_assert!(model.compactions.contains(&c), "compact revision {} never happened", c);
+            prop_assert!(
+                model.compactions.contains(&c),
+                "compact revision {} never happened",
+                c
+            );
             let served_to = rec.events.last().map_or(w.start - 1, rev_of);
-            prop_assert!(c > served_to, "compacted at {} but served up to {}", c, served_to);
-            prop_assert!(c >= w.start, "compact revision {} below start {}", c, w.start);
+            prop_assert!(
+                c > served_to,
+                "compacted at {} but served up to {}",
+                c,
+                served_to
+            );
+            prop_assert!(
+                c >= w.start,
+                "compact revision {} below start {}",
+                c,
+                w.start
+            );
         }
         if rec.compacted.is_some() || by_client {
             prop_assert!(rec.events.len() <= expected.len());
-            prop_assert_eq!(&rec.events[..], &expected[..rec.events.len()], "not a prefix (watcher {})", w.watch_id);
+            prop_assert_eq!(
+                &rec.events[..],
+                &expected[..rec.events.len()],
+                "not a prefix (watcher {})",
+                w.watch_id
+            );
         } else {
             prop_assert!(rec.ended.is_none(), "unexpected cancel of {}", w.watch_id);
-            prop_assert_eq!(&rec.events, &expected, "watcher {} start {}", w.watch_id, w.start);
+            prop_assert_eq!(
+                &rec.events,
+                &expected,
+                "watcher {} start {}",
+                w.watch_id,
+                w.start
+            );
         }
         // Progress at revision R comes after this watcher's events <= R.
         for &(pos, id, rev) in &progress {
@@ -410,7 +515,14 @@ fn check_stream(
             }
             let due = expected.iter().filter(|e| rev_of(e) <= rev).count();
             let before = rec.event_pos.iter().filter(|&&p| p < pos).count();
-            prop_assert!(before >= due, "progress {} at position {} before {} events of watcher {}", rev, pos, due - before, w.watch_id);
+            prop_assert!(
+                before >= due,
+                "progress {} at position {} before {} events of watcher {}",
+                rev,
+                pos,
+                due - before,
+                w.watch_id
+            );
         }
     }
     Ok(())

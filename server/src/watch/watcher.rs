@@ -130,7 +130,10 @@ impl Slab {
             generation: 0,
             watcher: Some(watcher),
         });
-        WatcherId { slot, generation: 0 }
+        WatcherId {
+            slot,
+            generation: 0,
+        }
     }
 
     /// The watcher of `id`, if it still exists.
@@ -196,12 +199,15 @@ impl Slab {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::watch::outbox::Outbox;
     use crate::watch::WatchConfig;
+    use crate::watch::outbox::Outbox;
 
     fn watcher(id: i64) -> Watcher {
         Watcher {
-            outbox: Outbox::new(&WatchConfig::default(), Arc::new(super::super::hub::SyncSignal::default())),
+            outbox: Outbox::new(
+                &WatchConfig::default(),
+                Arc::new(super::super::hub::SyncSignal::default()),
+            ),
             watch_id: id,
             range: WatchKeyRange::from_request(b"k", b"").unwrap(),
             next_rev: 1,
