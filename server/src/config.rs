@@ -78,6 +78,17 @@ pub struct Config {
     #[arg(long)]
     #[serde(skip)]
     pub config_file: Option<PathBuf>,
+    /// Interval of progress notifications to watchers that set `progress_notify` (a Go
+    /// duration such as `10m` or `500ms`; etcd's default 10m, minimum 100ms).
+    #[arg(long, default_value = "10m")]
+    pub experimental_watch_progress_notify_interval: crate::watch::progress::GoDuration,
+    /// Keel: responses one watcher may have queued before it falls behind and catches up
+    /// from the store (etcd's fixed per-stream channel holds 128).
+    #[arg(long, default_value_t = crate::watch::DEFAULT_BUFFER_LEN)]
+    pub watch_buffer_len: usize,
+    /// Keel: bytes of events one watch stream may have queued for a slow client.
+    #[arg(long, default_value_t = crate::watch::DEFAULT_STREAM_BUFFER_BYTES)]
+    pub watch_stream_buffer_bytes: usize,
     /// Logging level: debug, info, warn, error.
     #[arg(long, default_value = "info")]
     pub log_level: String,

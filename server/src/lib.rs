@@ -15,3 +15,4 @@ pub mod mvcc;
 pub mod node;
 pub mod raft;
 pub mod wal;
+pub mod watch;

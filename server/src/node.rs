@@ -25,6 +25,7 @@ use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::proposer::{into_result, Proposer};
 use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
 use crate::wal::{Wal, WalOptions};
+use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 
 /// sled tree holding all member state (MVCC, consistent index, membership, ...).
 const TREE: &str = "keel";
@@ -49,6 +50,8 @@ pub struct Node {
     pub lessor: Arc<Lessor>,
     /// Lease IDs for grants proposed by this member without a client-chosen ID.
     pub lease_ids: LeaseIdGenerator,
+    /// The watchable store: every watcher of every stream on this member.
+    pub watch: Arc<WatchHub>,
     db: sled::Db,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
@@ -127,9 +130,12 @@ impl Node {
         );
         let attributes = Arc::new(Attributes::load(&tree).map_err(anyhow::Error::msg)?);
         let lessor = Arc::new(Lessor::new());
-        let applier = Applier::open_with_lessor(tree.clone(), store.clone(), attributes.clone(), lessor.clone())
+        let mut applier = Applier::open_with_lessor(tree.clone(), store.clone(), attributes.clone(), lessor.clone())
             .map_err(anyhow::Error::msg)?;
         let shared = Arc::new(SharedStore::new(store));
+        let watch = WatchHub::new(Arc::new(StoreHistory(shared.clone())), WatchConfig::from_config(&config));
+        watch.spawn_sync_thread().context("cannot start the watch sync thread")?;
+        applier.set_watch_hub(watch.clone());
         let sm = StateMachine::new(applier, shared.clone(), attributes.clone(), snap_dir);
 
         let raft_config = openraft::Config {
@@ -164,6 +170,7 @@ impl Node {
             config,
             lessor,
             lease_ids: LeaseIdGenerator::new(id),
+            watch,
             db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
             db,
             next_request_id: AtomicU64::new(1),

@@ -20,6 +20,7 @@ use crate::lease::{ApplyOutcome, Lessor};
 use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
+use crate::watch::WatchHub;
 
 #[cfg(test)]
 mod tests;
@@ -36,6 +37,8 @@ pub struct Applier {
     lessor: Arc<Lessor>,
     ci: ConsistentIndex,
     membership: StoredMembership<NodeId, MemberNode>,
+    /// Receives the events of every committed revision (watchers on this member).
+    watch: Option<Arc<WatchHub>>,
 }
 
 impl Applier {
@@ -75,6 +78,7 @@ impl Applier {
             lessor,
             ci,
             membership,
+            watch: None,
         })
     }
 
@@ -96,6 +100,16 @@ impl Applier {
     /// The MVCC store this applier writes to.
     pub fn store(&self) -> &Arc<MvccStore> {
         &self.store
+    }
+
+    /// Hands the events of every committed revision to `hub` from now on.
+    pub fn set_watch_hub(&mut self, hub: Arc<WatchHub>) {
+        self.watch = Some(hub);
+    }
+
+    /// The watch hub this applier feeds, if any.
+    pub fn watch_hub(&self) -> Option<&Arc<WatchHub>> {
+        self.watch.as_ref()
     }
 
     /// The sled tree holding all member state.
@@ -220,13 +234,15 @@ impl Applier {
                 let committed = w.commit().map_err(|e| StorageIOError::apply(log_id, &e))?;
                 self.ci = next;
                 lessor.publish(lease_outcome, &committed.events);
+                let revision = committed.revision;
+                if let Some(hub) = &self.watch {
+                    // Never blocks: slow watchers fall behind and catch up from the store.
+                    hub.notify(revision, committed.events);
+                }
                 if let Some(Rq::MemberAttributes(a)) = req {
                     self.attributes.publish(a.clone());
                 }
-                Ok(RaftResponse {
-                    revision: committed.revision,
-                    response,
-                })
+                Ok(RaftResponse { revision, response })
             }
             Err(e) => {
                 // Nothing of the failed request is written; it still counts as applied.

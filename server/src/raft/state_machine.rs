@@ -103,10 +103,15 @@ impl StateMachine {
         let err = |e: &dyn std::error::Error| -> StorageError {
             StorageIOError::read_snapshot(Some(meta.signature()), AnyErr::from(e)).into()
         };
+        let watch = self.applier.watch_hub().cloned();
         let tree = self.applier.tree().clone();
         tokio::task::block_in_place(|| -> io::Result<()> {
             // Verify the whole file before touching the store.
             snapshot::verify(&mut file)?;
+            if let Some(hub) = &watch {
+                // History reads from here on would see a half-replaced store.
+                hub.begin_install();
+            }
             tree.clear().map_err(io::Error::other)?;
             let mut batch = sled::Batch::default();
             let mut n = 0usize;
@@ -147,6 +152,11 @@ impl StateMachine {
         self.applier = Applier::open_with_lessor(tree, store.clone(), self.attributes.clone(), lessor)
             .map_err(|e| err(&io::Error::other(e)))?;
         self.shared.set(store);
+        if let Some(hub) = watch {
+            // Every watcher catches up from the new store (or is canceled as compacted).
+            hub.finish_install();
+            self.applier.set_watch_hub(hub);
+        }
         Ok(())
     }
 }
