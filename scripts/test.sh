@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# Keel's single test command (CI runs it through .ci/run).
+#
+#   1. installs what the tests need when it is missing: etcdctl (apt package etcd-client) and a
+#      Python venv at ~/.venv-conformance with the gRPC stubs of the conformance suite;
+#   2. builds the workspace once, in release (`cargo test --release --workspace --no-run`);
+#   3. runs `cargo test --release --workspace` (unit, proptest and end-to-end tests; the
+#      end-to-end tests start the `keel` binary built in step 2);
+#   4. starts the release `keel` on a temp data dir and a free port and runs the etcd
+#      conformance suite (../shared/conformance) for the areas in CONFORMANCE_AREAS;
+#   5. stops keel with SIGTERM (it must exit 0) and prints a summary.
+# Exits non-zero if any step failed.
+#
+# Options: --skip-cargo (only conformance), --skip-conformance (only cargo tests).
+# Environment: CARGO_TARGET_DIR and CARGO_BUILD_JOBS (default 2) are honoured;
+# KEEL_SHARED_DIR overrides the location of shared/ (default: beside the repository);
+# KEEL_BIN runs the conformance step against another binary with etcd's flags (no build needed
+# with --skip-cargo), e.g. a real etcd to check the suite setup.
+set -euo pipefail
+
+# Conformance areas that must pass (directories of ../shared/conformance/cases).
+CONFORMANCE_AREAS=(kv del txn compact badinput)
+# KEEL_CONFORMANCE_AREAS="kv watch" runs other areas (e.g. while implementing one).
+if [ -n "${KEEL_CONFORMANCE_AREAS:-}" ]; then read -r -a CONFORMANCE_AREAS <<<"$KEEL_CONFORMANCE_AREAS"; fi
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SHARED="${KEEL_SHARED_DIR:-$(dirname "$REPO")/shared}"
+VENV="$HOME/.venv-conformance"
+READY_TIMEOUT_S=30
+STOP_TIMEOUT_S=15
+export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+
+run_cargo=1
+run_conformance=1
+for arg in "$@"; do
+    case "$arg" in
+        --skip-cargo) run_cargo=0 ;;
+        --skip-conformance) run_conformance=0 ;;
+        -h | --help) sed -n '2,16p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        *) echo "test.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+started=$(date +%s)
+summary=()
+failed=0
+note() { echo "==> $*"; }
+record() { # record <ok|FAIL> <what>
+    summary+=("$1  $2")
+    if [ "$1" != ok ]; then failed=1; fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# 1. prerequisites
+
+apt_updated=0
+apt_install() {
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null || { echo "need root or sudo to apt-get install $*" >&2; return 1; }
+        sudo="sudo"
+    fi
+    if [ "$apt_updated" -eq 0 ]; then
+        $sudo apt-get update -qq
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@"
+}
+
+command -v cargo >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
+if ! command -v etcdctl >/dev/null; then
+    note "installing etcdctl (apt package etcd-client)"
+    apt_install etcd-client
+fi
+if ! command -v python3 >/dev/null; then
+    note "installing python3"
+    apt_install python3 python3-venv
+fi
+
+needs_grpc=0
+for area in "${CONFORMANCE_AREAS[@]}"; do
+    if grep -lq '"grpc"' "$SHARED/conformance/cases/$area"/*.json 2>/dev/null; then needs_grpc=1; fi
+done
+setup_venv() {
+    if "$VENV/bin/python" -c 'import aetcd, grpc, google.protobuf' 2>/dev/null; then return 0; fi
+    note "creating $VENV for the conformance gRPC cases"
+    if ! python3 -m venv "$VENV" 2>/dev/null; then
+        rm -rf "$VENV"
+        apt_install python3-venv && python3 -m venv "$VENV"
+    fi
+    "$VENV/bin/pip" install -q aetcd grpcio 'protobuf>=5.27.2'
+}
+if [ "$run_conformance" -eq 1 ]; then
+    [ -f "$SHARED/conformance/run.py" ] || { echo "no conformance suite at $SHARED (set KEEL_SHARED_DIR)" >&2; exit 1; }
+    if ! setup_venv; then
+        if [ "$needs_grpc" -eq 1 ]; then
+            echo "could not set up $VENV, which the selected conformance areas need" >&2
+            exit 1
+        fi
+        echo "warning: could not set up $VENV; no selected area has gRPC steps, continuing" >&2
+    fi
+fi
+
+cd "$REPO"
+TARGET_DIR="$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
+KEEL_BIN="${KEEL_BIN:-$TARGET_DIR/release/keel}"
+
+# ---------------------------------------------------------------------------------------------
+# 2. + 3. build once in release, then run every cargo test
+
+if [ "$run_cargo" -eq 1 ] || [ ! -x "$KEEL_BIN" ]; then
+    note "building the workspace (release, tests included)"
+    if ! cargo test --release --workspace --no-run; then
+        echo "RESULT: FAILED (the release build of the workspace failed)"
+        exit 1
+    fi
+fi
+if [ "$run_cargo" -eq 1 ]; then
+    note "cargo test --release --workspace"
+    if cargo test --release --workspace; then
+        record ok "cargo test --release --workspace"
+    else
+        record FAIL "cargo test --release --workspace"
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# 4. + 5. conformance against a release keel
+
+keel_pid=""
+workdir="$(mktemp -d "${TMPDIR:-/tmp}/keel-conformance.XXXXXX")"
+cleanup() {
+    if [ -n "$keel_pid" ] && kill -0 "$keel_pid" 2>/dev/null; then kill -KILL "$keel_pid" || true; fi
+    rm -rf "$workdir"
+}
+trap cleanup EXIT
+
+free_ports() { # prints two free 127.0.0.1 ports
+    python3 -c 'import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))'
+}
+
+start_keel() {
+    local client peer
+    read -r client peer < <(free_ports)
+    endpoint="127.0.0.1:$client"
+    "$KEEL_BIN" --name default --data-dir "$workdir/data" \
+        --listen-client-urls "http://$endpoint" --advertise-client-urls "http://$endpoint" \
+        --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+        --initial-cluster "default=http://127.0.0.1:$peer" --initial-cluster-state new \
+        >"$workdir/keel.log" 2>&1 &
+    keel_pid=$!
+    local deadline=$(($(date +%s) + READY_TIMEOUT_S))
+    while [ "$(date +%s)" -lt "$deadline" ]; do
+        if ! kill -0 "$keel_pid" 2>/dev/null; then
+            echo "keel exited during start-up; its log:" >&2
+            tail -n 40 "$workdir/keel.log" >&2
+            return 1
+        fi
+        if ETCDCTL_API=3 etcdctl --endpoints="$endpoint" --dial-timeout=1s --command-timeout=2s \
+            endpoint health >/dev/null 2>&1; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    echo "keel was not healthy within ${READY_TIMEOUT_S}s; its log:" >&2
+    tail -n 40 "$workdir/keel.log" >&2
+    return 1
+}
+
+stop_keel() { # SIGTERM, bounded wait; returns keel's exit code (137 if it had to be killed)
+    kill -TERM "$keel_pid"
+    local deadline=$(($(date +%s) + STOP_TIMEOUT_S))
+    while kill -0 "$keel_pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.1; done
+    if kill -0 "$keel_pid" 2>/dev/null; then
+        echo "keel did not exit within ${STOP_TIMEOUT_S}s of SIGTERM; killing it" >&2
+        kill -KILL "$keel_pid" || true
+    fi
+    local rc=0
+    wait "$keel_pid" || rc=$?
+    keel_pid=""
+    return "$rc"
+}
+
+if [ "$run_conformance" -eq 1 ]; then
+    note "conformance: starting $KEEL_BIN"
+    if start_keel; then
+        for area in "${CONFORMANCE_AREAS[@]}"; do
+            note "conformance area $area"
+            out="$workdir/conformance-$area.txt"
+            # "/$area/" matches that directory only (a bare "kv" would also pick grpc-kv).
+            if python3 "$SHARED/conformance/run.py" --endpoints "$endpoint" \
+                --grpc-python "$VENV/bin/python" --filter "/$area/" 2>&1 | tee "$out"; then
+                record ok "conformance $area: $(tail -n 1 "$out")"
+            else
+                record FAIL "conformance $area: $(tail -n 1 "$out")"
+            fi
+        done
+        if stop_keel; then
+            record ok "keel exited 0 on SIGTERM"
+        else
+            rc=$?
+            record FAIL "keel exit code $rc on SIGTERM (want 0); its log tail is printed above"
+            tail -n 20 "$workdir/keel.log"
+        fi
+    else
+        record FAIL "conformance: keel did not start"
+    fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+echo
+echo "==================== summary ($(($(date +%s) - started)) s) ===================="
+for line in "${summary[@]}"; do echo "$line"; done
+if [ "$failed" -ne 0 ]; then
+    echo "RESULT: FAILED"
+    exit 1
+fi
+echo "RESULT: all passed"

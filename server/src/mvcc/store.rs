@@ -1,0 +1,251 @@
+//! [`MvccStore`]: the published view for readers, and the entry point of the single writer.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use keel_proto::etcdserverpb::{RangeRequest, RangeResponse};
+use keel_proto::mvccpb::KeyValue;
+
+use super::MvccError;
+use super::backend::{self, FORMAT_VERSION, META_COMPACT, META_FORMAT};
+use super::hash::{self, HashKv};
+use super::index::Index;
+use super::key_index::RevInfo;
+use super::range::{ReadView, ValueSource};
+use super::rebuild;
+use super::write_txn::WriteTxn;
+use crate::error::EtcdError;
+
+/// One immutable state of the store, shared by every reader that started while it was
+/// current.
+#[derive(Debug)]
+pub(crate) struct View {
+    /// The key index as of `rev`.
+    pub index: Index,
+    /// Store revision (1 on a fresh store).
+    pub rev: i64,
+    /// Compact revision; -1 until the first compaction (etcd's `compactMainRev`).
+    pub compact_rev: i64,
+}
+
+/// Sizes of the key index, for metrics and docs/mvcc.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Keys in the index (live ones and deleted ones not yet compacted away).
+    pub keys: usize,
+    /// Keys that exist at the current revision.
+    pub live_keys: usize,
+    /// Index blocks.
+    pub blocks: usize,
+    /// Approximate heap bytes of the index.
+    pub heap_bytes: usize,
+}
+
+/// etcd's MVCC key-value store over one sled tree (shared with other modules, which use
+/// other key prefixes).
+///
+/// Concurrency: `Send + Sync`, shared through `Arc`. Readers ([`MvccStore::range`],
+/// [`MvccStore::hash_kv`], ...) take the current view (an `Arc` clone under a read lock held
+/// for nanoseconds) and then work without any lock, reading values from sled. The apply loop
+/// is the only writer ([`MvccStore::write`]); it publishes a new view after its sled batch
+/// is applied. A reader whose revision is compacted away while it reads gets
+/// [`EtcdError::Compacted`], never a partial answer. Lock order: `view` only; no lock is held
+/// across sled I/O.
+///
+/// Invariants:
+/// - the published view's index describes exactly the records in sled at or below its
+///   revision (records are written before the view that references them is published);
+/// - `compact_floor` ≥ the compact revision of any batch already applied to sled, so a
+///   reader that misses a record can tell a compaction from corruption.
+#[derive(Debug)]
+pub struct MvccStore {
+    pub(super) tree: sled::Tree,
+    view: RwLock<Arc<View>>,
+    writer_active: AtomicBool,
+    /// Highest compact revision whose record removals may already be in sled. Raised
+    /// before a compaction batch is applied.
+    pub(super) compact_floor: AtomicI64,
+}
+
+impl MvccStore {
+    /// Opens the store on `tree`: checks the format version (writing it on a fresh tree),
+    /// loads the compact revision and rebuilds the key index once, in parallel on 2 threads.
+    ///
+    /// Errors: sled I/O, an unknown format version, or a corrupt record.
+    pub fn open(tree: sled::Tree) -> Result<MvccStore, MvccError> {
+        match tree.get(META_FORMAT)? {
+            Some(v) => {
+                let found = backend::decode_i64(META_FORMAT, &v)? as u64;
+                if found != FORMAT_VERSION {
+                    return Err(MvccError::Format {
+                        found,
+                        supported: FORMAT_VERSION,
+                    });
+                }
+            }
+            None => {
+                tree.insert(META_FORMAT, &backend::encode_i64(FORMAT_VERSION as i64))?;
+            }
+        }
+        let compact_rev = match tree.get(META_COMPACT)? {
+            Some(v) => backend::decode_i64(META_COMPACT, &v)?,
+            None => -1,
+        };
+        let rebuilt = rebuild::rebuild(&tree)?;
+        // etcd: a fresh store is at revision 1; after a compaction that removed the newest
+        // records the compact revision still bounds the current revision from below.
+        let rev = rebuilt.max_main.max(compact_rev).max(1);
+        tracing::info!(
+            keys = rebuilt.index.keys(),
+            revision = rev,
+            compact_revision = compact_rev,
+            "mvcc: key index rebuilt"
+        );
+        Ok(MvccStore {
+            tree,
+            view: RwLock::new(Arc::new(View {
+                index: rebuilt.index,
+                rev,
+                compact_rev,
+            })),
+            writer_active: AtomicBool::new(false),
+            compact_floor: AtomicI64::new(compact_rev),
+        })
+    }
+
+    /// The current view (a cheap `Arc` clone).
+    pub(crate) fn view(&self) -> Arc<View> {
+        self.view.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Makes `view` the one new readers see.
+    pub(super) fn publish(&self, view: View) {
+        let new = Arc::new(view);
+        let old = std::mem::replace(
+            &mut *self.view.write().unwrap_or_else(|e| e.into_inner()),
+            new,
+        );
+        // The old view (and any blocks only it holds) is freed here, outside the lock,
+        // unless a reader still uses it.
+        drop(old);
+    }
+
+    /// The store revision: 1 on a fresh store, +1 per applied entry that changed a key.
+    pub fn current_revision(&self) -> i64 {
+        self.view().rev
+    }
+
+    /// The revision of the last compaction, 0 if the store was never compacted.
+    pub fn compact_revision(&self) -> i64 {
+        self.view().compact_rev.max(0)
+    }
+
+    /// Serves an etcd `RangeRequest` at the current view: every field except
+    /// `serializable` (a concern of the API layer). The response header holds only
+    /// `revision` (the current revision); the API fills the member fields.
+    ///
+    /// Errors: `FutureRev` (`revision` > current), `Compacted` (`revision` < compact
+    /// revision, also when a compaction removes the needed records during the read),
+    /// `Internal` on storage failure.
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, EtcdError> {
+        let view = self.view();
+        self.read_view(&view).range(req)
+    }
+
+    /// etcd `HashKV` at `revision` (0 = current). See [`HashKv`] for what is hashed.
+    ///
+    /// Errors: `FutureRev`, `Compacted` (revision below the compact revision, or compacted
+    /// during the computation), `Internal` on storage failure.
+    pub fn hash_kv(&self, revision: i64) -> Result<HashKv, EtcdError> {
+        let view = self.view();
+        hash::hash_kv(&view, &self.tree, &self.compact_floor, revision)
+    }
+
+    /// Begins the write view for one committed raft entry. Only the apply loop calls this,
+    /// one at a time.
+    ///
+    /// Panics if another [`WriteTxn`] is still open: two writers would each publish a view
+    /// missing the other's changes.
+    pub fn write(&self) -> WriteTxn<'_> {
+        let busy = self.writer_active.swap(true, Ordering::AcqRel);
+        assert!(
+            !busy,
+            "mvcc: a second WriteTxn began while one is open (one writer only)"
+        );
+        WriteTxn::begin(self, self.view())
+    }
+
+    /// Called by [`WriteTxn`]'s drop.
+    pub(super) fn end_write(&self) {
+        self.writer_active.store(false, Ordering::Release);
+    }
+
+    /// Every key that exists at the current revision with a lease attached, as
+    /// `(key, lease id)` in key order: what the lessor re-attaches after a restart (etcd
+    /// `lessor.Recover` + `restore`).
+    pub fn leased_keys(&self) -> Vec<(Vec<u8>, i64)> {
+        let view = self.view();
+        view.index
+            .iter_all()
+            .filter_map(|(k, h)| {
+                h.visible_at(view.rev)
+                    .filter(|r| r.lease != 0)
+                    .map(|r| (k.to_vec(), r.lease))
+            })
+            .collect()
+    }
+
+    /// Sizes of the current key index.
+    pub fn index_stats(&self) -> IndexStats {
+        let view = self.view();
+        IndexStats {
+            keys: view.index.keys(),
+            live_keys: view.index.live(),
+            blocks: view.index.blocks(),
+            heap_bytes: view.index.heap_bytes(),
+        }
+    }
+
+    pub(super) fn read_view<'a>(&'a self, view: &'a View) -> ReadView<'a> {
+        ReadView {
+            index: &view.index,
+            rev: view.rev,
+            compact_rev: view.compact_rev,
+            values: self,
+        }
+    }
+
+    /// Reads the record of a revision that the index says exists.
+    pub(super) fn read_value(
+        &self,
+        key: &[u8],
+        rev: &RevInfo,
+        read_rev: i64,
+    ) -> Result<KeyValue, EtcdError> {
+        match backend::read_record(&self.tree, rev.revision(), rev.tombstone)? {
+            Some(kv) if kv.key == key => Ok(kv),
+            Some(kv) => Err(EtcdError::Internal(format!(
+                "mvcc: record {} holds key {:?}, the index says {:?}",
+                rev.revision(),
+                kv.key.escape_ascii().to_string(),
+                key.escape_ascii().to_string()
+            ))),
+            None => Err(self.missing_record(rev, read_rev)),
+        }
+    }
+
+    /// The error for a record the index pointed to but sled no longer holds.
+    pub(super) fn missing_record(&self, rev: &RevInfo, read_rev: i64) -> EtcdError {
+        if self.compact_floor.load(Ordering::Acquire) > read_rev {
+            EtcdError::Compacted
+        } else {
+            EtcdError::Internal(format!("mvcc: record {} is missing", rev.revision()))
+        }
+    }
+}
+
+impl ValueSource for MvccStore {
+    fn value(&self, key: &[u8], rev: &RevInfo, read_rev: i64) -> Result<KeyValue, EtcdError> {
+        self.read_value(key, rev, read_rev)
+    }
+}

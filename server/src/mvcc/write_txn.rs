@@ -1,0 +1,330 @@
+//! [`WriteTxn`]: the changes of one committed raft entry (etcd's `storeTxnWrite`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use keel_proto::etcdserverpb::{
+    DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse,
+    ResponseHeader, TxnRequest, TxnResponse,
+};
+use keel_proto::mvccpb::event::EventType;
+use keel_proto::mvccpb::{Event, KeyValue};
+
+use super::backend;
+use super::index::{Index, KeyRange};
+use super::key_index::RevInfo;
+use super::range::{ReadView, ValueSource};
+use super::revision::{Revision, record_key};
+use super::store::{MvccStore, View};
+use super::{MvccError, txn};
+use crate::error::EtcdError;
+
+/// What one committed entry did to the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Committed {
+    /// Store revision after the entry (unchanged if the entry changed no key).
+    pub revision: i64,
+    /// The changes in order, for watchers: a PUT event carries the new `KeyValue`; a DELETE
+    /// event carries `{key, mod_revision = deletion revision}` (etcd). `prev_kv` is unset.
+    pub events: Vec<Event>,
+}
+
+/// The write view of one raft entry.
+///
+/// Every write through one `WriteTxn` gets main revision `current + 1` and sub revisions
+/// 0, 1, 2, ... in call order (etcd's write txn); reads through it see its own earlier
+/// writes. Nothing reaches sled or readers until [`WriteTxn::commit`], which applies one
+/// sled batch (MVCC records, MVCC meta, and whatever other modules put in
+/// [`WriteTxn::batch_mut`]) and then publishes the new index. Dropping a `WriteTxn` without
+/// committing discards everything.
+pub struct WriteTxn<'a> {
+    store: &'a MvccStore,
+    base: Arc<View>,
+    /// Copy-on-write working index; `None` until the first change.
+    index: Option<Index>,
+    compact_rev: i64,
+    compacted: bool,
+    batch: sled::Batch,
+    /// One event per change; `events[sub]` is the change with sub revision `sub`.
+    events: Vec<Event>,
+}
+
+impl<'a> WriteTxn<'a> {
+    pub(super) fn begin(store: &'a MvccStore, base: Arc<View>) -> WriteTxn<'a> {
+        WriteTxn {
+            store,
+            compact_rev: base.compact_rev,
+            base,
+            index: None,
+            compacted: false,
+            batch: sled::Batch::default(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Store revision before this entry.
+    fn begin_rev(&self) -> i64 {
+        self.base.rev
+    }
+
+    /// The revision this txn's reads see: `begin + 1` once it changed something.
+    pub(super) fn view_rev(&self) -> i64 {
+        self.begin_rev() + i64::from(!self.events.is_empty())
+    }
+
+    fn index(&self) -> &Index {
+        self.index.as_ref().unwrap_or(&self.base.index)
+    }
+
+    fn index_mut(&mut self) -> &mut Index {
+        let base = &self.base;
+        self.index.get_or_insert_with(|| base.index.clone())
+    }
+
+    pub(super) fn read_view(&self) -> ReadView<'_> {
+        ReadView {
+            index: self.index(),
+            rev: self.view_rev(),
+            compact_rev: self.compact_rev,
+            values: self,
+        }
+    }
+
+    /// A range read that sees this txn's earlier writes (etcd `storeTxnWrite.Range`).
+    /// Header revision: `current + 1` once this txn changed something, else `current`.
+    ///
+    /// Errors: as [`MvccStore::range`].
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, EtcdError> {
+        self.read_view().range(req)
+    }
+
+    /// etcd `Put` (applierV3backend.Put): writes `key` with a new revision; `prev_kv`
+    /// returns the previous pair; `ignore_value` / `ignore_lease` keep the current value /
+    /// lease. The lease id is stored as given: the caller checks that it exists
+    /// (`LeaseNotFound`) before calling, as etcd's applier does.
+    ///
+    /// Errors: `KeyNotFound` when `ignore_value` or `ignore_lease` is set and the key does not
+    /// exist; `Internal` on storage failure.
+    pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, EtcdError> {
+        let prev = if req.prev_kv || req.ignore_value || req.ignore_lease {
+            self.current_kv(&req.key)?
+        } else {
+            None
+        };
+        if (req.ignore_value || req.ignore_lease) && prev.is_none() {
+            return Err(EtcdError::KeyNotFound);
+        }
+        let value = match (&prev, req.ignore_value) {
+            (Some(p), true) => p.value.clone(),
+            _ => req.value.clone(),
+        };
+        let lease = match (&prev, req.ignore_lease) {
+            (Some(p), true) => p.lease,
+            _ => req.lease,
+        };
+        let revision = self.put_kv(&req.key, value, lease);
+        Ok(PutResponse {
+            header: Some(header(revision)),
+            prev_kv: if req.prev_kv { prev } else { None },
+        })
+    }
+
+    /// etcd `DeleteRange`: deletes every key of the range (same `key`/`range_end` rules as
+    /// Range) that exists now, each with its own sub revision; `prev_kv` returns the deleted
+    /// pairs. Header revision: `current + 1` if this txn changed anything, else `current`.
+    ///
+    /// Errors: `Internal` on storage failure.
+    pub fn delete_range(
+        &mut self,
+        req: &DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, EtcdError> {
+        let (keys, prev_kvs) = {
+            let view = self.read_view();
+            let range = KeyRange::from_request(&req.key, &req.range_end);
+            let hits: Vec<_> = view.hits(&range, view.rev).collect();
+            let prev_kvs = if req.prev_kv {
+                hits.iter()
+                    .map(|h| view.read(h, view.rev))
+                    .collect::<Result<Vec<_>, _>>()?
+            } else {
+                Vec::new()
+            };
+            (
+                hits.iter().map(|h| h.key.to_vec()).collect::<Vec<_>>(),
+                prev_kvs,
+            )
+        };
+        for key in &keys {
+            self.tombstone(key);
+        }
+        Ok(DeleteRangeResponse {
+            header: Some(header(self.view_rev())),
+            deleted: keys.len() as i64,
+            prev_kvs,
+        })
+    }
+
+    /// etcd `Txn` (see `txn.rs`), with every lease id considered to exist.
+    ///
+    /// Errors: `KeyNotFound` (a put with `ignore_*` on an absent key), `FutureRev` /
+    /// `Compacted` (a range op at such a revision); nothing is written on error.
+    pub fn txn(&mut self, req: &TxnRequest) -> Result<TxnResponse, EtcdError> {
+        txn::apply(self, req, &|_| true)
+    }
+
+    /// etcd `Txn` with the lessor's view of which leases exist: a put in the taken branches
+    /// with an unknown non-zero lease fails the txn with `LeaseNotFound` (etcd `checkPut`).
+    ///
+    /// Errors: as [`WriteTxn::txn`], plus `LeaseNotFound`.
+    pub fn txn_with_lease_check(
+        &mut self,
+        req: &TxnRequest,
+        lease_exists: &dyn Fn(i64) -> bool,
+    ) -> Result<TxnResponse, EtcdError> {
+        txn::apply(self, req, lease_exists)
+    }
+
+    /// Extra sled writes (consistent index, lease, auth, membership) committed atomically
+    /// with this entry's MVCC changes. Keys must not start with `k` or `m` (MVCC's).
+    pub fn batch_mut(&mut self) -> &mut sled::Batch {
+        &mut self.batch
+    }
+
+    /// Applies everything in ONE sled `apply_batch` (no flush: durability comes from the
+    /// raft WAL and the consistent index), then publishes the new index to readers.
+    ///
+    /// Errors: sled I/O; then nothing is published and the store keeps its previous state.
+    pub fn commit(mut self) -> Result<Committed, MvccError> {
+        let revision = self.view_rev();
+        if self.compacted {
+            // Before the removals reach sled, so a reader that misses a record knows why.
+            self.store
+                .compact_floor
+                .fetch_max(self.compact_rev, Ordering::AcqRel);
+        }
+        self.store
+            .tree
+            .apply_batch(std::mem::take(&mut self.batch))?;
+        if let Some(index) = self.index.take() {
+            self.store.publish(View {
+                index,
+                rev: revision,
+                compact_rev: self.compact_rev,
+            });
+        }
+        Ok(Committed {
+            revision,
+            events: std::mem::take(&mut self.events),
+        })
+    }
+
+    /// The pair `key` holds now (in this txn's view), read from its record.
+    fn current_kv(&self, key: &[u8]) -> Result<Option<KeyValue>, EtcdError> {
+        let rev = self.view_rev();
+        match self.index().get(key).and_then(|h| h.visible_at(rev)) {
+            Some(r) => self.value(key, r, rev).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn next_revision(&self) -> Revision {
+        Revision::new(self.begin_rev() + 1, self.events.len() as i64)
+    }
+
+    /// Writes a put record; returns its main revision.
+    fn put_kv(&mut self, key: &[u8], value: Vec<u8>, lease: i64) -> i64 {
+        let rev = self.next_revision();
+        let (create, version) = match self.index().get(key).map(|h| *h.latest()) {
+            Some(l) if !l.tombstone => (l.create, l.version + 1),
+            _ => (rev.main, 1),
+        };
+        let kv = KeyValue {
+            key: key.to_vec(),
+            create_revision: create,
+            mod_revision: rev.main,
+            version,
+            value,
+            lease,
+        };
+        self.batch
+            .insert(record_key(rev, false), backend::encode_put(&kv));
+        self.index_mut()
+            .push(key, RevInfo::put(rev, create, version, lease));
+        self.events.push(Event {
+            r#type: EventType::Put as i32,
+            kv: Some(kv),
+            prev_kv: None,
+        });
+        rev.main
+    }
+
+    /// Writes a tombstone record for a key that exists now.
+    fn tombstone(&mut self, key: &[u8]) {
+        let rev = self.next_revision();
+        self.batch
+            .insert(record_key(rev, true), backend::encode_tombstone(key));
+        self.index_mut().push(key, RevInfo::tombstone(rev));
+        self.events.push(Event {
+            r#type: EventType::Delete as i32,
+            kv: Some(KeyValue {
+                key: key.to_vec(),
+                mod_revision: rev.main,
+                ..Default::default()
+            }),
+            prev_kv: None,
+        });
+    }
+
+    /// Compaction state, for `compact.rs`.
+    pub(super) fn compact_rev(&self) -> i64 {
+        self.compact_rev
+    }
+
+    /// Applies a validated compaction at `rev` to the working index and the batch.
+    pub(super) fn apply_compaction(&mut self, rev: i64) {
+        let mut removed = Vec::new();
+        self.index_mut().compact(rev, &mut removed);
+        for r in &removed {
+            self.batch.remove(record_key(r.revision(), r.tombstone));
+        }
+        self.batch
+            .insert(backend::META_COMPACT, &backend::encode_i64(rev));
+        self.compact_rev = rev;
+        self.compacted = true;
+        tracing::debug!(revision = rev, removed = removed.len(), "mvcc: compacted");
+    }
+}
+
+impl ValueSource for WriteTxn<'_> {
+    fn value(&self, key: &[u8], rev: &RevInfo, read_rev: i64) -> Result<KeyValue, EtcdError> {
+        if rev.main == self.begin_rev() + 1 {
+            // Written by this txn: not in sled yet.
+            return self
+                .events
+                .get(rev.sub as usize)
+                .and_then(|e| e.kv.clone())
+                .filter(|kv| kv.key == key)
+                .ok_or_else(|| {
+                    EtcdError::Internal(format!(
+                        "mvcc: pending change {} is missing",
+                        rev.revision()
+                    ))
+                });
+        }
+        self.store.read_value(key, rev, read_rev)
+    }
+}
+
+impl Drop for WriteTxn<'_> {
+    fn drop(&mut self) {
+        self.store.end_write();
+    }
+}
+
+/// A response header carrying only a revision (the API fills the member fields).
+pub(super) fn header(revision: i64) -> ResponseHeader {
+    ResponseHeader {
+        revision,
+        ..Default::default()
+    }
+}
