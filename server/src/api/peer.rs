@@ -1,14 +1,23 @@
 //! Server side of Keel's peer protocol (`keelpb.Peer`): hands openraft RPCs to the local
-//! raft and proposes forwarded client requests.
+//! raft, proposes forwarded client requests, and serves the cluster RPCs (read index,
+//! leadership transfer, cluster info, forwarded membership changes; see `crate::cluster`).
 
 use std::sync::Arc;
 
 use keel_proto::keelpb::peer_server::Peer;
-use keel_proto::keelpb::{RaftPayload, RaftRequest, RaftResponse};
+use keel_proto::etcdserverpb::{
+    MemberAddRequest, MemberAddResponse, MemberPromoteRequest, MemberPromoteResponse,
+    MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
+};
+use keel_proto::keelpb::{
+    ClusterInfoRequest, ClusterInfoResponse, RaftPayload, RaftRequest, RaftResponse,
+    ReadIndexRequest, ReadIndexResponse, TimeoutNowRequest, TimeoutNowResponse,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use crate::cluster::{reconfig, removal, transfer};
 use crate::node::Node;
 
 /// Peer service of one member.
@@ -56,5 +65,37 @@ impl Peer for PeerService {
             return Err(Status::invalid_argument("forwarded raft request is empty"));
         };
         Ok(Response::new(self.node.propose(request).await?))
+    }
+
+    async fn read_index(&self, _r: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
+        let read_index = self.node.cluster.reads.leader_read_index().await?;
+        let term = self.node.raft.metrics().borrow().current_term;
+        Ok(Response::new(ReadIndexResponse { read_index, term }))
+    }
+
+    async fn timeout_now(&self, r: Request<TimeoutNowRequest>) -> Result<Response<TimeoutNowResponse>, Status> {
+        transfer::on_timeout_now(&self.node.raft, self.node.id, r.get_ref())
+            .await
+            .map(Response::new)
+    }
+
+    async fn cluster_info(&self, r: Request<ClusterInfoRequest>) -> Result<Response<ClusterInfoResponse>, Status> {
+        Ok(Response::new(removal::cluster_info(&self.node, r.into_inner()).await))
+    }
+
+    async fn member_add(&self, r: Request<MemberAddRequest>) -> Result<Response<MemberAddResponse>, Status> {
+        Ok(Response::new(reconfig::add_on_leader(&self.node, r.into_inner()).await?))
+    }
+
+    async fn member_remove(&self, r: Request<MemberRemoveRequest>) -> Result<Response<MemberRemoveResponse>, Status> {
+        Ok(Response::new(reconfig::remove_on_leader(&self.node, r.into_inner()).await?))
+    }
+
+    async fn member_update(&self, r: Request<MemberUpdateRequest>) -> Result<Response<MemberUpdateResponse>, Status> {
+        Ok(Response::new(reconfig::update_on_leader(&self.node, r.into_inner()).await?))
+    }
+
+    async fn member_promote(&self, r: Request<MemberPromoteRequest>) -> Result<Response<MemberPromoteResponse>, Status> {
+        Ok(Response::new(reconfig::promote_on_leader(&self.node, r.into_inner()).await?))
     }
 }

@@ -119,7 +119,6 @@ impl Ctx {
     /// leader changes until the deadline.
     async fn member_round(self: &Arc<Self>, leader_rounds: &Arc<Batcher>) -> Result<u64, EtcdError> {
         let deadline = Instant::now() + self.timeout;
-        let mut last_error = EtcdError::NoLeader;
         loop {
             let (leader, url) = {
                 let m = self.raft.metrics();
@@ -145,13 +144,13 @@ impl Ctx {
                 (Some(_), Some(url)) => self.ask_leader(&url, deadline).await,
                 _ => Err(EtcdError::NoLeader),
             };
-            match attempt {
+            let error = match attempt {
                 Ok(index) => return Ok(index),
                 Err(EtcdError::Stopped) => return Err(EtcdError::Stopped),
-                Err(e) => last_error = e,
-            }
+                Err(e) => e,
+            };
             if Instant::now() + RETRY_PAUSE >= deadline {
-                return Err(match last_error {
+                return Err(match error {
                     EtcdError::NoLeader => EtcdError::NoLeader,
                     _ => EtcdError::Timeout,
                 });

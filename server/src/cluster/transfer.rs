@@ -176,6 +176,31 @@ impl Transfer<'_> {
     }
 }
 
+/// etcd `MoveLeader` on `node`: moves leadership to `target` (see the module docs).
+///
+/// Errors: `NotLeader`, `BadLeaderTransferee`, `TimeoutLeaderTransfer`.
+pub async fn move_leader(node: &crate::node::Node, target: NodeId) -> Result<(), EtcdError> {
+    let timers = super::timing::raft_timers(node.config.heartbeat_interval, node.config.election_timeout);
+    let transfer = Transfer {
+        id: node.id,
+        raft: &node.raft,
+        peers: &node.cluster.peers,
+        gate: &node.cluster.gate,
+        lease: Duration::from_millis(timers.election_timeout_max),
+        margin: Duration::from_millis(timers.heartbeat_interval.min(timers.election_timeout_min / 4)),
+        timeout: node.request_timeout(),
+    };
+    let started = Instant::now();
+    let result = transfer.run(target).await;
+    tracing::info!(
+        target = format!("{target:x}"),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        ok = result.is_ok(),
+        "leadership transfer finished"
+    );
+    result
+}
+
 /// Handles `TimeoutNow` on the target: starts an election at once if the request comes from
 /// the leader this member follows, in its current term, and this member is a voter.
 ///
