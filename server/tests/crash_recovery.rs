@@ -4,8 +4,10 @@
 //! (puts and all-or-nothing pair txns on unique keys) while the test SIGKILLs `keel`
 //! [`CRASHES`] times at random moments and restarts it on the same data dir. The recovered store
 //! is then checked against the client history (rules in `crash_recovery/check.rs`), killed and
-//! recovered once more, and must come back identical. `KEEL_CRASH_SEED=<u64>` replays the kill
-//! schedule of an earlier run (it is printed at the start).
+//! recovered once more, and must come back identical. The same runs with a small
+//! `--snapshot-count`, so members crash around snapshots and log purges and recover from a
+//! snapshot plus the log after it. `KEEL_CRASH_SEED=<u64>` replays the kill schedule of an
+//! earlier run (it is printed at the start).
 
 mod support;
 
@@ -48,8 +50,21 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most violations printed in a failure message.
 const SHOWN_VIOLATIONS: usize = 30;
 
+/// `--snapshot-count` of the snapshot variant: a snapshot every few hundred applied entries.
+const SMALL_SNAPSHOT_COUNT: &str = "200";
+
 #[test]
 fn acknowledged_writes_survive_repeated_sigkill() {
+    crash_and_check(&[]);
+}
+
+#[test]
+fn acknowledged_writes_survive_repeated_sigkill_around_snapshots() {
+    crash_and_check(&["--snapshot-count", SMALL_SNAPSHOT_COUNT]);
+}
+
+/// The crash test (module docs) on a member started with `member_args`.
+fn crash_and_check(member_args: &[&str]) {
     let seed = std::env::var("KEEL_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -57,7 +72,7 @@ fn acknowledged_writes_survive_repeated_sigkill() {
     eprintln!("crash schedule seed: KEEL_CRASH_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
 
-    let mut keel = Keel::start();
+    let mut keel = Keel::start_with(member_args);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

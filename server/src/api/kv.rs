@@ -90,8 +90,8 @@ impl Kv for KvService {
         kv_validate::check_txn(&req, self.node.config.max_txn_ops as usize)?;
         match self.write(Rq::Txn(req)).await? {
             (rev, Some(Rs::Txn(mut r))) => {
-                let header = self.node.header(rev);
-                fill_txn_headers(&mut r, &header);
+                // Nested responses keep the header apply gave them (revision only), as etcd's.
+                r.header = Some(self.node.header(rev));
                 Ok(Response::new(r))
             }
             _ => Err(unexpected()),
@@ -113,31 +113,4 @@ impl Kv for KvService {
             _ => Err(unexpected()),
         }
     }
-}
-
-/// Fills the top-level txn header, and the member fields of nested headers; nested
-/// revisions stay as apply set them (etcd reports the txn revision on nested put, delete and
-/// range responses, and 0 on nested txn responses).
-fn fill_txn_headers(r: &mut TxnResponse, header: &keel_proto::etcdserverpb::ResponseHeader) {
-    use keel_proto::etcdserverpb::response_op::Response as Op;
-    r.header = Some(header.clone());
-    fn nested(r: &mut TxnResponse, header: &keel_proto::etcdserverpb::ResponseHeader) {
-        let fill = |h: &mut Option<keel_proto::etcdserverpb::ResponseHeader>| {
-            let rev = h.as_ref().map_or(0, |h| h.revision);
-            *h = Some(keel_proto::etcdserverpb::ResponseHeader { revision: rev, ..header.clone() });
-        };
-        for op in &mut r.responses {
-            match &mut op.response {
-                Some(Op::ResponseRange(x)) => fill(&mut x.header),
-                Some(Op::ResponsePut(x)) => fill(&mut x.header),
-                Some(Op::ResponseDeleteRange(x)) => fill(&mut x.header),
-                Some(Op::ResponseTxn(x)) => {
-                    fill(&mut x.header);
-                    nested(x, header);
-                }
-                None => {}
-            }
-        }
-    }
-    nested(r, header);
 }

@@ -126,11 +126,14 @@ impl DeleteSet {
             return;
         }
         // Absorb the range that begins at or before `start` if it reaches `start`.
-        if let Some((s, e)) = self.ranges.range(..=start.clone()).next_back() {
-            if *e >= start {
-                start = s.clone();
-                end = end.max(e.clone());
-            }
+        if let Some((s, e)) = self
+            .ranges
+            .range(..=start.clone())
+            .next_back()
+            .filter(|(_, e)| **e >= start)
+        {
+            end = end.max(e.clone());
+            start = s.clone();
         }
         // Absorb every range that begins inside [start, end].
         let inside: Vec<Vec<u8>> = self

@@ -53,13 +53,17 @@ impl MvccStore {
             let (rkey, value) = item.map_err(|e| internal(&e))?;
             let (rev, tombstone) =
                 parse_record_key(&rkey).ok_or_else(|| internal(&"malformed record key"))?;
-            if max_events > 0 && batch.events.len() >= max_events {
-                if let Some(last) = batch.events.last().and_then(|e| e.kv.as_ref()) {
-                    if rev.main > last.mod_revision {
-                        batch.last_revision = last.mod_revision;
-                        break;
-                    }
-                }
+            let last = batch
+                .events
+                .last()
+                .and_then(|e| e.kv.as_ref())
+                .map(|kv| kv.mod_revision);
+            if let Some(last) =
+                last.filter(|&l| max_events > 0 && batch.events.len() >= max_events && rev.main > l)
+            {
+                // Stop at a revision boundary: never split one revision's events.
+                batch.last_revision = last;
+                break;
             }
             let mut kv = backend::decode_kv(&rkey, &value).map_err(|e| internal(&e))?;
             let kind = if tombstone {

@@ -580,3 +580,338 @@ impl DoubleEndedIterator for Iter<'_> {
         self.index.at(self.to)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mvcc::revision::Revision;
+
+    fn put(main: i64) -> RevInfo {
+        RevInfo::put(Revision::new(main, 0), main, 1, 0)
+    }
+    fn tomb(main: i64) -> RevInfo {
+        RevInfo::tombstone(Revision::new(main, 0))
+    }
+    fn key(i: usize) -> Vec<u8> {
+        format!("key{i:06}").into_bytes()
+    }
+    fn keys_of(index: &Index, range: &KeyRange<'_>) -> Vec<Vec<u8>> {
+        index.iter(range).map(|(k, _)| k.to_vec()).collect()
+    }
+
+    /// 5000 keys inserted in a scrambled order: forces many splits.
+    fn big() -> Index {
+        let mut index = Index::new();
+        for n in 0..5000usize {
+            let i = (n * 7919) % 5000;
+            index.push(&key(i), put(2 + n as i64));
+        }
+        index
+    }
+
+    #[test]
+    fn inserts_split_blocks_and_keep_order() {
+        let index = big();
+        index.check_invariants();
+        assert_eq!((index.keys(), index.live()), (5000, 5000));
+        assert!(index.blocks() > 5000 / MAX_ENTRIES);
+        let all: Vec<Vec<u8>> = index.iter_all().map(|(k, _)| k.to_vec()).collect();
+        assert_eq!(all, (0..5000).map(key).collect::<Vec<_>>());
+        let n = (0..5000).find(|n| (n * 7919) % 5000 == 4321).unwrap();
+        assert_eq!(index.get(&key(4321)).unwrap().latest().main, 2 + n as i64);
+        assert!(index.get(b"nope").is_none());
+    }
+
+    #[test]
+    fn ranges_single_span_open_and_inverted() {
+        let index = big();
+        assert_eq!(keys_of(&index, &KeyRange::Single(&key(17))), vec![key(17)]);
+        assert!(keys_of(&index, &KeyRange::Single(b"key0000170")).is_empty());
+        let span = KeyRange::Span {
+            start: &key(10),
+            end: Some(&key(13)),
+        };
+        assert_eq!(keys_of(&index, &span), vec![key(10), key(11), key(12)]);
+        let open = KeyRange::Span {
+            start: &key(4998),
+            end: None,
+        };
+        assert_eq!(keys_of(&index, &open), vec![key(4998), key(4999)]);
+        let inverted = KeyRange::Span {
+            start: &key(13),
+            end: Some(&key(10)),
+        };
+        assert!(keys_of(&index, &inverted).is_empty());
+        assert_eq!(index.count(&inverted, i64::MAX), 0);
+        let everything = KeyRange::from_request(b"", b"\0");
+        assert_eq!(index.count(&everything, i64::MAX), 5000);
+    }
+
+    #[test]
+    fn reverse_iteration_mirrors_forward() {
+        let index = big();
+        let span = KeyRange::Span {
+            start: &key(1000),
+            end: Some(&key(3100)),
+        };
+        let fwd: Vec<Vec<u8>> = keys_of(&index, &span);
+        let mut back: Vec<Vec<u8>> = index.iter(&span).rev().map(|(k, _)| k.to_vec()).collect();
+        back.reverse();
+        assert_eq!(fwd.len(), 2100);
+        assert_eq!(fwd, back);
+        // Meeting in the middle yields every key once.
+        let mut it = index.iter(&span);
+        let mut n = 0;
+        while it.next().is_some() {
+            n += 1;
+            if it.next_back().is_some() {
+                n += 1;
+            }
+        }
+        assert_eq!(n, 2100);
+    }
+
+    #[test]
+    fn counts_at_current_and_historical_revisions() {
+        let mut index = big();
+        // Delete every third key at revisions after all puts.
+        let mut rev = 10_000;
+        for i in (0..5000).step_by(3) {
+            index.push(&key(i), tomb(rev));
+            rev += 1;
+        }
+        index.check_invariants();
+        let live = 5000 - (0..5000).step_by(3).count();
+        assert_eq!(index.live(), live);
+        for (lo, hi) in [(0, 5000), (1, 2), (100, 4900), (2047, 2049), (4000, 4001)] {
+            let (klo, khi) = (key(lo), key(hi));
+            let r = KeyRange::Span {
+                start: &klo,
+                end: Some(&khi),
+            };
+            let walked_now = index.iter(&r).filter(|(_, h)| h.is_live()).count();
+            assert_eq!(index.count(&r, i64::MAX), walked_now);
+            for at in [1, 2, 2500, 5001, 10_000, 10_500, rev] {
+                let walked = index
+                    .iter(&r)
+                    .filter(|(_, h)| h.visible_at(at).is_some())
+                    .count();
+                assert_eq!(index.count(&r, at), walked, "range {lo}..{hi} at {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn clones_share_blocks_until_written() {
+        let base = big();
+        let mut work = base.clone();
+        work.push(&key(0), put(99_999));
+        let shared = base
+            .blocks
+            .iter()
+            .zip(&work.blocks)
+            .filter(|(a, b)| Arc::ptr_eq(a, b))
+            .count();
+        assert_eq!(
+            shared,
+            base.blocks() - 1,
+            "only the written block is copied"
+        );
+        assert_eq!(base.get(&key(0)).unwrap().len(), 1);
+        assert_eq!(work.get(&key(0)).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn compaction_removes_history_drops_keys_and_merges_blocks() {
+        let mut index = big();
+        let mut rev = 10_000;
+        for i in 0..5000 {
+            if i % 10 != 0 {
+                index.push(&key(i), tomb(rev));
+                rev += 1;
+            }
+        }
+        let blocks_before = index.blocks();
+        let untouched = index.clone();
+        let mut removed = Vec::new();
+        index.compact(rev, &mut removed);
+        index.check_invariants();
+        // Deleted keys lose both revisions; live keys keep their single put.
+        assert_eq!(removed.len(), 2 * 4500);
+        assert_eq!((index.keys(), index.live()), (500, 500));
+        assert!(index.blocks() < blocks_before);
+        assert!(index.blocks() <= 500usize.div_ceil(MIN_ENTRIES));
+        // The clone taken before still sees everything.
+        assert_eq!(untouched.keys(), 5000);
+        // A second compaction finds nothing to do and copies nothing.
+        let again = index.clone();
+        let mut removed = Vec::new();
+        index.compact(rev, &mut removed);
+        assert!(removed.is_empty());
+        assert!(
+            index
+                .blocks
+                .iter()
+                .zip(&again.blocks)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+        );
+    }
+
+    #[test]
+    fn from_sorted_builds_target_sized_blocks() {
+        let index = Index::from_sorted((0..3000).map(|i| (key(i), KeyHistory::new(put(2)))));
+        index.check_invariants();
+        assert_eq!(index.blocks(), 3);
+        assert_eq!(index.count(&KeyRange::from_request(b"k", b"\0"), 2), 3000);
+        assert!(index.heap_bytes() > 3000 * (9 + 4 + std::mem::size_of::<KeyHistory>()));
+    }
+
+    #[test]
+    #[should_panic(expected = "out of order")]
+    fn from_sorted_rejects_unsorted_input() {
+        let _ = Index::from_sorted([
+            (key(2), KeyHistory::new(put(2))),
+            (key(1), KeyHistory::new(put(2))),
+        ]);
+    }
+
+    #[test]
+    fn large_keys_split_by_bytes() {
+        let mut index = Index::new();
+        let big_key = |i: usize| {
+            let mut k = vec![b'x'; 40_000];
+            k.extend_from_slice(&key(i));
+            k
+        };
+        for i in 0..10 {
+            index.push(&big_key(i), put(2 + i as i64));
+        }
+        index.check_invariants();
+        assert!(index.blocks() >= 3, "{} blocks", index.blocks());
+        assert_eq!(
+            index.count(&KeyRange::from_request(b"x", b"\0"), i64::MAX),
+            10
+        );
+    }
+
+    /// Many keys, random puts/deletes/compactions against a `BTreeMap` model: exercises
+    /// splits, merges and multi-block counts at historical revisions.
+    mod model {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::BTreeMap;
+
+        #[derive(Debug, Clone)]
+        enum Step {
+            /// Put `n` keys starting at key `start` (stride `stride`).
+            Puts {
+                start: usize,
+                n: usize,
+                stride: usize,
+            },
+            /// Delete the keys in `[lo, lo + len)` that exist.
+            Deletes {
+                lo: usize,
+                len: usize,
+            },
+            Compact,
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![
+                4 => (0usize..12_000, 1usize..2500, 1usize..9).prop_map(|(start, n, stride)| Step::Puts { start, n, stride }),
+                2 => (0usize..12_000, 1usize..3000).prop_map(|(lo, len)| Step::Deletes { lo, len }),
+                1 => Just(Step::Compact),
+            ]
+        }
+
+        fn visible(h: &[RevInfo], rev: i64) -> bool {
+            h.iter()
+                .rev()
+                .find(|r| r.main <= rev)
+                .is_some_and(|r| !r.tombstone)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 10, max_shrink_iters: 30, ..ProptestConfig::default() })]
+
+            #[test]
+            fn index_matches_btreemap(steps in proptest::collection::vec(step(), 1..14), probes in proptest::collection::vec((0usize..12_100, 0usize..12_100, any::<u16>()), 12)) {
+                let mut index = Index::new();
+                let mut model: BTreeMap<Vec<u8>, Vec<RevInfo>> = BTreeMap::new();
+                let (mut rev, mut compacted) = (1i64, 0i64);
+                for s in steps {
+                    rev += 1;
+                    let mut sub = 0;
+                    match s {
+                        Step::Puts { start, n, stride } => {
+                            for i in (0..n).map(|j| (start + j * stride) % 12_000) {
+                                let r = RevInfo::put(Revision::new(rev, sub), rev, 1, 0);
+                                if model.get(&key(i)).is_some_and(|h| h.last().unwrap().main == rev) {
+                                    continue;
+                                }
+                                sub += 1;
+                                index.push(&key(i), r);
+                                model.entry(key(i)).or_default().push(r);
+                            }
+                        }
+                        Step::Deletes { lo, len } => {
+                            for i in lo..(lo + len).min(12_000) {
+                                if model.get(&key(i)).is_some_and(|h| !h.last().unwrap().tombstone) {
+                                    let r = RevInfo::tombstone(Revision::new(rev, sub));
+                                    sub += 1;
+                                    index.push(&key(i), r);
+                                    model.get_mut(&key(i)).unwrap().push(r);
+                                }
+                            }
+                        }
+                        Step::Compact => {
+                            let mut removed = Vec::new();
+                            index.compact(rev - 1, &mut removed);
+                            let mut model_removed = 0;
+                            model = model
+                                .into_iter()
+                                .filter_map(|(k, h)| {
+                                    let n = h.len();
+                                    let kept = KeyHistory::from_revisions(h)?.compact(rev - 1, &mut Vec::new());
+                                    let kept: Vec<RevInfo> = kept.map(|k| k.revisions().copied().collect()).unwrap_or_default();
+                                    model_removed += n - kept.len();
+                                    (!kept.is_empty()).then_some((k, kept))
+                                })
+                                .collect();
+                            prop_assert_eq!(removed.len(), model_removed);
+                            compacted = rev - 1;
+                        }
+                    }
+                    index.check_invariants();
+                    prop_assert_eq!(index.keys(), model.len());
+                    for &(a, b, r) in &probes {
+                        let (ka, kb) = (key(a.min(b)), key(a.max(b)));
+                        let range = KeyRange::Span { start: &ka, end: Some(&kb) };
+                        let at = compacted.max(1) + i64::from(r) % (rev - compacted.max(1) + 1);
+                        let want = model.range(ka.clone()..kb.clone()).filter(|(_, h)| visible(h, at)).count();
+                        prop_assert_eq!(index.count(&range, at), want, "count {}..{} at {}", a, b, at);
+                        let got: Vec<Vec<u8>> = index.iter(&range).filter(|(_, h)| h.visible_at(at).is_some()).map(|(k, _)| k.to_vec()).collect();
+                        let want: Vec<Vec<u8>> = model.range(ka.clone()..kb.clone()).filter(|(_, h)| visible(h, at)).map(|(k, _)| k.clone()).collect();
+                        prop_assert_eq!(got, want);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn key_range_follows_etcd() {
+        assert_eq!(KeyRange::from_request(b"a", b""), KeyRange::Single(b"a"));
+        assert_eq!(
+            KeyRange::from_request(b"a", b"\0"),
+            KeyRange::Span {
+                start: b"a",
+                end: None
+            }
+        );
+        let r = KeyRange::from_request(b"a", b"c");
+        assert!(r.contains(b"a") && r.contains(b"bzz") && !r.contains(b"c"));
+        assert!(!KeyRange::from_request(b"c", b"a").contains(b"b"));
+    }
+}

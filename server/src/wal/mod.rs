@@ -61,11 +61,15 @@ pub type Lsn = u64;
 /// (`--max-request-bytes`, default 1.5 MiB) keeps raft entries far below it.
 pub const MAX_VALUE_BYTES: usize = 64 << 20;
 
+/// Smallest accepted `WalOptions::segment_bytes`: the header plus a few small records.
+pub const MIN_SEGMENT_BYTES: u64 = HEADER_LEN + 256;
+
 /// Tuning knobs of the WAL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WalOptions {
     /// Target segment size in bytes (default 64 MiB, etcd's `SegmentSizeBytes`). A new segment
-    /// starts when the next write would not fit; one oversized write may exceed it.
+    /// starts when the next write would not fit; one oversized write may exceed it. Values
+    /// below [`MIN_SEGMENT_BYTES`] (304) are raised to it.
     pub segment_bytes: u64,
     /// Preallocate each segment to `segment_bytes` with fallocate(2) (default true), so
     /// appends do not grow the file and fdatasync has less metadata to write.
@@ -162,7 +166,7 @@ impl Wal {
     /// [`WalError::Locked`] if another handle has the directory, [`WalError::Io`] otherwise.
     pub fn open(dir: &Path, opts: WalOptions) -> Result<Wal, WalError> {
         let opts = WalOptions {
-            segment_bytes: opts.segment_bytes.max(HEADER_LEN + 256),
+            segment_bytes: opts.segment_bytes.max(MIN_SEGMENT_BYTES),
             ..opts
         };
         if !dir.is_dir() {

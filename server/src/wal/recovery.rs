@@ -212,6 +212,10 @@ fn replay_segment(
         if tail.iter().any(|&b| b != 0) {
             cut_tail(&file, &f.path, off as u64, opts)?;
             rec.cut_bytes = tail.len() as u64;
+        } else if opts.preallocate && (buf.len() as u64) < opts.segment_bytes {
+            // Shorter than configured (a crash cut it, or the option changed): appends
+            // continue here, so give them preallocated space again.
+            super::fsutil::preallocate(&file, opts.segment_bytes)?;
         }
         rec.offset = off as u64;
     }

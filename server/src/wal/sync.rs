@@ -62,7 +62,7 @@ impl Durability {
         };
         self.changed.notify_all();
         for f in due.into_values().flatten() {
-            f(Ok(()));
+            call(f, Ok(()));
         }
     }
 
@@ -77,11 +77,12 @@ impl Durability {
         self.changed.notify_all();
         for (lsn, fs) in due {
             for f in fs {
-                f(if lsn <= failed.0 {
+                let result = if lsn <= failed.0 {
                     Ok(())
                 } else {
                     Err(WalError::Failed(failed.1.clone()))
-                });
+                };
+                call(f, result);
             }
         }
     }
@@ -102,6 +103,14 @@ impl Durability {
 
     pub(crate) fn durable(&self) -> Lsn {
         self.lock().durable
+    }
+}
+
+/// Runs one callback. A panicking callback is a bug in its owner; it must not take down the
+/// sync thread, which every other writer depends on.
+fn call(f: Callback, result: Result<(), WalError>) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(result))).is_err() {
+        tracing::error!("a WAL durability callback panicked");
     }
 }
 

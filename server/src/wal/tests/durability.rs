@@ -210,3 +210,19 @@ fn dropping_the_last_handle_inside_a_callback_does_not_deadlock() {
         }
     }
 }
+
+#[test]
+fn a_panicking_callback_does_not_stop_group_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    let lsn = wal.append(&[(1, b"a")]).unwrap();
+    wal.on_durable(lsn, Box::new(|_| panic!("callback bug")));
+    wal.wait_durable(lsn).unwrap();
+    let lsn = wal.append(&[(2, b"b")]).unwrap();
+    let (tx, rx) = mpsc::channel();
+    wal.on_durable(lsn, Box::new(move |res| tx.send(res.is_ok()).unwrap()));
+    assert!(
+        rx.recv_timeout(TIMEOUT).unwrap(),
+        "sync thread still running"
+    );
+}
