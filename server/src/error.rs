@@ -67,6 +67,8 @@ pub enum EtcdError {
     BadLeaderTransferee,
     #[error("etcdserver: request timed out, leader transfer took too long")]
     TimeoutLeaderTransfer,
+    #[error("etcdserver: request timed out, possibly due to previous leader failure")]
+    TimeoutDueToLeaderFail,
     #[error("etcdserver: unhealthy cluster")]
     Unhealthy,
     #[error("etcdserver: rpc not supported for learner")]
@@ -101,7 +103,7 @@ impl EtcdError {
             | LearnerNotReady | TooManyLearners | NotLeader | BadLeaderTransferee
             | AuthNotEnabled => Code::FailedPrecondition,
             NoLeader | LeaderChanged | Stopped | Timeout | NotSupportedForLearner
-            | TimeoutLeaderTransfer | Unhealthy => Code::Unavailable,
+            | TimeoutLeaderTransfer | TimeoutDueToLeaderFail | Unhealthy => Code::Unavailable,
             Corrupt => Code::DataLoss,
             InvalidAuthToken => Code::Unauthenticated,
             PermissionDenied => Code::PermissionDenied,
@@ -119,7 +121,7 @@ impl EtcdError {
             LeaseTtlTooLarge, MemberExist, PeerUrlExist, MemberNotEnoughStarted, MemberBadUrls,
             MemberNotFound, MemberNotLearner, LearnerNotReady, TooManyLearners, NoLeader,
             NotLeader, LeaderChanged, Stopped, Timeout, BadLeaderTransferee,
-            TimeoutLeaderTransfer, Unhealthy, NotSupportedForLearner, Corrupt, AuthNotEnabled, InvalidAuthToken, PermissionDenied,
+            TimeoutLeaderTransfer, TimeoutDueToLeaderFail, Unhealthy, NotSupportedForLearner, Corrupt, AuthNotEnabled, InvalidAuthToken, PermissionDenied,
         ];
         if let Some(e) = KNOWN.iter().find(|e| e.to_string() == message) {
             return e.clone();

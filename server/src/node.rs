@@ -16,6 +16,7 @@ use prost::Message;
 
 use crate::apply::Applier;
 use crate::cluster::bootstrap::{self, Identity};
+use crate::cluster::peers::{classify, PeerFailure};
 use crate::cluster::{timing, Cluster, Peers};
 use crate::config::{split_urls, Config};
 use crate::error::EtcdError;
@@ -24,6 +25,9 @@ use crate::mvcc::MvccStore;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
 use crate::wal::{Wal, WalOptions};
+
+/// Pause before re-sending a proposal that could not reach the leader.
+const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// sled tree holding all member state (MVCC, consistent index, membership, ...).
 const TREE: &str = "keel";
@@ -185,7 +189,19 @@ impl Node {
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                     match f.leader_node {
                         Some(leader) if f.leader_id != Some(self.id) => {
-                            return self.forward(&leader, req).await;
+                            match self.forward(&leader, req.clone(), deadline).await {
+                                Err(PeerFailure::NotDelivered) => {
+                                    // The leader is unreachable (likely crashed) and did not get
+                                    // the request: retry once a new leader is known.
+                                    if tokio::time::Instant::now() + FORWARD_RETRY_PAUSE >= deadline {
+                                        return Err(EtcdError::TimeoutDueToLeaderFail);
+                                    }
+                                    tokio::time::sleep(FORWARD_RETRY_PAUSE).await;
+                                }
+                                Err(PeerFailure::Ambiguous) => return Err(EtcdError::TimeoutDueToLeaderFail),
+                                Err(PeerFailure::Answer(e)) => return Err(e),
+                                Ok(resp) => return into_result(resp),
+                            }
                         }
                         _ => self.wait_for_leader(deadline).await?,
                     }
@@ -236,18 +252,28 @@ impl Node {
         }
     }
 
-    async fn forward(&self, leader: &MemberNode, req: RaftRequest) -> Result<RaftResponse, EtcdError> {
-        let url = leader.peer_urls.first().cloned().ok_or(EtcdError::NoLeader)?;
-        let mut client = self.cluster.peers.client(&url).map_err(|_| EtcdError::NoLeader)?;
+    /// Sends a proposal to the leader (`keelpb.Peer/Forward`) on the pooled connection.
+    async fn forward(
+        &self,
+        leader: &MemberNode,
+        req: RaftRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<RaftResponse, PeerFailure> {
+        let url = leader.peer_urls.first().cloned().ok_or(PeerFailure::Answer(EtcdError::NoLeader))?;
+        let mut client = self
+            .cluster
+            .peers
+            .client(&url)
+            .map_err(|_| PeerFailure::Answer(EtcdError::NoLeader))?;
         let mut request = tonic::Request::new(req);
-        request.set_timeout(self.request_timeout());
+        request.set_timeout(deadline.saturating_duration_since(tokio::time::Instant::now()));
         match client.forward(request).await {
-            Ok(r) => into_result(r.into_inner()),
+            Ok(r) => Ok(r.into_inner()),
             Err(s) => {
                 if crate::cluster::peers::is_transport_failure(&s) {
                     self.cluster.peers.reset(&url);
                 }
-                Err(EtcdError::from_parts(s.code() as i32, s.message()))
+                Err(classify(&s))
             }
         }
     }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use keel_proto::keelpb::peer_client::PeerClient;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::error::EtcdError;
 use crate::raft::types::NodeId;
 
 /// Time allowed to open a TCP connection to a peer.
@@ -131,6 +132,36 @@ impl Peers {
     }
 }
 
+/// What a failed peer RPC tells about the request it carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerFailure {
+    /// The connection could not be opened: the request never left this member, so sending it
+    /// again (to the same or a new leader) cannot duplicate it.
+    NotDelivered,
+    /// The connection broke or timed out after the request was sent: it may have been
+    /// applied. Reported to the client as etcd's "request timed out, possibly due to previous
+    /// leader failure".
+    Ambiguous,
+    /// The peer answered with this etcd error.
+    Answer(EtcdError),
+}
+
+/// Classifies a failed peer RPC (see [`PeerFailure`]).
+pub fn classify(status: &tonic::Status) -> PeerFailure {
+    if status.code() == tonic::Code::Unavailable && status.message().contains("connect") {
+        PeerFailure::NotDelivered
+    } else if is_transport_failure(status) && !is_etcd_error(status) {
+        PeerFailure::Ambiguous
+    } else {
+        PeerFailure::Answer(EtcdError::from_parts(status.code() as i32, status.message()))
+    }
+}
+
+/// Whether `status` carries one of etcd's own error texts (an answer, not a transport fault).
+fn is_etcd_error(status: &tonic::Status) -> bool {
+    status.message().starts_with("etcdserver: ")
+}
+
 /// Whether a failed RPC means the connection itself is unusable (refused, reset, closed), as
 /// opposed to an answer or a deadline.
 pub fn is_transport_failure(status: &tonic::Status) -> bool {
@@ -154,6 +185,18 @@ mod tests {
         peers.record(7, false);
         assert_eq!(peers.active_since(7), None);
         assert!(!peers.connected_since(7, Instant::now()));
+    }
+
+    #[test]
+    fn failures_are_classified_by_whether_the_request_left() {
+        let refused = tonic::Status::unavailable("tcp connect error");
+        assert_eq!(classify(&refused), PeerFailure::NotDelivered);
+        let reset = tonic::Status::unknown("transport error");
+        assert_eq!(classify(&reset), PeerFailure::Ambiguous);
+        let no_leader: tonic::Status = EtcdError::NoLeader.into();
+        assert_eq!(classify(&no_leader), PeerFailure::Answer(EtcdError::NoLeader));
+        let compacted: tonic::Status = EtcdError::Compacted.into();
+        assert_eq!(classify(&compacted), PeerFailure::Answer(EtcdError::Compacted));
     }
 
     #[tokio::test]

@@ -18,7 +18,7 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::time::Instant;
 
 use super::batch::Batcher;
-use super::peers::{is_transport_failure, Peers};
+use super::peers::{classify, is_transport_failure, PeerFailure, Peers};
 use super::transfer::TransferGate;
 use crate::error::EtcdError;
 use crate::raft::types::{NodeId, Raft};
@@ -171,7 +171,11 @@ impl Ctx {
                 if is_transport_failure(&status) {
                     self.peers.reset(url);
                 }
-                Err(EtcdError::from_parts(status.code() as i32, status.message()))
+                // A read index is safe to ask for again, whatever happened to this request.
+                Err(match classify(&status) {
+                    PeerFailure::Answer(e) => e,
+                    PeerFailure::NotDelivered | PeerFailure::Ambiguous => EtcdError::NoLeader,
+                })
             }
         }
     }

@@ -44,7 +44,7 @@ use super::members::{
     added_member_id, member_list, ready_to_add_voter, ready_to_promote, ready_to_remove_voter, to_member,
     validate_peer_urls,
 };
-use super::peers::is_transport_failure;
+use super::peers::{classify, is_transport_failure, PeerFailure};
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::raft::types::{MemberNode, NodeId};
@@ -270,7 +270,12 @@ where
                         if is_transport_failure(&s) {
                             node.cluster.peers.reset(&url);
                         }
-                        EtcdError::from_parts(s.code() as i32, s.message())
+                        match classify(&s) {
+                            // Never sent: as good as asking while no leader is known.
+                            PeerFailure::NotDelivered => EtcdError::NoLeader,
+                            PeerFailure::Ambiguous => EtcdError::TimeoutDueToLeaderFail,
+                            PeerFailure::Answer(e) => e,
+                        }
                     }),
                 Err(_) => Err(EtcdError::NoLeader),
             },

@@ -98,11 +98,11 @@ pub fn read_meta(file: &mut File) -> io::Result<Meta> {
 /// only after the CRC matched; returns the metadata.
 ///
 /// Errors: `InvalidData` for any format or checksum mismatch; I/O errors as they come.
-pub fn load(file: &mut File, mut each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
+pub fn load(file: &mut File, each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
     // Pass 1: checksum, so a corrupt file changes nothing.
     walk(file, |_, _| Ok(()))?;
     // Pass 2: apply.
-    walk(file, |k, v| each(k, v))
+    walk(file, each)
 }
 
 fn walk(file: &mut File, mut each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {

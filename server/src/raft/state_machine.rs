@@ -146,6 +146,11 @@ impl StateMachine {
         std::fs::remove_file(&marker).map_err(|e| err(&e))?;
         snapshot::sync_dir(&self.snap_dir).map_err(|e| err(&e))?;
         snapshot::remove_others(&self.snap_dir, &path).map_err(|e| err(&e))?;
+        tracing::info!(
+            snapshot_id = %meta.snapshot_id,
+            last_log_index = meta.last_log_id.map_or(0, |l| l.index),
+            "installed a snapshot"
+        );
         Ok(())
     }
 
@@ -230,9 +235,10 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let job = self.job.take().unwrap_or_else(|| {
-            Err(StorageIOError::write_snapshot(None, openraft::AnyError::error("snapshot already taken")).into())
-        })?;
+        let Some(job) = self.job.take() else {
+            return Err(StorageIOError::write_snapshot(None, openraft::AnyError::error("snapshot already taken")).into());
+        };
+        let job = job?;
         let written = tokio::task::spawn_blocking(move || job.write())
             .await
             .map_err(|e| io::Error::other(e.to_string()))
