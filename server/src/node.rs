@@ -104,6 +104,7 @@ impl Node {
             // etcd keeps this many entries after a snapshot so slow followers catch up from
             // the log (`--experimental-snapshot-catchup-entries`, default 5000).
             max_in_snapshot_log_to_keep: config.snapshot_catchup_entries,
+            install_snapshot_timeout: timing::INSTALL_SNAPSHOT_TIMEOUT_MS,
             ..Default::default()
         }
         .validate()?;

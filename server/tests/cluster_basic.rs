@@ -28,20 +28,50 @@ fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
 
     // Writes through each member, each read back (linearizably) through every member.
     for (i, m) in cluster.members.iter().enumerate() {
-        etcdctl(&m.endpoint(), &["put", &format!("key{i}"), &format!("from-{}", m.name)]).ok();
+        etcdctl(
+            &m.endpoint(),
+            &["put", &format!("key{i}"), &format!("from-{}", m.name)],
+        )
+        .ok();
         for reader in &cluster.members {
-            let out = etcdctl(&reader.endpoint(), &["get", &format!("key{i}"), "--print-value-only"]);
-            assert_eq!(out.ok().lines(), vec![format!("from-{}", m.name)], "read via {}", reader.name);
+            let out = etcdctl(
+                &reader.endpoint(),
+                &["get", &format!("key{i}"), "--print-value-only"],
+            );
+            assert_eq!(
+                out.ok().lines(),
+                vec![format!("from-{}", m.name)],
+                "read via {}",
+                reader.name
+            );
         }
     }
-    let out = etcdctl(&cluster.members[2].endpoint(), &["get", "key", "--prefix", "--keys-only"]);
-    assert_eq!(out.ok().lines().into_iter().filter(|l| !l.is_empty()).collect::<Vec<_>>(), ["key0", "key1", "key2"]);
+    let out = etcdctl(
+        &cluster.members[2].endpoint(),
+        &["get", "key", "--prefix", "--keys-only"],
+    );
+    assert_eq!(
+        out.ok()
+            .lines()
+            .into_iter()
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>(),
+        ["key0", "key1", "key2"]
+    );
 
     // A txn through each member; compare and write are atomic on the leader.
     for (i, m) in cluster.members.iter().enumerate() {
-        let script = format!("value(\"key{i}\") = \"from-{}\"\n\nput txn{i} yes\n\nput txn{i} no\n\n", m.name);
+        let script = format!(
+            "value(\"key{i}\") = \"from-{}\"\n\nput txn{i} yes\n\nput txn{i} no\n\n",
+            m.name
+        );
         let out = etcdctl_stdin(&m.endpoint(), &["txn"], &script);
-        assert_eq!(out.ok().lines(), ["SUCCESS", "", "OK"], "txn via {}", m.name);
+        assert_eq!(
+            out.ok().lines(),
+            ["SUCCESS", "", "OK"],
+            "txn via {}",
+            m.name
+        );
     }
     let out = etcdctl(&all, &["get", "txn", "--prefix", "--print-value-only"]);
     assert_eq!(out.ok().lines(), ["yes", "yes", "yes"]);
@@ -50,7 +80,10 @@ fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
     let list = etcdctl(&all, &["member", "list", "-w", "json"]).json();
     let members = list["members"].as_array().expect("members");
     assert_eq!(members.len(), 3, "{list}");
-    let names: BTreeSet<&str> = members.iter().map(|m| m["name"].as_str().unwrap()).collect();
+    let names: BTreeSet<&str> = members
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, BTreeSet::from(["m1", "m2", "m3"]));
     for m in members {
         assert_eq!(m["clientURLs"].as_array().map(Vec::len), Some(1), "{m}");
@@ -70,7 +103,11 @@ fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
     }
     assert_eq!(cluster_ids.len(), 1);
     assert_eq!(member_ids.len(), 3);
-    assert_eq!(revisions.len(), 1, "linearizable reads see one revision: {revisions:?}");
+    assert_eq!(
+        revisions.len(),
+        1,
+        "linearizable reads see one revision: {revisions:?}"
+    );
     let listed: BTreeSet<u64> = members.iter().map(|m| m["ID"].as_u64().unwrap()).collect();
     assert_eq!(listed, member_ids);
 
@@ -80,7 +117,18 @@ fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
         .members
         .iter()
         .map(|m| {
-            let out = etcdctl(&m.endpoint(), &["endpoint", "hashkv", "--rev", &rev.to_string(), "-w", "json"]).json();
+            let out = etcdctl(
+                &m.endpoint(),
+                &[
+                    "endpoint",
+                    "hashkv",
+                    "--rev",
+                    &rev.to_string(),
+                    "-w",
+                    "json",
+                ],
+            )
+            .json();
             out[0]["HashKV"]["hash"].to_string()
         })
         .collect();
@@ -92,7 +140,10 @@ fn reads_on_followers_see_every_acknowledged_write() {
     let _serial = serial();
     let cluster = TestCluster::start(3, &[]);
     let leader = cluster.leader(Duration::from_secs(10));
-    let followers: Vec<String> = (0..3).filter(|i| *i != leader).map(|i| cluster.members[i].endpoint()).collect();
+    let followers: Vec<String> = (0..3)
+        .filter(|i| *i != leader)
+        .map(|i| cluster.members[i].endpoint())
+        .collect();
     let leader_ep = cluster.members[leader].endpoint();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -108,7 +159,11 @@ fn reads_on_followers_see_every_acknowledged_write() {
             let r = &mut readers[i % n];
             let resp = grpc::range(r, b"ryw", b"").await;
             assert_eq!(resp.kvs.len(), 1);
-            assert_eq!(resp.kvs[0].value, i.to_string().into_bytes(), "write {i} not visible on a follower");
+            assert_eq!(
+                resp.kvs[0].value,
+                i.to_string().into_bytes(),
+                "write {i} not visible on a follower"
+            );
             assert!(resp.header.unwrap().revision >= rev);
         }
         // Serializable reads are served locally and converge.
@@ -126,7 +181,10 @@ fn reads_on_followers_see_every_acknowledged_write() {
             if resp.kvs.first().map(|kv| kv.value.clone()) == Some(b"59".to_vec()) {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "serializable read never caught up");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "serializable read never caught up"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
@@ -159,17 +217,33 @@ fn concurrent_writes_share_append_entries_rpcs() {
             }));
         }
         for t in tasks {
-            tokio::time::timeout(Duration::from_secs(60), t).await.expect("writers finish").unwrap();
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("writers finish")
+                .unwrap();
         }
     });
     // The leader logs its AppendEntries totals on a graceful shutdown.
     assert!(cluster.members[leader].terminate().success());
     let log = cluster.members[leader].log();
-    let line = log.lines().rev().find(|l| l.contains("peer transport totals")).expect("totals line");
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("peer transport totals"))
+        .expect("totals line");
     let line = strip_ansi(line);
     let field = |name: &str| -> u64 {
-        let at = line.find(&format!("{name}=")).unwrap_or_else(|| panic!("{name} in {line}")) + name.len() + 1;
-        line[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap()
+        let at = line
+            .find(&format!("{name}="))
+            .unwrap_or_else(|| panic!("{name} in {line}"))
+            + name.len()
+            + 1;
+        line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
     };
     let (rpcs, entries) = (field("append_rpcs"), field("appended_entries"));
     // Every write reaches two followers: at least 2 × 640 entries were sent.

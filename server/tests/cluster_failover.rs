@@ -32,7 +32,10 @@ async fn writer(id: usize, endpoints: Vec<String>, acked: Acked, stop: Arc<Atomi
     while !stop.load(Ordering::Relaxed) {
         let slot = (n as usize + id) % endpoints.len();
         if clients[slot].is_none() {
-            clients[slot] = grpc::channel(&endpoints[slot], Duration::from_secs(2)).await.ok().map(KvClient::new);
+            clients[slot] = grpc::channel(&endpoints[slot], Duration::from_secs(2))
+                .await
+                .ok()
+                .map(KvClient::new);
         }
         let Some(client) = clients[slot].as_mut() else {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -69,7 +72,10 @@ async fn time_to_first_write(endpoint: &str, since: Instant, limit: Duration) ->
                 return since.elapsed();
             }
         }
-        assert!(since.elapsed() < limit, "no write succeeded within {limit:?} after the leader crash");
+        assert!(
+            since.elapsed() < limit,
+            "no write succeeded within {limit:?} after the leader crash"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -93,8 +99,15 @@ fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
         let acked_before = acked.lock().unwrap().len();
         cluster.members[leader].kill9();
         let killed_at = Instant::now();
-        let took = rt.block_on(time_to_first_write(&endpoints[survivor], killed_at, Duration::from_secs(10)));
-        eprintln!("round {round}: killed leader {}, a write succeeded after {took:?}", cluster.members[leader].name);
+        let took = rt.block_on(time_to_first_write(
+            &endpoints[survivor],
+            killed_at,
+            Duration::from_secs(10),
+        ));
+        eprintln!(
+            "round {round}: killed leader {}, a write succeeded after {took:?}",
+            cluster.members[leader].name
+        );
         failovers.push(took);
         assert!(
             took < 2 * ELECTION_TIMEOUT,
@@ -103,11 +116,16 @@ fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
         std::thread::sleep(Duration::from_millis(500));
         cluster.members[leader].respawn();
         cluster.wait_ready(&[leader]);
-        assert!(acked.lock().unwrap().len() > acked_before, "writers made progress in round {round}");
+        assert!(
+            acked.lock().unwrap().len() > acked_before,
+            "writers made progress in round {round}"
+        );
     }
     stop.store(true, Ordering::Relaxed);
     for w in writers {
-        rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), w).await }).expect("writer stops").unwrap();
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), w).await })
+            .expect("writer stops")
+            .unwrap();
     }
     eprintln!("failover times: {failovers:?}");
 
@@ -116,19 +134,49 @@ fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
     let committed = cluster.status(leader).unwrap().raft_index;
     cluster.wait_applied(committed, Duration::from_secs(20));
     let all = cluster.endpoints();
-    let rev = etcdctl(&all, &["get", "acked/", "--prefix", "--keys-only", "--limit=1", "-w", "json"]).json()["header"]["revision"]
+    let rev = etcdctl(
+        &all,
+        &[
+            "get",
+            "acked/",
+            "--prefix",
+            "--keys-only",
+            "--limit=1",
+            "-w",
+            "json",
+        ],
+    )
+    .json()["header"]["revision"]
         .as_i64()
         .unwrap();
     let mut hashes = Vec::new();
     for m in &cluster.members {
-        let out = etcdctl(&m.endpoint(), &["endpoint", "hashkv", "--rev", &rev.to_string(), "-w", "json"]).json();
+        let out = etcdctl(
+            &m.endpoint(),
+            &[
+                "endpoint",
+                "hashkv",
+                "--rev",
+                &rev.to_string(),
+                "-w",
+                "json",
+            ],
+        )
+        .json();
         hashes.push(out[0]["HashKV"]["hash"].as_u64().expect("hash"));
     }
-    assert!(hashes.iter().all(|h| *h == hashes[0]), "HashKV at revision {rev} differs: {hashes:?}");
+    assert!(
+        hashes.iter().all(|h| *h == hashes[0]),
+        "HashKV at revision {rev} differs: {hashes:?}"
+    );
 
     // No acknowledged write is lost: read everything back through each member.
     let acked = acked.lock().unwrap().clone();
-    assert!(acked.len() > 50, "too few acknowledged writes to mean anything: {}", acked.len());
+    assert!(
+        acked.len() > 50,
+        "too few acknowledged writes to mean anything: {}",
+        acked.len()
+    );
     for m in &cluster.members {
         let stored: BTreeMap<String, String> = rt.block_on(async {
             let mut kv = grpc::kv(&m.endpoint()).await;
@@ -143,11 +191,21 @@ fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
                 .into_inner();
             resp.kvs
                 .into_iter()
-                .map(|kv| (String::from_utf8(kv.key).unwrap(), String::from_utf8(kv.value).unwrap()))
+                .map(|kv| {
+                    (
+                        String::from_utf8(kv.key).unwrap(),
+                        String::from_utf8(kv.value).unwrap(),
+                    )
+                })
                 .collect()
         });
         for (k, v) in &acked {
-            assert_eq!(stored.get(k), Some(v), "acknowledged write {k} missing on {}", m.name);
+            assert_eq!(
+                stored.get(k),
+                Some(v),
+                "acknowledged write {k} missing on {}",
+                m.name
+            );
         }
     }
 }

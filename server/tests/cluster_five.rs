@@ -24,13 +24,27 @@ fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
     // Every survivor serves writes and linearizable reads.
     for (n, &i) in survivors.iter().enumerate() {
         let ep = cluster.members[i].endpoint();
-        let out = etcdctl(&ep, &["put", &format!("down2/{n}"), &cluster.members[i].name]);
+        let out = etcdctl(
+            &ep,
+            &["put", &format!("down2/{n}"), &cluster.members[i].name],
+        );
         out.ok();
     }
     for &i in &survivors {
-        let out = etcdctl(&cluster.members[i].endpoint(), &["get", "down2/", "--prefix", "--print-value-only"]);
-        assert_eq!(out.ok().lines().len(), 3, "via {}: {out:?}", cluster.members[i].name);
-        let out = etcdctl(&cluster.members[i].endpoint(), &["get", "before", "--print-value-only"]);
+        let out = etcdctl(
+            &cluster.members[i].endpoint(),
+            &["get", "down2/", "--prefix", "--print-value-only"],
+        );
+        assert_eq!(
+            out.ok().lines().len(),
+            3,
+            "via {}: {out:?}",
+            cluster.members[i].name
+        );
+        let out = etcdctl(
+            &cluster.members[i].endpoint(),
+            &["get", "before", "--print-value-only"],
+        );
         assert_eq!(out.ok().lines(), ["1"]);
     }
     // The membership is unchanged: five members, two of them down.
@@ -45,8 +59,22 @@ fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
     let committed = cluster.status(new_leader).unwrap().raft_index;
     cluster.wait_applied(committed, Duration::from_secs(20));
     for i in [leader, follower] {
-        let out = etcdctl(&cluster.members[i].endpoint(), &["get", "down2/", "--prefix", "--print-value-only", "--consistency=s"]);
-        assert_eq!(out.ok().lines().len(), 3, "{} caught up", cluster.members[i].name);
+        let out = etcdctl(
+            &cluster.members[i].endpoint(),
+            &[
+                "get",
+                "down2/",
+                "--prefix",
+                "--print-value-only",
+                "--consistency=s",
+            ],
+        );
+        assert_eq!(
+            out.ok().lines().len(),
+            3,
+            "{} caught up",
+            cluster.members[i].name
+        );
     }
     let rev = etcdctl(&cluster.endpoints(), &["get", "before", "-w", "json"]).json()["header"]["revision"]
         .as_i64()
@@ -55,8 +83,18 @@ fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
         .members
         .iter()
         .map(|m| {
-            etcdctl(&m.endpoint(), &["endpoint", "hashkv", "--rev", &rev.to_string(), "-w", "json"]).json()[0]["HashKV"]
-                ["hash"]
+            etcdctl(
+                &m.endpoint(),
+                &[
+                    "endpoint",
+                    "hashkv",
+                    "--rev",
+                    &rev.to_string(),
+                    "-w",
+                    "json",
+                ],
+            )
+            .json()[0]["HashKV"]["hash"]
                 .as_u64()
                 .unwrap()
         })

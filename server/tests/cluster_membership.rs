@@ -12,7 +12,7 @@ use keel_proto::etcdserverpb::cluster_client::ClusterClient;
 use keel_proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use keel_proto::etcdserverpb::{MemberAddRequest, MoveLeaderRequest, PutRequest, RangeRequest};
 use support::cluster::TestCluster;
-use support::etcdctl::{etcdctl, CtlOutput};
+use support::etcdctl::{CtlOutput, etcdctl};
 use support::grpc;
 
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -54,7 +54,12 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
     let _serial = serial();
     let mut cluster = TestCluster::start(
         3,
-        &["--snapshot-count", "40", "--experimental-snapshot-catchup-entries", "5"],
+        &[
+            "--snapshot-count",
+            "40",
+            "--experimental-snapshot-catchup-entries",
+            "5",
+        ],
     );
     let all = cluster.endpoints();
     let leader = cluster.leader(Duration::from_secs(15));
@@ -74,14 +79,30 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
             }));
         }
         for t in tasks {
-            tokio::time::timeout(Duration::from_secs(60), t).await.expect("writes finish").unwrap();
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("writes finish")
+                .unwrap();
         }
     });
 
     let ports = TestCluster::reserve_ports();
     let peer = format!("http://127.0.0.1:{}", ports.1);
-    let out = member_cmd(&all, &["member", "add", "m4", "--learner", &format!("--peer-urls={peer}"), "-w", "json"]);
-    let learner_id = out.json()["member"]["ID"].as_u64().expect("added member ID");
+    let out = member_cmd(
+        &all,
+        &[
+            "member",
+            "add",
+            "m4",
+            "--learner",
+            &format!("--peer-urls={peer}"),
+            "-w",
+            "json",
+        ],
+    );
+    let learner_id = out.json()["member"]["ID"]
+        .as_u64()
+        .expect("added member ID");
     assert_eq!(members(&all).get(&learner_id), Some(&(String::new(), true)));
     let m4 = cluster.join("m4", ports);
 
@@ -89,8 +110,19 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut compacted = 0;
     loop {
-        let rev = etcdctl(&all, &["get", "k/", "--prefix", "--keys-only", "--limit=1", "-w", "json"]).json()["header"]
-            ["revision"]
+        let rev = etcdctl(
+            &all,
+            &[
+                "get",
+                "k/",
+                "--prefix",
+                "--keys-only",
+                "--limit=1",
+                "-w",
+                "json",
+            ],
+        )
+        .json()["header"]["revision"]
             .as_i64()
             .unwrap();
         if compacted < rev - 1 {
@@ -99,40 +131,91 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
             compacted = rev;
         }
         let committed = cluster.status(leader).unwrap().raft_index;
-        if cluster.status(m4).is_ok_and(|s| s.raft_applied_index >= committed && s.is_learner) {
+        if cluster
+            .status(m4)
+            .is_ok_and(|s| s.raft_applied_index >= committed && s.is_learner)
+        {
             break;
         }
-        assert!(Instant::now() < deadline, "the learner did not catch up\n{}", cluster.log_tails());
+        assert!(
+            Instant::now() < deadline,
+            "the learner did not catch up\n{}",
+            cluster.log_tails()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(cluster.members[m4].log().contains("installed a snapshot"), "{}", cluster.members[m4].log_tail());
-    assert_eq!(members(&all).get(&learner_id), Some(&("m4".to_string(), true)), "the learner published its name");
+    assert!(
+        cluster.members[m4].log().contains("installed a snapshot"),
+        "{}",
+        cluster.members[m4].log_tail()
+    );
+    assert_eq!(
+        members(&all).get(&learner_id),
+        Some(&("m4".to_string(), true)),
+        "the learner published its name"
+    );
 
     // A learner serves serializable reads only (etcd).
     let m4_ep = cluster.members[m4].endpoint();
-    let count = etcdctl(&m4_ep, &["get", "k/", "--prefix", "--keys-only", "--consistency=s", "-w", "json"]).json()
-        ["count"]
+    let count = etcdctl(
+        &m4_ep,
+        &[
+            "get",
+            "k/",
+            "--prefix",
+            "--keys-only",
+            "--consistency=s",
+            "-w",
+            "json",
+        ],
+    )
+    .json()["count"]
         .as_u64();
     assert_eq!(count, Some(240));
     let status = rt.block_on(async {
-        grpc::kv(&m4_ep).await.range(RangeRequest { key: b"k/".to_vec(), ..Default::default() }).await.unwrap_err()
+        grpc::kv(&m4_ep)
+            .await
+            .range(RangeRequest {
+                key: b"k/".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err()
     });
-    assert_eq!(status.message(), "etcdserver: rpc not supported for learner");
+    assert_eq!(
+        status.message(),
+        "etcdserver: rpc not supported for learner"
+    );
 
     // Promote: now a voter that serves linearizable reads and writes.
     let out = member_cmd(&all, &["member", "promote", &format!("{learner_id:x}")]);
     assert!(out.ok().stdout.contains("promoted in cluster"), "{out:?}");
-    assert_eq!(members(&all).get(&learner_id), Some(&("m4".to_string(), false)));
+    assert_eq!(
+        members(&all).get(&learner_id),
+        Some(&("m4".to_string(), false))
+    );
     etcdctl(&m4_ep, &["put", "via-m4", "yes"]).ok();
-    assert_eq!(etcdctl(&m4_ep, &["get", "via-m4", "--print-value-only"]).ok().lines(), ["yes"]);
+    assert_eq!(
+        etcdctl(&m4_ep, &["get", "via-m4", "--print-value-only"])
+            .ok()
+            .lines(),
+        ["yes"]
+    );
 
     // Remove it again: the cluster is back to three and m4 stops by itself.
     let out = member_cmd(&all, &["member", "remove", &format!("{learner_id:x}")]);
     assert!(out.ok().stdout.contains("removed from cluster"), "{out:?}");
-    let others: String = (0..3).map(|i| cluster.members[i].endpoint()).collect::<Vec<_>>().join(",");
+    let others: String = (0..3)
+        .map(|i| cluster.members[i].endpoint())
+        .collect::<Vec<_>>()
+        .join(",");
     assert_eq!(members(&others).len(), 3);
     let exit = cluster.members[m4].wait_exit(Duration::from_secs(20));
-    assert!(exit.is_some(), "the removed member keeps running\n{}", cluster.members[m4].log_tail());
+    assert!(
+        exit.is_some(),
+        "the removed member keeps running\n{}",
+        cluster.members[m4].log_tail()
+    );
     assert!(cluster.members[m4].log().contains("permanently removed"));
     etcdctl(&others, &["put", "after-removal", "ok"]).ok();
 }
@@ -145,47 +228,102 @@ fn bad_membership_requests_get_etcd_errors_and_change_nothing() {
     let before = members(&all);
     let voter = cluster.member_id(0).unwrap();
     let check_unchanged = |what: &str, endpoints: &str| {
-        assert_eq!(members(endpoints), before, "membership changed after {what}");
+        assert_eq!(
+            members(endpoints),
+            before,
+            "membership changed after {what}"
+        );
     };
 
     // Unknown member IDs.
-    member_cmd(&all, &["member", "remove", "1234"]).fails_with("Error: etcdserver: member not found");
-    check_unchanged("remove unknown", &all);
-    member_cmd(&all, &["member", "update", "1234", "--peer-urls=http://127.0.0.1:1"])
+    member_cmd(&all, &["member", "remove", "1234"])
         .fails_with("Error: etcdserver: member not found");
-    member_cmd(&all, &["member", "promote", "1234"]).fails_with("Error: etcdserver: member not found");
+    check_unchanged("remove unknown", &all);
+    member_cmd(
+        &all,
+        &["member", "update", "1234", "--peer-urls=http://127.0.0.1:1"],
+    )
+    .fails_with("Error: etcdserver: member not found");
+    member_cmd(&all, &["member", "promote", "1234"])
+        .fails_with("Error: etcdserver: member not found");
     check_unchanged("update/promote unknown", &all);
 
     // A peer URL another member has.
     let taken = format!("--peer-urls={}", cluster.members[0].peer_url());
-    member_cmd(&all, &["member", "add", "dup", &taken]).fails_with("Error: etcdserver: Peer URLs already exists");
-    member_cmd(&all, &["member", "update", &format!("{voter:x}"), &format!("--peer-urls={}", cluster.members[1].peer_url())])
+    member_cmd(&all, &["member", "add", "dup", &taken])
         .fails_with("Error: etcdserver: Peer URLs already exists");
+    member_cmd(
+        &all,
+        &[
+            "member",
+            "update",
+            &format!("{voter:x}"),
+            &format!("--peer-urls={}", cluster.members[1].peer_url()),
+        ],
+    )
+    .fails_with("Error: etcdserver: Peer URLs already exists");
     check_unchanged("duplicate peer URL", &all);
 
     // Malformed URLs (etcdctl checks them itself, so ask over gRPC).
     let rt = tokio::runtime::Runtime::new().unwrap();
     let status = rt.block_on(async {
-        let channel = grpc::channel(&cluster.members[0].endpoint(), grpc::RPC_TIMEOUT).await.unwrap();
+        let channel = grpc::channel(&cluster.members[0].endpoint(), grpc::RPC_TIMEOUT)
+            .await
+            .unwrap();
         ClusterClient::new(channel)
-            .member_add(MemberAddRequest { peer_ur_ls: vec!["http://no-port".into()], is_learner: false })
+            .member_add(MemberAddRequest {
+                peer_ur_ls: vec!["http://no-port".into()],
+                is_learner: false,
+            })
             .await
             .unwrap_err()
     });
-    assert_eq!((status.code(), status.message()), (tonic::Code::InvalidArgument, "etcdserver: given member URLs are invalid"));
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            tonic::Code::InvalidArgument,
+            "etcdserver: given member URLs are invalid"
+        )
+    );
 
     // Promoting a voter.
-    member_cmd(&all, &["member", "promote", &format!("{voter:x}")]).fails_with("Error: etcdserver: can only promote a learner member");
+    member_cmd(&all, &["member", "promote", &format!("{voter:x}")])
+        .fails_with("Error: etcdserver: can only promote a learner member");
     check_unchanged("promote a voter", &all);
 
     // An unreachable learner promoted too early; then removed (learners need no quorum check).
-    let out = member_cmd(&all, &["member", "add", "ghost", "--learner", "--peer-urls=http://127.0.0.1:9", "-w", "json"]);
+    let out = member_cmd(
+        &all,
+        &[
+            "member",
+            "add",
+            "ghost",
+            "--learner",
+            "--peer-urls=http://127.0.0.1:9",
+            "-w",
+            "json",
+        ],
+    );
     let ghost = out.json()["member"]["ID"].as_u64().unwrap();
-    member_cmd(&all, &["member", "promote", &format!("{ghost:x}")])
-        .fails_with("Error: etcdserver: can only promote a learner member which is in sync with leader");
-    assert_eq!(members(&all).get(&ghost), Some(&(String::new(), true)), "still a learner");
-    member_cmd(&all, &["member", "add", "ghost2", "--learner", "--peer-urls=http://127.0.0.1:10"])
-        .fails_with("Error: etcdserver: too many learner members in cluster");
+    member_cmd(&all, &["member", "promote", &format!("{ghost:x}")]).fails_with(
+        "Error: etcdserver: can only promote a learner member which is in sync with leader",
+    );
+    assert_eq!(
+        members(&all).get(&ghost),
+        Some(&(String::new(), true)),
+        "still a learner"
+    );
+    member_cmd(
+        &all,
+        &[
+            "member",
+            "add",
+            "ghost2",
+            "--learner",
+            "--peer-urls=http://127.0.0.1:10",
+        ],
+    )
+    .fails_with("Error: etcdserver: too many learner members in cluster");
     member_cmd(&all, &["member", "remove", &format!("{ghost:x}")]).ok();
     check_unchanged("adding and removing a learner", &all);
 
@@ -199,7 +337,8 @@ fn bad_membership_requests_get_etcd_errors_and_change_nothing() {
     // Let the leader's heartbeats notice the crash (they run every 100 ms).
     std::thread::sleep(Duration::from_secs(1));
     let alive = cluster.endpoints();
-    etcdctl(&alive, &["member", "remove", &format!("{target_id:x}")]).fails_with("Error: etcdserver: unhealthy cluster");
+    etcdctl(&alive, &["member", "remove", &format!("{target_id:x}")])
+        .fails_with("Error: etcdserver: unhealthy cluster");
     check_unchanged("a removal that would lose quorum", &alive);
     assert!(members(&alive).contains_key(&down_id));
 }
@@ -211,18 +350,33 @@ fn move_leader_moves_leadership_and_refuses_bad_targets() {
     let all = cluster.endpoints();
     let leader = cluster.leader(Duration::from_secs(15));
     let target = (0..3).find(|i| *i != leader).unwrap();
-    let (leader_id, target_id) = (cluster.member_id(leader).unwrap(), cluster.member_id(target).unwrap());
+    let (leader_id, target_id) = (
+        cluster.member_id(leader).unwrap(),
+        cluster.member_id(target).unwrap(),
+    );
 
     let started = Instant::now();
     let out = etcdctl(&all, &["move-leader", &format!("{target_id:x}")]);
     let took = started.elapsed();
-    assert_eq!(out.ok().lines(), [format!("Leadership transferred from {leader_id:x} to {target_id:x}")]);
+    assert_eq!(
+        out.ok().lines(),
+        [format!(
+            "Leadership transferred from {leader_id:x} to {target_id:x}"
+        )]
+    );
     eprintln!("move-leader took {took:?} (etcdctl round trip included)");
-    assert_eq!(cluster.leader(Duration::from_secs(5)), target, "every member follows the new leader");
+    assert_eq!(
+        cluster.leader(Duration::from_secs(5)),
+        target,
+        "every member follows the new leader"
+    );
     etcdctl(&all, &["put", "after-move", "1"]).ok();
 
     // Back again, through the new leader's own endpoint.
-    let out = etcdctl(&cluster.members[target].endpoint(), &["move-leader", &format!("{leader_id:x}")]);
+    let out = etcdctl(
+        &cluster.members[target].endpoint(),
+        &["move-leader", &format!("{leader_id:x}")],
+    );
     out.ok();
     assert_eq!(cluster.leader(Duration::from_secs(5)), leader);
 
@@ -230,13 +384,33 @@ fn move_leader_moves_leadership_and_refuses_bad_targets() {
     etcdctl(&all, &["move-leader", "1234"]).fails_with("Error: etcdserver: bad leader transferee");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let status = rt.block_on(async {
-        let channel = grpc::channel(&cluster.members[target].endpoint(), grpc::RPC_TIMEOUT).await.unwrap();
-        MaintenanceClient::new(channel).move_leader(MoveLeaderRequest { target_id: leader_id }).await.unwrap_err()
+        let channel = grpc::channel(&cluster.members[target].endpoint(), grpc::RPC_TIMEOUT)
+            .await
+            .unwrap();
+        MaintenanceClient::new(channel)
+            .move_leader(MoveLeaderRequest {
+                target_id: leader_id,
+            })
+            .await
+            .unwrap_err()
     });
-    assert_eq!((status.code(), status.message()), (tonic::Code::FailedPrecondition, "etcdserver: not leader"));
-    assert_eq!(cluster.leader(Duration::from_secs(5)), leader, "a refused transfer changes nothing");
+    assert_eq!(
+        (status.code(), status.message()),
+        (tonic::Code::FailedPrecondition, "etcdserver: not leader")
+    );
+    assert_eq!(
+        cluster.leader(Duration::from_secs(5)),
+        leader,
+        "a refused transfer changes nothing"
+    );
     rt.block_on(async {
         let mut kv = grpc::kv(&cluster.members[target].endpoint()).await;
-        kv.put(PutRequest { key: b"after-refusal".to_vec(), value: b"1".to_vec(), ..Default::default() }).await.unwrap();
+        kv.put(PutRequest {
+            key: b"after-refusal".to_vec(),
+            value: b"1".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     });
 }

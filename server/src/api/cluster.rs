@@ -49,28 +49,39 @@ impl Cluster for ClusterService {
         }))
     }
 
-    async fn member_add(&self, request: Request<MemberAddRequest>) -> Result<Response<MemberAddResponse>, Status> {
-        Ok(Response::new(reconfig::member_add(&self.node, request.into_inner()).await?))
+    async fn member_add(
+        &self,
+        request: Request<MemberAddRequest>,
+    ) -> Result<Response<MemberAddResponse>, Status> {
+        Ok(Response::new(
+            reconfig::member_add(&self.node, request.into_inner()).await?,
+        ))
     }
 
     async fn member_remove(
         &self,
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
-        Ok(Response::new(reconfig::member_remove(&self.node, request.into_inner()).await?))
+        Ok(Response::new(
+            reconfig::member_remove(&self.node, request.into_inner()).await?,
+        ))
     }
 
     async fn member_update(
         &self,
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
-        Ok(Response::new(reconfig::member_update(&self.node, request.into_inner()).await?))
+        Ok(Response::new(
+            reconfig::member_update(&self.node, request.into_inner()).await?,
+        ))
     }
 
     async fn member_promote(
         &self,
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
-        Ok(Response::new(reconfig::member_promote(&self.node, request.into_inner()).await?))
+        Ok(Response::new(
+            reconfig::member_promote(&self.node, request.into_inner()).await?,
+        ))
     }
 }

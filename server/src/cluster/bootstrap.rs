@@ -16,11 +16,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use keel_proto::keelpb::ClusterInfoRequest;
 
 use super::peers::Peers;
-use crate::config::{split_urls, Config};
+use crate::config::{Config, split_urls};
 use crate::membership::{self, InitialMember};
 use crate::raft::types::{MemberNode, NodeId};
 
@@ -52,8 +52,14 @@ pub struct Identity {
 /// Errors: `--initial-cluster` lacks this member or disagrees with
 /// `--initial-advertise-peer-urls`; with `existing`, no peer answers within 15 s or the
 /// cluster has no member with this member's peer URLs; sled I/O.
-pub async fn identify(config: &Config, db: &sled::Db, tree: &sled::Tree, peers: &Peers) -> anyhow::Result<Identity> {
-    let initial = membership::parse_initial_cluster(&config.initial_cluster).map_err(anyhow::Error::msg)?;
+pub async fn identify(
+    config: &Config,
+    db: &sled::Db,
+    tree: &sled::Tree,
+    peers: &Peers,
+) -> anyhow::Result<Identity> {
+    let initial =
+        membership::parse_initial_cluster(&config.initial_cluster).map_err(anyhow::Error::msg)?;
     let my_urls = own_peer_urls(config, &initial)?;
     let token = &config.initial_cluster_token;
     let initial_members: BTreeMap<NodeId, MemberNode> = initial
@@ -77,7 +83,10 @@ pub async fn identify(config: &Config, db: &sled::Db, tree: &sled::Tree, peers: 
         (None, Some(cid)) => (membership::member_id(&my_urls, token), cid),
         _ if is_new => {
             let ids: Vec<NodeId> = initial_members.keys().copied().collect();
-            (membership::member_id(&my_urls, token), membership::cluster_id(&ids))
+            (
+                membership::member_id(&my_urls, token),
+                membership::cluster_id(&ids),
+            )
         }
         _ => discover(&initial, &config.name, &my_urls, peers).await?,
     };
@@ -113,7 +122,12 @@ fn own_peer_urls(config: &Config, initial: &[InitialMember]) -> anyhow::Result<V
 }
 
 /// Asks the other members of `--initial-cluster` for the cluster ID and this member's ID.
-async fn discover(initial: &[InitialMember], my_name: &str, my_urls: &[String], peers: &Peers) -> anyhow::Result<(NodeId, u64)> {
+async fn discover(
+    initial: &[InitialMember],
+    my_name: &str,
+    my_urls: &[String],
+    peers: &Peers,
+) -> anyhow::Result<(NodeId, u64)> {
     let urls: Vec<&String> = initial
         .iter()
         .filter(|m| m.name != my_name)
@@ -175,7 +189,9 @@ fn read_u64(tree: &sled::Tree, key: &[u8]) -> anyhow::Result<Option<u64>> {
     match tree.get(key)? {
         None => Ok(None),
         Some(v) => Ok(Some(u64::from_be_bytes(
-            v.as_ref().try_into().with_context(|| format!("{} is not 8 bytes", key.escape_ascii()))?,
+            v.as_ref()
+                .try_into()
+                .with_context(|| format!("{} is not 8 bytes", key.escape_ascii()))?,
         ))),
     }
 }
@@ -192,7 +208,8 @@ mod tests {
         };
         Config {
             name: name.into(),
-            initial_cluster: "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3".into(),
+            initial_cluster: "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3"
+                .into(),
             initial_advertise_peer_urls: format!("http://127.0.0.1:{port}"),
             initial_cluster_state: state.into(),
             ..Config::default()
@@ -210,7 +227,9 @@ mod tests {
         for name in ["a", "b", "c"] {
             let db = db();
             let tree = db.open_tree("keel").unwrap();
-            let ident = identify(&config(name, "new"), &db, &tree, &peers).await.unwrap();
+            let ident = identify(&config(name, "new"), &db, &tree, &peers)
+                .await
+                .unwrap();
             let members = ident.initial_members.clone().unwrap();
             assert_eq!(members.len(), 3);
             assert!(members.contains_key(&ident.id));
@@ -222,8 +241,17 @@ mod tests {
             assert_eq!((again.id, again.cluster_id), (ident.id, ident.cluster_id));
         }
         assert!(seen.iter().all(|i| i.cluster_id == seen[0].cluster_id));
-        assert_eq!(seen.iter().map(|i| i.id).collect::<std::collections::BTreeSet<_>>().len(), 3);
-        assert_eq!(seen[0].id, membership::member_id(&["http://127.0.0.1:1".to_string()], "etcd-cluster"));
+        assert_eq!(
+            seen.iter()
+                .map(|i| i.id)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            3
+        );
+        assert_eq!(
+            seen[0].id,
+            membership::member_id(&["http://127.0.0.1:1".to_string()], "etcd-cluster")
+        );
     }
 
     #[tokio::test]
@@ -232,11 +260,18 @@ mod tests {
         let tree = db.open_tree("keel").unwrap();
         let mut c = config("a", "new");
         c.initial_advertise_peer_urls = "http://127.0.0.1:9".into();
-        let err = identify(&c, &db, &tree, &Peers::default()).await.unwrap_err();
-        assert!(err.to_string().contains("--initial-advertise-peer-urls"), "{err}");
+        let err = identify(&c, &db, &tree, &Peers::default())
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("--initial-advertise-peer-urls"),
+            "{err}"
+        );
         let mut c = config("a", "new");
         c.name = "z".into();
-        let err = identify(&c, &db, &tree, &Peers::default()).await.unwrap_err();
+        let err = identify(&c, &db, &tree, &Peers::default())
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("no member named"), "{err}");
     }
 }

@@ -6,12 +6,15 @@ use keel_proto::etcdserverpb::Member;
 use openraft::Membership;
 
 use crate::error::EtcdError;
-use crate::membership::{member_id, Attributes};
+use crate::membership::{Attributes, member_id};
 use crate::raft::types::{MemberNode, NodeId};
 
 /// The members of `membership`, voters and learners, in ID order, with the name and client
 /// URLs each published (empty until it started, as in etcd).
-pub fn member_list(membership: &Membership<NodeId, MemberNode>, attributes: &Attributes) -> Vec<Member> {
+pub fn member_list(
+    membership: &Membership<NodeId, MemberNode>,
+    attributes: &Attributes,
+) -> Vec<Member> {
     let learners: Vec<NodeId> = membership.learner_ids().collect();
     membership
         .nodes()
@@ -20,11 +23,18 @@ pub fn member_list(membership: &Membership<NodeId, MemberNode>, attributes: &Att
 }
 
 /// One member as etcd reports it.
-pub fn to_member(id: NodeId, node: &MemberNode, is_learner: bool, attributes: &Attributes) -> Member {
+pub fn to_member(
+    id: NodeId,
+    node: &MemberNode,
+    is_learner: bool,
+    attributes: &Attributes,
+) -> Member {
     let attrs = attributes.get(id);
     Member {
         id,
-        name: attrs.as_ref().map_or_else(|| node.name.clone(), |a| a.name.clone()),
+        name: attrs
+            .as_ref()
+            .map_or_else(|| node.name.clone(), |a| a.name.clone()),
         peer_ur_ls: node.peer_urls.clone(),
         client_ur_ls: attrs.map_or_else(Vec::new, |a| a.client_urls),
         is_learner,
@@ -46,7 +56,9 @@ pub fn validate_peer_urls(urls: &[String]) -> Result<Vec<String>, EtcdError> {
             .or_else(|| url.strip_prefix("https://"))
             .ok_or(EtcdError::MemberBadUrls)?;
         let (host, port) = rest.rsplit_once(':').ok_or(EtcdError::MemberBadUrls)?;
-        let port_ok = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok();
+        let port_ok = !port.is_empty()
+            && port.bytes().all(|b| b.is_ascii_digit())
+            && port.parse::<u16>().is_ok();
         if host.is_empty() || host.contains('/') || !port_ok {
             return Err(EtcdError::MemberBadUrls);
         }
@@ -93,9 +105,26 @@ mod tests {
     #[test]
     fn peer_urls_follow_etcd_rules() {
         let ok = validate_peer_urls(&["http://b:2".into(), "https://a:1".into()]).unwrap();
-        assert_eq!(ok, vec!["http://b:2".to_string(), "https://a:1".to_string()]);
-        for bad in ["", "a:1", "http://a", "http://a:", "http://a:x", "http://a:1/p", "ftp://a:1", "http://:1", "http://a:99999"] {
-            assert_eq!(validate_peer_urls(&[bad.to_string()]), Err(EtcdError::MemberBadUrls), "{bad}");
+        assert_eq!(
+            ok,
+            vec!["http://b:2".to_string(), "https://a:1".to_string()]
+        );
+        for bad in [
+            "",
+            "a:1",
+            "http://a",
+            "http://a:",
+            "http://a:x",
+            "http://a:1/p",
+            "ftp://a:1",
+            "http://:1",
+            "http://a:99999",
+        ] {
+            assert_eq!(
+                validate_peer_urls(&[bad.to_string()]),
+                Err(EtcdError::MemberBadUrls),
+                "{bad}"
+            );
         }
         assert_eq!(validate_peer_urls(&[]), Err(EtcdError::MemberBadUrls));
     }
@@ -128,8 +157,20 @@ mod tests {
     #[test]
     fn member_list_marks_learners_and_uses_published_names() {
         let mut nodes = BTreeMap::new();
-        nodes.insert(1u64, MemberNode { name: "a".into(), peer_urls: vec!["http://a:1".into()] });
-        nodes.insert(2u64, MemberNode { name: String::new(), peer_urls: vec!["http://b:1".into()] });
+        nodes.insert(
+            1u64,
+            MemberNode {
+                name: "a".into(),
+                peer_urls: vec!["http://a:1".into()],
+            },
+        );
+        nodes.insert(
+            2u64,
+            MemberNode {
+                name: String::new(),
+                peer_urls: vec!["http://b:1".into()],
+            },
+        );
         let m = Membership::new(vec![BTreeSet::from([1u64])], nodes);
         let attrs = Attributes::default();
         attrs.publish(keel_proto::keelpb::MemberAttributes {
@@ -139,9 +180,15 @@ mod tests {
         });
         let list = member_list(&m, &attrs);
         assert_eq!(list.len(), 2);
-        assert_eq!((list[0].id, list[0].name.as_str(), list[0].is_learner), (1, "alpha", false));
+        assert_eq!(
+            (list[0].id, list[0].name.as_str(), list[0].is_learner),
+            (1, "alpha", false)
+        );
         assert_eq!(list[0].client_ur_ls, vec!["http://a:2".to_string()]);
-        assert_eq!((list[1].id, list[1].name.as_str(), list[1].is_learner), (2, "", true));
+        assert_eq!(
+            (list[1].id, list[1].name.as_str(), list[1].is_learner),
+            (2, "", true)
+        );
         assert!(list[1].client_ur_ls.is_empty());
     }
 }

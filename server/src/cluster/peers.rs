@@ -9,8 +9,8 @@
 //! is dropped, so the next RPC reconnects (the member may have restarted).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use keel_proto::keelpb::peer_client::PeerClient;
@@ -113,7 +113,8 @@ impl Peers {
     pub fn count_append(&self, entries: usize) {
         if entries > 0 {
             self.append_rpcs.fetch_add(1, Ordering::Relaxed);
-            self.append_entries.fetch_add(entries as u64, Ordering::Relaxed);
+            self.append_entries
+                .fetch_add(entries as u64, Ordering::Relaxed);
         }
     }
 
@@ -153,7 +154,10 @@ pub fn classify(status: &tonic::Status) -> PeerFailure {
     } else if is_transport_failure(status) && !is_etcd_error(status) {
         PeerFailure::Ambiguous
     } else {
-        PeerFailure::Answer(EtcdError::from_parts(status.code() as i32, status.message()))
+        PeerFailure::Answer(EtcdError::from_parts(
+            status.code() as i32,
+            status.message(),
+        ))
     }
 }
 
@@ -165,7 +169,10 @@ fn is_etcd_error(status: &tonic::Status) -> bool {
 /// Whether a failed RPC means the connection itself is unusable (refused, reset, closed), as
 /// opposed to an answer or a deadline.
 pub fn is_transport_failure(status: &tonic::Status) -> bool {
-    matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown
+    )
 }
 
 #[cfg(test)]
@@ -194,9 +201,15 @@ mod tests {
         let reset = tonic::Status::unknown("transport error");
         assert_eq!(classify(&reset), PeerFailure::Ambiguous);
         let no_leader: tonic::Status = EtcdError::NoLeader.into();
-        assert_eq!(classify(&no_leader), PeerFailure::Answer(EtcdError::NoLeader));
+        assert_eq!(
+            classify(&no_leader),
+            PeerFailure::Answer(EtcdError::NoLeader)
+        );
         let compacted: tonic::Status = EtcdError::Compacted.into();
-        assert_eq!(classify(&compacted), PeerFailure::Answer(EtcdError::Compacted));
+        assert_eq!(
+            classify(&compacted),
+            PeerFailure::Answer(EtcdError::Compacted)
+        );
     }
 
     #[tokio::test]

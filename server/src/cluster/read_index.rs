@@ -18,7 +18,7 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::time::Instant;
 
 use super::batch::Batcher;
-use super::peers::{classify, is_transport_failure, PeerFailure, Peers};
+use super::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use super::transfer::TransferGate;
 use crate::error::EtcdError;
 use crate::raft::types::{NodeId, Raft};
@@ -47,7 +47,13 @@ struct Ctx {
 impl ReadPath {
     /// The read path of member `id`; every wait is bounded by `timeout` (etcd's request
     /// timeout).
-    pub fn new(id: NodeId, raft: Raft, peers: Arc<Peers>, transfer: TransferGate, timeout: Duration) -> ReadPath {
+    pub fn new(
+        id: NodeId,
+        raft: Raft,
+        peers: Arc<Peers>,
+        transfer: TransferGate,
+        timeout: Duration,
+    ) -> ReadPath {
         ReadPath {
             ctx: Arc::new(Ctx {
                 id,
@@ -117,7 +123,10 @@ impl ReadPath {
 impl Ctx {
     /// One member round: ask the current leader (possibly ourselves), retrying through
     /// leader changes until the deadline.
-    async fn member_round(self: &Arc<Self>, leader_rounds: &Arc<Batcher>) -> Result<u64, EtcdError> {
+    async fn member_round(
+        self: &Arc<Self>,
+        leader_rounds: &Arc<Batcher>,
+    ) -> Result<u64, EtcdError> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let (leader, url) = {
@@ -188,8 +197,12 @@ impl Ctx {
         }
         match self.raft.get_read_log_id().await {
             Ok((read_log_id, _applied)) => Ok(read_log_id.map_or(0, |l| l.index)),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => Err(EtcdError::NotLeader),
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => Err(EtcdError::Timeout),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_))) => {
+                Err(EtcdError::NotLeader)
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+                Err(EtcdError::Timeout)
+            }
             Err(RaftError::Fatal(_)) => Err(EtcdError::Stopped),
         }
     }

@@ -41,10 +41,10 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use super::members::{
-    added_member_id, member_list, ready_to_add_voter, ready_to_promote, ready_to_remove_voter, to_member,
-    validate_peer_urls,
+    added_member_id, member_list, ready_to_add_voter, ready_to_promote, ready_to_remove_voter,
+    to_member, validate_peer_urls,
 };
-use super::peers::{classify, is_transport_failure, PeerFailure};
+use super::peers::{PeerFailure, classify, is_transport_failure};
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::raft::types::{MemberNode, NodeId};
@@ -65,38 +65,57 @@ type Result<T> = std::result::Result<T, EtcdError>;
 /// `MemberAdd` on any member.
 pub async fn member_add(node: &Node, req: MemberAddRequest) -> Result<MemberAddResponse> {
     validate_peer_urls(&req.peer_ur_ls)?;
-    route(node, || add_on_leader(node, req.clone()), |mut c, t| {
-        let r = req.clone();
-        async move { c.member_add(timed(r, t)).await.map(|r| r.into_inner()) }
-    })
+    route(
+        node,
+        || add_on_leader(node, req.clone()),
+        |mut c, t| {
+            let r = req.clone();
+            async move { c.member_add(timed(r, t)).await.map(|r| r.into_inner()) }
+        },
+    )
     .await
 }
 
 /// `MemberRemove` on any member.
 pub async fn member_remove(node: &Node, req: MemberRemoveRequest) -> Result<MemberRemoveResponse> {
-    route(node, || remove_on_leader(node, req), |mut c, t| {
-        let r = req;
-        async move { c.member_remove(timed(r, t)).await.map(|r| r.into_inner()) }
-    })
+    route(
+        node,
+        || remove_on_leader(node, req),
+        |mut c, t| {
+            let r = req;
+            async move { c.member_remove(timed(r, t)).await.map(|r| r.into_inner()) }
+        },
+    )
     .await
 }
 
 /// `MemberUpdate` on any member.
 pub async fn member_update(node: &Node, req: MemberUpdateRequest) -> Result<MemberUpdateResponse> {
     validate_peer_urls(&req.peer_ur_ls)?;
-    route(node, || update_on_leader(node, req.clone()), |mut c, t| {
-        let r = req.clone();
-        async move { c.member_update(timed(r, t)).await.map(|r| r.into_inner()) }
-    })
+    route(
+        node,
+        || update_on_leader(node, req.clone()),
+        |mut c, t| {
+            let r = req.clone();
+            async move { c.member_update(timed(r, t)).await.map(|r| r.into_inner()) }
+        },
+    )
     .await
 }
 
 /// `MemberPromote` on any member.
-pub async fn member_promote(node: &Node, req: MemberPromoteRequest) -> Result<MemberPromoteResponse> {
-    route(node, || promote_on_leader(node, req), |mut c, t| {
-        let r = req;
-        async move { c.member_promote(timed(r, t)).await.map(|r| r.into_inner()) }
-    })
+pub async fn member_promote(
+    node: &Node,
+    req: MemberPromoteRequest,
+) -> Result<MemberPromoteResponse> {
+    route(
+        node,
+        || promote_on_leader(node, req),
+        |mut c, t| {
+            let r = req;
+            async move { c.member_promote(timed(r, t)).await.map(|r| r.into_inner()) }
+        },
+    )
     .await
 }
 
@@ -115,13 +134,18 @@ pub async fn add_on_leader(node: &Node, req: MemberAddRequest) -> Result<MemberA
     if !connected_fully(node, &voters) {
         return Err(EtcdError::Unhealthy);
     }
-    if membership.nodes().any(|(_, n)| n.peer_urls.iter().any(|u| urls.contains(u))) {
+    if membership
+        .nodes()
+        .any(|(_, n)| n.peer_urls.iter().any(|u| urls.contains(u)))
+    {
         return Err(EtcdError::PeerUrlExist);
     }
     if req.is_learner && membership.learner_ids().count() >= MAX_LEARNERS {
         return Err(EtcdError::TooManyLearners);
     }
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let id = added_member_id(&urls, now);
     if membership.get_node(&id).is_some() {
         return Err(EtcdError::MemberExist);
@@ -131,7 +155,11 @@ pub async fn add_on_leader(node: &Node, req: MemberAddRequest) -> Result<MemberA
         peer_urls: urls,
     };
     tracing::info!(member_id = format!("{id:x}"), learner = req.is_learner, urls = ?new_node.peer_urls, "adding member");
-    let mut after = change(node, ChangeMembers::AddNodes(BTreeMap::from([(id, new_node.clone())]))).await?;
+    let mut after = change(
+        node,
+        ChangeMembers::AddNodes(BTreeMap::from([(id, new_node.clone())])),
+    )
+    .await?;
     if !req.is_learner {
         after = change(node, ChangeMembers::AddVoterIds(BTreeSet::from([id]))).await?;
     }
@@ -143,7 +171,10 @@ pub async fn add_on_leader(node: &Node, req: MemberAddRequest) -> Result<MemberA
 }
 
 /// `MemberRemove` on the leader. Errors: `NotLeader` on another member; see the module table.
-pub async fn remove_on_leader(node: &Node, req: MemberRemoveRequest) -> Result<MemberRemoveResponse> {
+pub async fn remove_on_leader(
+    node: &Node,
+    req: MemberRemoveRequest,
+) -> Result<MemberRemoveResponse> {
     let id = req.id;
     let _serial = node.cluster.reconfig_lock().await;
     let membership = leader_membership(node)?;
@@ -171,7 +202,11 @@ pub async fn remove_on_leader(node: &Node, req: MemberRemoveRequest) -> Result<M
             }
         }
     }
-    tracing::info!(member_id = format!("{id:x}"), learner = is_learner, "removing member");
+    tracing::info!(
+        member_id = format!("{id:x}"),
+        learner = is_learner,
+        "removing member"
+    );
     let changes = if is_learner {
         ChangeMembers::RemoveNodes(BTreeSet::from([id]))
     } else {
@@ -186,7 +221,10 @@ pub async fn remove_on_leader(node: &Node, req: MemberRemoveRequest) -> Result<M
 
 /// `MemberUpdate` on the leader: new peer URLs for a member. Errors: `NotLeader` on another
 /// member; see the module table.
-pub async fn update_on_leader(node: &Node, req: MemberUpdateRequest) -> Result<MemberUpdateResponse> {
+pub async fn update_on_leader(
+    node: &Node,
+    req: MemberUpdateRequest,
+) -> Result<MemberUpdateResponse> {
     let urls = validate_peer_urls(&req.peer_ur_ls)?;
     let _serial = node.cluster.reconfig_lock().await;
     let membership = leader_membership(node)?;
@@ -204,7 +242,11 @@ pub async fn update_on_leader(node: &Node, req: MemberUpdateRequest) -> Result<M
         peer_urls: urls,
     };
     tracing::info!(member_id = format!("{:x}", req.id), urls = ?updated.peer_urls, "updating member");
-    let after = change(node, ChangeMembers::SetNodes(BTreeMap::from([(req.id, updated)]))).await?;
+    let after = change(
+        node,
+        ChangeMembers::SetNodes(BTreeMap::from([(req.id, updated)])),
+    )
+    .await?;
     Ok(MemberUpdateResponse {
         header: Some(header(node)),
         members: member_list(&after, &node.attributes),
@@ -213,7 +255,10 @@ pub async fn update_on_leader(node: &Node, req: MemberUpdateRequest) -> Result<M
 
 /// `MemberPromote` on the leader. Errors: `NotLeader` on another member; see the module
 /// table.
-pub async fn promote_on_leader(node: &Node, req: MemberPromoteRequest) -> Result<MemberPromoteResponse> {
+pub async fn promote_on_leader(
+    node: &Node,
+    req: MemberPromoteRequest,
+) -> Result<MemberPromoteResponse> {
     let id = req.id;
     let _serial = node.cluster.reconfig_lock().await;
     let membership = leader_membership(node)?;
@@ -282,7 +327,9 @@ where
             _ => Err(EtcdError::NoLeader),
         };
         match attempt {
-            Err(EtcdError::NotLeader | EtcdError::NoLeader) if Instant::now() + RETRY_PAUSE < deadline => {
+            Err(EtcdError::NotLeader | EtcdError::NoLeader)
+                if Instant::now() + RETRY_PAUSE < deadline =>
+            {
                 let mut metrics = node.raft.metrics();
                 let _ = tokio::time::timeout(RETRY_PAUSE, metrics.changed()).await;
             }
@@ -340,18 +387,26 @@ fn health_since() -> std::time::Instant {
 
 /// Proposes one membership change and returns the membership it produced. Waits (bounded)
 /// while a previous change is still in progress.
-async fn change(node: &Node, changes: ChangeMembers<NodeId, MemberNode>) -> Result<Membership<NodeId, MemberNode>> {
+async fn change(
+    node: &Node,
+    changes: ChangeMembers<NodeId, MemberNode>,
+) -> Result<Membership<NodeId, MemberNode>> {
     let deadline = Instant::now() + node.request_timeout();
     loop {
         match node.raft.change_membership(changes.clone(), false).await {
             Ok(resp) => {
-                return Ok(resp
-                    .membership
-                    .unwrap_or_else(|| node.raft.metrics().borrow().membership_config.membership().clone()));
+                return Ok(resp.membership.unwrap_or_else(|| {
+                    node.raft
+                        .metrics()
+                        .borrow()
+                        .membership_config
+                        .membership()
+                        .clone()
+                }));
             }
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(ChangeMembershipError::InProgress(_))))
-                if Instant::now() + RETRY_PAUSE < deadline =>
-            {
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                ChangeMembershipError::InProgress(_),
+            ))) if Instant::now() + RETRY_PAUSE < deadline => {
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
@@ -361,7 +416,9 @@ async fn change(node: &Node, changes: ChangeMembers<NodeId, MemberNode>) -> Resu
                     ChangeMembershipError::EmptyMembership(_) => EtcdError::MemberNotEnoughStarted,
                 });
             }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => return Err(EtcdError::NotLeader),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                return Err(EtcdError::NotLeader);
+            }
             Err(RaftError::Fatal(_)) => return Err(EtcdError::Stopped),
         }
     }

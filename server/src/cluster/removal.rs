@@ -34,7 +34,9 @@ const CHECK_EVERY: Duration = Duration::from_millis(250);
 const GRACE: Duration = Duration::from_millis(500);
 
 /// This member's committed membership config and its log id.
-async fn committed_membership(node: &Node) -> Option<(Option<LogId>, Membership<NodeId, MemberNode>)> {
+async fn committed_membership(
+    node: &Node,
+) -> Option<(Option<LogId>, Membership<NodeId, MemberNode>)> {
     node.raft
         .with_raft_state(|st| {
             let c = st.membership_state.committed();
@@ -47,9 +49,17 @@ async fn committed_membership(node: &Node) -> Option<(Option<LogId>, Membership<
 /// Answers `ClusterInfo`: the cluster ID, this member's ID, its committed members and their
 /// log index, and the leader it follows.
 pub async fn cluster_info(node: &Node, _req: ClusterInfoRequest) -> ClusterInfoResponse {
-    let (log_id, membership) = committed_membership(node)
-        .await
-        .unwrap_or_else(|| (None, node.raft.metrics().borrow().membership_config.membership().clone()));
+    let (log_id, membership) = committed_membership(node).await.unwrap_or_else(|| {
+        (
+            None,
+            node.raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .clone(),
+        )
+    });
     ClusterInfoResponse {
         cluster_id: node.cluster_id,
         member_id: node.id,
@@ -83,7 +93,9 @@ pub async fn removed(node: &Node) {
         }
         if node.raft.metrics().borrow().current_leader.is_some() {
             leader_seen = Instant::now();
-        } else if leader_seen.elapsed() >= orphan_after && removed_remotely(node, &membership, log_id).await {
+        } else if leader_seen.elapsed() >= orphan_after
+            && removed_remotely(node, &membership, log_id).await
+        {
             tracing::warn!(
                 member_id = format!("{:x}", node.id),
                 "peers report that this member has been permanently removed from the cluster"
@@ -94,7 +106,11 @@ pub async fn removed(node: &Node) {
 }
 
 /// Asks the members of `membership` whether a newer committed config dropped this member.
-async fn removed_remotely(node: &Node, membership: &Membership<NodeId, MemberNode>, mine: Option<LogId>) -> bool {
+async fn removed_remotely(
+    node: &Node,
+    membership: &Membership<NodeId, MemberNode>,
+    mine: Option<LogId>,
+) -> bool {
     let my_index = mine.map_or(0, |l| l.index);
     for (id, member) in membership.nodes() {
         if *id == node.id {

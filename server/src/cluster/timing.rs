@@ -13,6 +13,13 @@
 //! leader serves writes well within `2·ET`. etcd requires `ET ≥ 5 × heartbeat`, so
 //! `0.4·ET ≥ 2 × heartbeat` and heartbeats still fit several times into the lease.
 
+/// Deadline of one InstallSnapshot chunk RPC, in ms (openraft `install_snapshot_timeout`,
+/// default 200 ms). The last chunk returns only after the receiver verified and loaded the
+/// whole snapshot into its store, which takes seconds per GB; with openraft's default every
+/// large snapshot would time out and be sent again forever. A dead receiver fails fast with a
+/// connection error instead, so the long deadline only bounds a receiver that hangs.
+pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 120_000;
+
 /// openraft timer settings, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RaftTimers {
@@ -44,7 +51,14 @@ mod tests {
     #[test]
     fn etcd_defaults_give_a_failover_between_one_and_one_point_two_election_timeouts() {
         let t = raft_timers(100, 1000);
-        assert_eq!(t, RaftTimers { heartbeat_interval: 100, election_timeout_min: 400, election_timeout_max: 600 });
+        assert_eq!(
+            t,
+            RaftTimers {
+                heartbeat_interval: 100,
+                election_timeout_min: 400,
+                election_timeout_max: 600
+            }
+        );
         // lease + [min, max)
         assert_eq!(t.election_timeout_max + t.election_timeout_min, 1000);
         assert_eq!(t.election_timeout_max * 2, 1200);

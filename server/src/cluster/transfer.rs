@@ -48,12 +48,17 @@ impl TransferGate {
     /// Waits until no transfer runs; `false` if `deadline` passed first.
     pub async fn wait_idle(&self, deadline: Instant) -> bool {
         let mut rx = self.busy.subscribe();
-        matches!(tokio::time::timeout_at(deadline, rx.wait_for(|busy| !*busy)).await, Ok(Ok(_)))
+        matches!(
+            tokio::time::timeout_at(deadline, rx.wait_for(|busy| !*busy)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Closes the gate; `None` if a transfer already holds it.
     fn begin(&self, raft: &Raft) -> Option<TransferGuard> {
-        let took = self.busy.send_if_modified(|busy| !std::mem::replace(busy, true));
+        let took = self
+            .busy
+            .send_if_modified(|busy| !std::mem::replace(busy, true));
         took.then(|| {
             raft.runtime_config().heartbeat(false);
             TransferGuard {
@@ -111,7 +116,12 @@ impl Transfer<'_> {
             let url = membership
                 .get_node(&target)
                 .and_then(|n| n.peer_urls.first().cloned());
-            (m.current_leader, m.current_term, membership.voter_ids().any(|v| v == target), url)
+            (
+                m.current_leader,
+                m.current_term,
+                membership.voter_ids().any(|v| v == target),
+                url,
+            )
         };
         if leader != Some(self.id) {
             return Err(EtcdError::NotLeader);
@@ -155,7 +165,10 @@ impl Transfer<'_> {
         tokio::time::sleep_until((Instant::now() + self.lease + self.margin).min(deadline)).await;
 
         // 4. TimeoutNow.
-        let mut client = self.peers.client(&url).map_err(|_| EtcdError::TimeoutLeaderTransfer)?;
+        let mut client = self
+            .peers
+            .client(&url)
+            .map_err(|_| EtcdError::TimeoutLeaderTransfer)?;
         let mut request = tonic::Request::new(TimeoutNowRequest {
             leader_id: self.id,
             term,
@@ -180,14 +193,19 @@ impl Transfer<'_> {
 ///
 /// Errors: `NotLeader`, `BadLeaderTransferee`, `TimeoutLeaderTransfer`.
 pub async fn move_leader(node: &crate::node::Node, target: NodeId) -> Result<(), EtcdError> {
-    let timers = super::timing::raft_timers(node.config.heartbeat_interval, node.config.election_timeout);
+    let timers =
+        super::timing::raft_timers(node.config.heartbeat_interval, node.config.election_timeout);
     let transfer = Transfer {
         id: node.id,
         raft: &node.raft,
         peers: &node.cluster.peers,
         gate: &node.cluster.gate,
         lease: Duration::from_millis(timers.election_timeout_max),
-        margin: Duration::from_millis(timers.heartbeat_interval.min(timers.election_timeout_min / 4)),
+        margin: Duration::from_millis(
+            timers
+                .heartbeat_interval
+                .min(timers.election_timeout_min / 4),
+        ),
         timeout: node.request_timeout(),
     };
     let started = Instant::now();
@@ -205,11 +223,19 @@ pub async fn move_leader(node: &crate::node::Node, target: NodeId) -> Result<(),
 /// the leader this member follows, in its current term, and this member is a voter.
 ///
 /// Errors: `FailedPrecondition` status for a stale or misdirected request.
-pub async fn on_timeout_now(raft: &Raft, me: NodeId, req: &TimeoutNowRequest) -> Result<TimeoutNowResponse, tonic::Status> {
+pub async fn on_timeout_now(
+    raft: &Raft,
+    me: NodeId,
+    req: &TimeoutNowRequest,
+) -> Result<TimeoutNowResponse, tonic::Status> {
     let (leader, term, is_voter) = {
         let m = raft.metrics();
         let m = m.borrow();
-        let is_voter = m.membership_config.membership().voter_ids().any(|v| v == me);
+        let is_voter = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|v| v == me);
         (m.current_leader, m.current_term, is_voter)
     };
     if !is_voter || leader != Some(req.leader_id) || term != req.term {
@@ -218,7 +244,11 @@ pub async fn on_timeout_now(raft: &Raft, me: NodeId, req: &TimeoutNowRequest) ->
             req.leader_id, req.term, leader
         )));
     }
-    tracing::info!(from = format!("{:x}", req.leader_id), term, "leadership transfer: starting an election");
+    tracing::info!(
+        from = format!("{:x}", req.leader_id),
+        term,
+        "leadership transfer: starting an election"
+    );
     raft.trigger()
         .elect()
         .await
@@ -233,13 +263,19 @@ mod tests {
     #[tokio::test]
     async fn gate_waits_until_released() {
         let gate = TransferGate::default();
-        assert!(gate.wait_idle(Instant::now()).await, "an idle gate never waits");
+        assert!(
+            gate.wait_idle(Instant::now()).await,
+            "an idle gate never waits"
+        );
         gate.busy.send_replace(true);
         assert!(gate.is_busy());
         let soon = Instant::now() + Duration::from_millis(30);
         assert!(!gate.wait_idle(soon).await, "a busy gate times out");
         let g2 = gate.clone();
-        let waiter = tokio::spawn(async move { g2.wait_idle(Instant::now() + Duration::from_secs(5)).await });
+        let waiter =
+            tokio::spawn(
+                async move { g2.wait_idle(Instant::now() + Duration::from_secs(5)).await },
+            );
         tokio::time::sleep(Duration::from_millis(20)).await;
         gate.busy.send_replace(false);
         assert!(waiter.await.unwrap());

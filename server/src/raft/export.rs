@@ -30,7 +30,7 @@ use openraft::SnapshotMeta;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use super::snapshot::{self, Meta};
-use crate::mvcc::revision::{record_key_lower_bound, RECORD_PREFIX};
+use crate::mvcc::revision::{RECORD_PREFIX, record_key_lower_bound};
 
 /// Shared by export (read) and by compaction and install (write). See the module docs.
 pub type ExportLock = Arc<RwLock<()>>;
@@ -91,18 +91,26 @@ impl ExportJob {
         self.tree.flush().map_err(io::Error::other)?;
         let records = self
             .tree
-            .range(record_key_lower_bound(0)..record_key_lower_bound(self.revision.saturating_add(1)))
+            .range(
+                record_key_lower_bound(0)..record_key_lower_bound(self.revision.saturating_add(1)),
+            )
             .map(|kv| kv.map_err(io::Error::other));
         let hook = self.hook.clone();
         let mut hooked = false;
-        let all = self.captured.iter().cloned().map(Ok).chain(records).inspect(|_| {
-            if !hooked {
-                hooked = true;
-                if let Some(h) = &hook {
-                    h();
+        let all = self
+            .captured
+            .iter()
+            .cloned()
+            .map(Ok)
+            .chain(records)
+            .inspect(|_| {
+                if !hooked {
+                    hooked = true;
+                    if let Some(h) = &hook {
+                        h();
+                    }
                 }
-            }
-        });
+            });
         snapshot::write_records(&self.path, &self.meta, all)?;
         snapshot::remove_others(&self.snap_dir, &self.path)?;
         Ok((self.meta, self.path))

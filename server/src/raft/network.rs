@@ -20,17 +20,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_proto::keelpb::RaftPayload;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::types::{MemberNode, NodeId, TypeConfig};
-use crate::cluster::peers::{is_transport_failure, Peers};
+use crate::cluster::peers::{Peers, is_transport_failure};
 
 /// First wait after a transport failure; doubles per failure up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
@@ -96,7 +98,10 @@ impl PeerConnection {
         E: Error + DeserializeOwned,
     {
         let data = bincode::serialize(req).map_err(|e| NetworkError::new(&e))?;
-        let mut client = self.peers.client(&self.url).map_err(|e| Unreachable::new(&e))?;
+        let mut client = self
+            .peers
+            .client(&self.url)
+            .map_err(|e| Unreachable::new(&e))?;
         let mut request = tonic::Request::new(RaftPayload { data });
         request.set_timeout(option.hard_ttl());
         let result = match rpc {
@@ -127,7 +132,8 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>>
+    {
         self.peers.count_append(rpc.entries.len());
         self.call(Rpc::Append, &rpc, &option).await
     }
@@ -173,7 +179,13 @@ mod tests {
         peers.record(9, true);
         // Port 1 on loopback refuses connections.
         let mut conn = PeerNetwork::new(peers.clone())
-            .new_client(9, &MemberNode { name: "x".into(), peer_urls: vec!["http://127.0.0.1:1".into()] })
+            .new_client(
+                9,
+                &MemberNode {
+                    name: "x".into(),
+                    peer_urls: vec!["http://127.0.0.1:1".into()],
+                },
+            )
             .await;
         let req = VoteRequest::new(openraft::Vote::new(1, 1u64), None);
         let err = conn

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_proto::etcdserverpb::{CompactionRequest, PutRequest};
-use keel_proto::keelpb::{raft_request, RaftRequest};
+use keel_proto::keelpb::{RaftRequest, raft_request};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{CommittedLeaderId, EntryPayload, RaftSnapshotBuilder};
 use tokio::io::AsyncWriteExt;
@@ -35,7 +35,10 @@ impl Member {
         let dir = tempfile::tempdir().unwrap();
         let snap_dir = dir.path().join("snap");
         std::fs::create_dir_all(&snap_dir).unwrap();
-        let db = sled::Config::new().path(dir.path().join("db")).open().unwrap();
+        let db = sled::Config::new()
+            .path(dir.path().join("db"))
+            .open()
+            .unwrap();
         let tree = db.open_tree("keel").unwrap();
         let store = Arc::new(MvccStore::open(tree.clone()).unwrap());
         let attributes = Arc::new(Attributes::default());
@@ -98,7 +101,11 @@ impl Member {
 }
 
 /// A hook that announces the export started, then holds it until released.
-fn holding_hook() -> (super::export::ExportHook, mpsc::Receiver<()>, mpsc::Sender<()>) {
+fn holding_hook() -> (
+    super::export::ExportHook,
+    mpsc::Receiver<()>,
+    mpsc::Sender<()>,
+) {
     let (started_tx, started_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let (started_tx, release_rx) = (Mutex::new(started_tx), Mutex::new(release_rx));
@@ -118,7 +125,9 @@ async fn wait_started(rx: mpsc::Receiver<()>) {
 /// Feeds `snap` to `sm` as if it came from the leader and installs it.
 async fn install(sm: &mut StateMachine, snap: &mut Snapshot<TypeConfig>) {
     let mut data = Vec::new();
-    tokio::io::AsyncReadExt::read_to_end(&mut snap.snapshot, &mut data).await.unwrap();
+    tokio::io::AsyncReadExt::read_to_end(&mut snap.snapshot, &mut data)
+        .await
+        .unwrap();
     let mut receiving = sm.begin_receiving_snapshot().await.unwrap();
     receiving.write_all(&data).await.unwrap();
     sm.install_snapshot(&snap.meta, receiving).await.unwrap();
@@ -148,14 +157,27 @@ async fn compaction_waits_for_a_running_export_and_the_export_stays_consistent()
         m.sm.apply(vec![compact]).await.unwrap();
         m
     });
-    tokio::time::timeout(STEP, put_done_rx).await.expect("a put is not blocked by an export").unwrap();
+    tokio::time::timeout(STEP, put_done_rx)
+        .await
+        .expect("a put is not blocked by an export")
+        .unwrap();
     tokio::time::sleep(STILL_BLOCKED).await;
-    assert!(!apply.is_finished(), "compaction ran while an export needed the records");
+    assert!(
+        !apply.is_finished(),
+        "compaction ran while an export needed the records"
+    );
     assert!(!export.is_finished());
 
     release.send(()).unwrap();
-    let mut snap = tokio::time::timeout(STEP, export).await.expect("export finishes").unwrap().unwrap();
-    let m = tokio::time::timeout(STEP, apply).await.expect("compaction finishes").unwrap();
+    let mut snap = tokio::time::timeout(STEP, export)
+        .await
+        .expect("export finishes")
+        .unwrap()
+        .unwrap();
+    let m = tokio::time::timeout(STEP, apply)
+        .await
+        .expect("compaction finishes")
+        .unwrap();
     assert_eq!(m.shared.get().compact_revision(), rev);
 
     // The snapshot holds the state at `rev`, with the history the compaction removed later.
@@ -163,8 +185,15 @@ async fn compaction_waits_for_a_running_export_and_the_export_stays_consistent()
     install(&mut fresh.sm, &mut snap).await;
     assert_eq!(fresh.revision(), rev);
     assert_eq!(fresh.hash(rev), hash_at_rev);
-    assert_eq!(fresh.hash(2), hash_at_2, "history the later compaction removed is in the snapshot");
-    assert!(m.shared.get().hash_kv(2).is_err(), "the source itself was compacted");
+    assert_eq!(
+        fresh.hash(2),
+        hash_at_2,
+        "history the later compaction removed is in the snapshot"
+    );
+    assert!(
+        m.shared.get().hash_kv(2).is_err(),
+        "the source itself was compacted"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,7 +202,13 @@ async fn install_waits_for_a_running_export_without_deadlock() {
     source.load(40, 2).await;
     let source_rev = source.revision();
     let source_hash = source.hash(source_rev);
-    let mut from_source = source.sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let mut from_source = source
+        .sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
 
     let mut target = Member::new();
     target.load(10, 1).await;
@@ -190,11 +225,21 @@ async fn install_waits_for_a_running_export_without_deadlock() {
         target
     });
     tokio::time::sleep(STILL_BLOCKED).await;
-    assert!(!installing.is_finished(), "install replaced the tree under a running export");
+    assert!(
+        !installing.is_finished(),
+        "install replaced the tree under a running export"
+    );
 
     release.send(()).unwrap();
-    let mut own = tokio::time::timeout(STEP, export).await.expect("export finishes").unwrap().unwrap();
-    let target = tokio::time::timeout(STEP, installing).await.expect("install finishes").unwrap();
+    let mut own = tokio::time::timeout(STEP, export)
+        .await
+        .expect("export finishes")
+        .unwrap()
+        .unwrap();
+    let target = tokio::time::timeout(STEP, installing)
+        .await
+        .expect("install finishes")
+        .unwrap();
     assert_eq!(target.revision(), source_rev);
     assert_eq!(target.hash(source_rev), source_hash);
 
@@ -218,8 +263,17 @@ async fn exports_compactions_and_installs_interleave_without_deadlock() {
         let export = tokio::spawn(async move { builder.build_snapshot().await });
         let compact = m.compact(rev - 1);
         let applied = tokio::time::timeout(STEP, m.sm.apply(vec![compact])).await;
-        assert!(applied.is_ok_and(|r| r.is_ok()), "round {round}: compaction deadlocked or failed");
-        let mut snap = donor.sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        assert!(
+            applied.is_ok_and(|r| r.is_ok()),
+            "round {round}: compaction deadlocked or failed"
+        );
+        let mut snap = donor
+            .sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
         tokio::time::timeout(STEP, install(&mut m.sm, &mut snap))
             .await
             .unwrap_or_else(|_| panic!("round {round}: install deadlocked"));
@@ -228,7 +282,11 @@ async fn exports_compactions_and_installs_interleave_without_deadlock() {
             .unwrap_or_else(|_| panic!("round {round}: export deadlocked"))
             .unwrap()
             .unwrap();
-        assert_eq!(m.hash(m.revision()), donor.hash(donor.revision()), "round {round}");
+        assert_eq!(
+            m.hash(m.revision()),
+            donor.hash(donor.revision()),
+            "round {round}"
+        );
         // Continue from the donor's log position.
         m.next_index = donor.next_index + 1 + round as u64 * 1000;
     }
@@ -238,9 +296,17 @@ async fn exports_compactions_and_installs_interleave_without_deadlock() {
 async fn a_corrupt_snapshot_changes_nothing() {
     let mut source = Member::new();
     source.load(20, 1).await;
-    let mut snap = source.sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let mut snap = source
+        .sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
     let mut data = Vec::new();
-    tokio::io::AsyncReadExt::read_to_end(&mut snap.snapshot, &mut data).await.unwrap();
+    tokio::io::AsyncReadExt::read_to_end(&mut snap.snapshot, &mut data)
+        .await
+        .unwrap();
     let mid = data.len() / 2;
     data[mid] ^= 0xff;
 
@@ -249,6 +315,12 @@ async fn a_corrupt_snapshot_changes_nothing() {
     let (rev, hash) = (target.revision(), target.hash(target.revision()));
     let mut receiving = target.sm.begin_receiving_snapshot().await.unwrap();
     receiving.write_all(&data).await.unwrap();
-    assert!(target.sm.install_snapshot(&snap.meta, receiving).await.is_err());
+    assert!(
+        target
+            .sm
+            .install_snapshot(&snap.meta, receiving)
+            .await
+            .is_err()
+    );
     assert_eq!((target.revision(), target.hash(rev)), (rev, hash));
 }

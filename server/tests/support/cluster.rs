@@ -75,7 +75,10 @@ impl Member {
 
     /// SIGTERM, then waits up to 15 s for the exit status (SIGKILL and panic after that).
     pub fn terminate(&mut self) -> ExitStatus {
-        let mut child = self.child.take().expect("terminate: the member is not running");
+        let mut child = self
+            .child
+            .take()
+            .expect("terminate: the member is not running");
         let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
         // SAFETY: kill(2) on the PID of our own unreaped child.
         unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -88,7 +91,11 @@ impl Member {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("{} did not exit after SIGTERM\n{}", self.name, self.log_tail());
+                panic!(
+                    "{} did not exit after SIGTERM\n{}",
+                    self.name,
+                    self.log_tail()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -156,7 +163,10 @@ impl Member {
     }
 
     fn note(&self, what: &str) {
-        let _ = writeln!(open_append(&self.log_path()), "==== keel-e2e harness: {what}");
+        let _ = writeln!(
+            open_append(&self.log_path()),
+            "==== keel-e2e harness: {what}"
+        );
     }
 }
 
@@ -207,8 +217,18 @@ impl TestCluster {
         cluster
     }
 
-    fn new_member(&self, name: &str, client_port: u16, peer_port: u16, initial: &str, state: &str) -> Member {
-        let dir = tempfile::Builder::new().prefix("keel-cluster-").tempdir().expect("temp dir");
+    fn new_member(
+        &self,
+        name: &str,
+        client_port: u16,
+        peer_port: u16,
+        initial: &str,
+        state: &str,
+    ) -> Member {
+        let dir = tempfile::Builder::new()
+            .prefix("keel-cluster-")
+            .tempdir()
+            .expect("temp dir");
         let client = format!("http://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let mut args: Vec<String> = [
@@ -261,12 +281,18 @@ impl TestCluster {
 
     /// All client endpoints of running members, comma-separated (etcdctl `--endpoints`).
     pub fn endpoints(&self) -> String {
-        self.running().iter().map(|i| self.members[*i].endpoint()).collect::<Vec<_>>().join(",")
+        self.running()
+            .iter()
+            .map(|i| self.members[*i].endpoint())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Indexes of the running members.
     pub fn running(&self) -> Vec<usize> {
-        (0..self.members.len()).filter(|i| self.members[*i].is_running()).collect()
+        (0..self.members.len())
+            .filter(|i| self.members[*i].is_running())
+            .collect()
     }
 
     /// Waits until each member in `which` answers a linearizable Range.
@@ -275,10 +301,11 @@ impl TestCluster {
         for &i in which {
             loop {
                 self.members[i].check_alive();
-                let last = match grpc::probe_ready(&self.members[i].endpoint(), Duration::from_secs(2)) {
-                    Ok(()) => break,
-                    Err(e) => e,
-                };
+                let last =
+                    match grpc::probe_ready(&self.members[i].endpoint(), Duration::from_secs(2)) {
+                        Ok(()) => break,
+                        Err(e) => e,
+                    };
                 if Instant::now() > deadline {
                     panic!(
                         "{} not ready within {CLUSTER_READY_TIMEOUT:?}: {last}\n{}",
@@ -306,12 +333,22 @@ impl TestCluster {
                 .iter()
                 .filter_map(|i| self.status(*i).ok().map(|s| s.leader))
                 .collect();
-            let agreed = leaders.len() == self.running().len() && leaders[0] != 0 && leaders.iter().all(|l| *l == leaders[0]);
-            if agreed && let Some(i) = self.running().into_iter().find(|i| self.member_id(*i) == Some(leaders[0])) {
+            let agreed = leaders.len() == self.running().len()
+                && leaders[0] != 0
+                && leaders.iter().all(|l| *l == leaders[0]);
+            if agreed
+                && let Some(i) = self
+                    .running()
+                    .into_iter()
+                    .find(|i| self.member_id(*i) == Some(leaders[0]))
+            {
                 return i;
             }
             if Instant::now() > deadline {
-                panic!("members do not agree on a leader: {leaders:x?}\n{}", self.log_tails());
+                panic!(
+                    "members do not agree on a leader: {leaders:x?}\n{}",
+                    self.log_tails()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -319,7 +356,9 @@ impl TestCluster {
 
     /// The member ID of member `i` (from its Status), if it answers.
     pub fn member_id(&self, i: usize) -> Option<u64> {
-        self.status(i).ok().and_then(|s| s.header.map(|h| h.member_id))
+        self.status(i)
+            .ok()
+            .and_then(|s| s.header.map(|h| h.member_id))
     }
 
     /// Waits until every running member applied at least `index` (Status.raft_applied_index).
@@ -331,7 +370,11 @@ impl TestCluster {
                     break;
                 }
                 if Instant::now() > deadline {
-                    panic!("{} did not apply index {index}\n{}", self.members[i].name, self.log_tails());
+                    panic!(
+                        "{} did not apply index {index}\n{}",
+                        self.members[i].name,
+                        self.log_tails()
+                    );
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -340,7 +383,11 @@ impl TestCluster {
 
     /// The log tails of all members.
     pub fn log_tails(&self) -> String {
-        self.members.iter().map(Member::log_tail).collect::<Vec<_>>().join("\n")
+        self.members
+            .iter()
+            .map(Member::log_tail)
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 
