@@ -12,13 +12,13 @@
 #
 # Environment: KEEL_CLUSTER_DIR (default /tmp/keel-cluster), KEEL_BIN (default: the release
 # binary, built with `cargo build --release --bin keel` when missing), CLIENT_BASE (default
-# 22379), PEER_BASE (default 22480), KEEL_ARGS (extra flags for every member).
+# 22378: member i gets 22378+i), PEER_BASE (default 22478), KEEL_ARGS (extra flags for every member).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${KEEL_CLUSTER_DIR:-/tmp/keel-cluster}"
-CLIENT_BASE="${CLIENT_BASE:-22379}"
-PEER_BASE="${PEER_BASE:-22480}"
+CLIENT_BASE="${CLIENT_BASE:-22378}"
+PEER_BASE="${PEER_BASE:-22478}"
 READY_TIMEOUT_S=30
 STOP_TIMEOUT_S=15
 
