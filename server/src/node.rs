@@ -4,7 +4,7 @@
 //! linearizable read point, Raft thesis §6.4 ReadIndex).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,6 +49,8 @@ pub struct Node {
     /// Peer connections, the read path, leadership transfer and membership changes.
     pub cluster: Cluster,
     db: sled::Db,
+    /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
+    db_size: AtomicI64,
     next_request_id: AtomicU64,
 }
 
@@ -134,10 +136,12 @@ impl Node {
             attributes,
             config,
             cluster,
+            db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
             db,
             next_request_id: AtomicU64::new(1),
         });
         node.clone().spawn_publish();
+        node.clone().spawn_db_size_refresh();
         Ok(node)
     }
 
@@ -295,9 +299,38 @@ impl Node {
         }
     }
 
-    /// Bytes the store occupies on disk (sled's estimate).
+    /// Bytes the store occupies on disk (sled's figure, at most ~1 s old).
     pub fn db_size(&self) -> i64 {
-        self.db.size_on_disk().map(|b| b as i64).unwrap_or(0)
+        self.db_size.load(Ordering::Relaxed)
+    }
+
+    /// etcd's backend quota (`--quota-backend-bytes`): requests that add data (puts, txns
+    /// with puts) are refused once the store is larger than the quota; reads, deletes and
+    /// compactions still work so space can be reclaimed.
+    ///
+    /// Errors: `NoSpace` (`etcdserver: mvcc: database space exceeded`).
+    pub fn check_quota(&self) -> Result<(), EtcdError> {
+        if self.db_size() > self.config.quota_bytes() {
+            Err(EtcdError::NoSpace)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn spawn_db_size_refresh(self: Arc<Self>) {
+        let weak = Arc::downgrade(&self);
+        drop(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(node) = weak.upgrade() else { return };
+                let db = node.db.clone();
+                if let Ok(Ok(size)) = tokio::task::spawn_blocking(move || db.size_on_disk()).await {
+                    node.db_size.store(size as i64, Ordering::Relaxed);
+                }
+            }
+        });
     }
 
     /// Data directory of this member.

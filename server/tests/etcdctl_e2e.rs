@@ -444,3 +444,28 @@ fn config_file_sets_name_urls_and_limits() {
         &["SUCCESS", "", "OK"],
     );
 }
+
+/// `--quota-backend-bytes`: once the store is larger than the quota, puts (and txns that put)
+/// fail with etcd's NOSPACE error, while reads and deletes keep working.
+#[test]
+fn writes_past_the_backend_quota_fail_with_nospace() {
+    let keel = Keel::start_with(&["--quota-backend-bytes", "100"]);
+    const NOSPACE: &str = "Error: etcdserver: mvcc: database space exceeded";
+    // The member measures its store about once a second: wait until it reports more than the
+    // quota (bounded).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let status = ctl(&keel, &["endpoint", "status", "-w", "json"]).json();
+        let db_size = status[0]["Status"]["dbSize"].as_i64().unwrap_or(0);
+        if db_size > 100 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "dbSize never exceeded 100: {status}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ctl(&keel, &["put", "a", "1"]).fails_with(NOSPACE);
+    etcdctl_stdin(&keel.endpoint(), &["txn"], "\nput b 2\n\n\n").fails_with(NOSPACE);
+    let got = ctl(&keel, &["get", "a", "-w", "json"]).json();
+    assert_eq!(got["header"]["revision"], json!(1), "nothing was written");
+    assert_eq!(ctl(&keel, &["del", "a"]).ok().lines(), vec!["0"]);
+}

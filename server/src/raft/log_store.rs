@@ -150,8 +150,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        // Entries at or below the purge point are already in the applied state (a snapshot or
+        // the store); the WAL keeps only what follows it.
+        let purged = self.meta::<LogId>(META_PURGED)?.map(|l| l.index);
         let encoded: Vec<(u64, Vec<u8>)> = entries
             .into_iter()
+            .filter(|e| purged.is_none_or(|p| e.log_id.index > p))
             .map(|e| bincode::serialize(&e).map(|b| (e.log_id.index, b)))
             .collect::<Result<_, _>>()
             .map_err(|e| StorageIOError::write_logs(&e))?;

@@ -77,14 +77,6 @@ where
     sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
-/// Checks a whole snapshot file (magic, version, framing, CRC) without applying it and
-/// returns its metadata.
-///
-/// Errors: `InvalidData` for any format or checksum mismatch; I/O errors as they come.
-pub fn verify(file: &mut File) -> io::Result<Meta> {
-    walk(file, |_, _| Ok(()))
-}
-
 /// Reads only the metadata of a snapshot file.
 pub fn read_meta(file: &mut File) -> io::Result<Meta> {
     file.seek(SeekFrom::Start(0))?;
@@ -94,15 +86,21 @@ pub fn read_meta(file: &mut File) -> io::Result<Meta> {
     Ok(meta)
 }
 
-/// Verifies the whole file (magic, version, framing, CRC) and calls `each` for every record
-/// only after the CRC matched; returns the metadata.
-///
-/// Errors: `InvalidData` for any format or checksum mismatch; I/O errors as they come.
-pub fn load(file: &mut File, each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
-    // Pass 1: checksum, so a corrupt file changes nothing.
-    walk(file, |_, _| Ok(()))?;
-    // Pass 2: apply.
+/// Verifies the whole file (magic, version, framing, CRC) and returns its metadata.
+pub fn verify(file: &mut File) -> io::Result<Meta> {
+    walk(file, |_, _| Ok(()))
+}
+
+/// Calls `each` for every record, in file order. Call [`verify`] first: a corrupt file is
+/// only detected at its end here.
+pub fn read_records(file: &mut File, each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
     walk(file, each)
+}
+
+/// [`verify`], then [`read_records`]: `each` runs only for a file whose CRC matched.
+pub fn load(file: &mut File, each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
+    verify(file)?;
+    read_records(file, each)
 }
 
 fn walk(file: &mut File, mut each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {

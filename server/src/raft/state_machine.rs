@@ -15,7 +15,7 @@
 //! the raft log up to it (DESIGN.md invariant "the raft log is purged only up to an index
 //! whose applied state is durable").
 
-use std::io;
+use std::io::{self, Seek};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
@@ -125,20 +125,16 @@ impl StateMachine {
         .map_err(|e| StorageIOError::write_snapshot(None, &e).into())
     }
 
-    fn install(&mut self, meta: &snapshot::Meta) -> Result<(), StorageError> {
+    /// Replaces the store with the snapshot in `file` (already complete and synced).
+    fn install(&mut self, meta: &snapshot::Meta, mut file: std::fs::File) -> Result<(), StorageError> {
         let err = |e: &dyn std::error::Error| -> StorageError {
             StorageIOError::read_snapshot(Some(meta.signature()), AnyErr::from(e)).into()
         };
-        let received = self
-            .receiving
-            .take()
-            .ok_or_else(|| err(&io::Error::other("no snapshot is being received")))?;
         // Verify before anything changes: a corrupt snapshot leaves the store as it was.
-        let mut file = std::fs::File::open(&received).map_err(|e| err(&e))?;
         tokio::task::block_in_place(|| snapshot::verify(&mut file)).map_err(|e| err(&e))?;
-        drop(file);
+        // Keep it as this member's current snapshot; the install marker names that file.
         let path = snapshot::file_name(&self.snap_dir, meta);
-        std::fs::rename(&received, &path).map_err(|e| err(&e))?;
+        self.keep_as_current(&mut file, &path).map_err(|e| err(&e))?;
         let marker = self.snap_dir.join(INSTALL_MARKER);
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         write_synced(&marker, name.as_bytes()).map_err(|e| err(&e))?;
@@ -154,6 +150,32 @@ impl StateMachine {
         Ok(())
     }
 
+    /// Makes the verified snapshot in `file` this member's snapshot file `path`: renames the
+    /// received file when `file` is it (the usual case), copies it otherwise.
+    fn keep_as_current(&mut self, file: &mut std::fs::File, path: &std::path::Path) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let received = self.receiving.take();
+        let same = |p: &std::path::Path| -> io::Result<bool> {
+            let (a, b) = (file.metadata()?, std::fs::metadata(p)?);
+            Ok(a.dev() == b.dev() && a.ino() == b.ino())
+        };
+        match received {
+            Some(r) if same(&r).unwrap_or(false) => std::fs::rename(&r, path)?,
+            other => {
+                let tmp = path.with_extension("tmp");
+                file.seek(io::SeekFrom::Start(0))?;
+                let mut out = std::fs::File::create(&tmp)?;
+                io::copy(file, &mut out)?;
+                out.sync_all()?;
+                std::fs::rename(&tmp, path)?;
+                if let Some(r) = other {
+                    let _ = std::fs::remove_file(r);
+                }
+            }
+        }
+        snapshot::sync_dir(&self.snap_dir)
+    }
+
     /// Replaces the whole tree with the (verified) snapshot file at `path`, flushes it, and
     /// reopens the MVCC store, the attributes and the applier on it.
     fn replace_store(&mut self, path: &std::path::Path) -> io::Result<()> {
@@ -163,7 +185,7 @@ impl StateMachine {
             tree.clear().map_err(io::Error::other)?;
             let mut batch = sled::Batch::default();
             let mut n = 0usize;
-            let meta = snapshot::load(&mut file, |k, v| {
+            let meta = snapshot::read_records(&mut file, |k, v| {
                 batch.insert(k, v);
                 n += 1;
                 if n.is_multiple_of(10_000) {
@@ -321,10 +343,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .sync_all()
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
-        drop(snapshot);
+        let file = snapshot.into_std().await;
         // A running export must finish before the tree is replaced.
         let _exclusive = self.export_lock.clone().write_owned().await;
-        self.install(meta)
+        self.install(meta, file)
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
@@ -333,7 +355,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         let mut file = std::fs::File::open(&path).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         let meta = snapshot::read_meta(&mut file).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        use std::io::Seek;
         file.seek(io::SeekFrom::Start(0))
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         Ok(Some(Snapshot {

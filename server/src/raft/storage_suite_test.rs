@@ -38,3 +38,4 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Bui
 fn openraft_storage_suite() {
     Suite::test_all(Builder).expect("openraft storage suite");
 }
+
