@@ -324,3 +324,37 @@ async fn a_corrupt_snapshot_changes_nothing() {
     );
     assert_eq!((target.revision(), target.hash(rev)), (rev, hash));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_interrupted_by_a_crash_is_finished_at_start() {
+    let mut source = Member::new();
+    source.load(25, 2).await;
+    let (rev, hash) = (source.revision(), source.hash(source.revision()));
+    let snap = source
+        .sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let source_file = super::snapshot::file_name(&source._dir.path().join("snap"), &snap.meta);
+
+    // The state a crash leaves: the snapshot file kept, the marker written, the tree half
+    // replaced (here: holding unrelated data).
+    let mut target = Member::new();
+    target.load(3, 1).await;
+    let snap_dir = target._dir.path().join("snap");
+    let kept = snap_dir.join(source_file.file_name().unwrap());
+    std::fs::copy(&source_file, &kept).unwrap();
+    std::fs::write(
+        snap_dir.join("INSTALLING"),
+        kept.file_name().unwrap().to_str().unwrap(),
+    )
+    .unwrap();
+
+    // openraft's first call at start-up finishes the install.
+    let (applied, _) = target.sm.applied_state().await.unwrap();
+    assert_eq!(applied, snap.meta.last_log_id);
+    assert_eq!((target.revision(), target.hash(rev)), (rev, hash));
+    assert!(!snap_dir.join("INSTALLING").exists());
+}

@@ -322,7 +322,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
         let path = self.snap_dir.join(snapshot::RECEIVING);
-        let file = tokio::fs::File::create(&path)
+        // Read and write: install_snapshot verifies and copies from this same handle.
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
             .await
             .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
         self.receiving = Some(path);
