@@ -141,6 +141,7 @@ impl Node {
             next_request_id: AtomicU64::new(1),
         });
         node.clone().spawn_publish();
+        tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node), timers));
         node.clone().spawn_db_size_refresh();
         Ok(node)
     }

@@ -46,6 +46,7 @@ fn encode<T: Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
 impl Peer for PeerService {
     async fn append_entries(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let req = decode(r.get_ref())?;
+        self.node.cluster.leader_contact.touch();
         encode(&self.node.raft.append_entries(req).await)
     }
 
@@ -56,6 +57,7 @@ impl Peer for PeerService {
 
     async fn install_snapshot(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let req = decode(r.get_ref())?;
+        self.node.cluster.leader_contact.touch();
         encode(&self.node.raft.install_snapshot(req).await)
     }
 

@@ -7,7 +7,8 @@
 //! - [`read_index`] (+ [`batch`]) — linearizable reads on any member, batched;
 //! - [`reconfig`] (+ [`members`]) — MemberAdd/Remove/Update/Promote with etcd's checks;
 //! - [`transfer`] — `MoveLeader`;
-//! - [`removal`] — ClusterInfo for peers and stopping after this member was removed.
+//! - [`removal`] — ClusterInfo for peers and stopping after this member was removed;
+//! - [`watchdog`] — an election backstop for members openraft holds back.
 //!
 //! [`Cluster`] bundles the per-member state these need; the node owns one.
 
@@ -20,6 +21,7 @@ pub mod reconfig;
 pub mod removal;
 pub mod timing;
 pub mod transfer;
+pub mod watchdog;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +36,8 @@ pub struct Cluster {
     pub gate: TransferGate,
     /// The linearizable read path.
     pub reads: ReadPath,
+    /// When a leader was last heard from (for the election backstop).
+    pub leader_contact: watchdog::LeaderContact,
     /// Serializes membership changes on the leader.
     reconfig: tokio::sync::Mutex<()>,
 }
@@ -51,6 +55,7 @@ impl Cluster {
             reads: ReadPath::new(id, raft, peers.clone(), gate.clone(), request_timeout),
             peers,
             gate,
+            leader_contact: watchdog::LeaderContact::default(),
             reconfig: tokio::sync::Mutex::new(()),
         }
     }
