@@ -26,6 +26,10 @@ use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
 use crate::wal::{Wal, WalOptions};
 
+/// gRPC response metadata key of `keelpb.Peer/Forward`: the raft log index of the proposed
+/// entry, so the forwarding member can wait until it applied the entry itself.
+pub const FORWARD_LOG_INDEX: &str = "keel-log-index";
+
 /// Pause before re-sending a proposal that could not reach the leader.
 const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
@@ -177,6 +181,11 @@ impl Node {
     /// `NoLeader`/`Timeout` if no leader emerges within the request timeout; `Stopped` when
     /// the member shuts down; apply-time etcd errors from the response.
     pub async fn propose(&self, request: raft_request::Request) -> Result<RaftResponse, EtcdError> {
+        self.propose_indexed(request).await.map(|(resp, _)| resp)
+    }
+
+    /// [`Node::propose`], also returning the raft log index of the entry.
+    pub async fn propose_indexed(&self, request: raft_request::Request) -> Result<(RaftResponse, u64), EtcdError> {
         let req = RaftRequest {
             id: self.next_request_id.fetch_add(1, Ordering::Relaxed),
             request: Some(request),
@@ -191,7 +200,7 @@ impl Node {
         }
         loop {
             match self.raft.client_write(Request(req.clone())).await {
-                Ok(resp) => return into_result(resp.data.0),
+                Ok(resp) => return into_result(resp.data.0).map(|r| (r, resp.log_id.index)),
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                     match f.leader_node {
                         Some(leader) if f.leader_id != Some(self.id) => {
@@ -206,7 +215,12 @@ impl Node {
                                 }
                                 Err(PeerFailure::Ambiguous) => return Err(EtcdError::TimeoutDueToLeaderFail),
                                 Err(PeerFailure::Answer(e)) => return Err(e),
-                                Ok(resp) => return into_result(resp),
+                                Ok((resp, index)) => {
+                                    // Read-your-writes on this member (as in etcd): wait
+                                    // until it applied the entry too.
+                                    self.wait_applied(index, deadline).await?;
+                                    return into_result(resp).map(|r| (r, index));
+                                }
                             }
                         }
                         _ => self.wait_for_leader(deadline).await?,
@@ -244,6 +258,22 @@ impl Node {
             .any(|l| l == self.id)
     }
 
+    /// Waits until this member applied log index `index`.
+    ///
+    /// Errors: `Timeout` at `deadline`, `Stopped` on shutdown.
+    async fn wait_applied(&self, index: u64, deadline: tokio::time::Instant) -> Result<(), EtcdError> {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.raft
+            .wait(Some(remaining))
+            .applied_index_at_least(Some(index), "forwarded write applied here")
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                openraft::metrics::WaitError::Timeout(..) => EtcdError::Timeout,
+                openraft::metrics::WaitError::ShuttingDown => EtcdError::Stopped,
+            })
+    }
+
     async fn wait_for_leader(&self, deadline: tokio::time::Instant) -> Result<(), EtcdError> {
         let mut metrics = self.raft.metrics();
         let changed = tokio::time::timeout_at(deadline, metrics.changed()).await;
@@ -258,13 +288,15 @@ impl Node {
         }
     }
 
-    /// Sends a proposal to the leader (`keelpb.Peer/Forward`) on the pooled connection.
+    /// Sends a proposal to the leader (`keelpb.Peer/Forward`) on the pooled connection;
+    /// returns the result and the entry's log index (response metadata
+    /// [`FORWARD_LOG_INDEX`]).
     async fn forward(
         &self,
         leader: &MemberNode,
         req: RaftRequest,
         deadline: tokio::time::Instant,
-    ) -> Result<RaftResponse, PeerFailure> {
+    ) -> Result<(RaftResponse, u64), PeerFailure> {
         let url = leader.peer_urls.first().cloned().ok_or(PeerFailure::Answer(EtcdError::NoLeader))?;
         let mut client = self
             .cluster
@@ -274,7 +306,15 @@ impl Node {
         let mut request = tonic::Request::new(req);
         request.set_timeout(deadline.saturating_duration_since(tokio::time::Instant::now()));
         match client.forward(request).await {
-            Ok(r) => Ok(r.into_inner()),
+            Ok(r) => {
+                let index = r
+                    .metadata()
+                    .get(FORWARD_LOG_INDEX)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                Ok((r.into_inner(), index))
+            }
             Err(s) => {
                 if crate::cluster::peers::is_transport_failure(&s) {
                     self.cluster.peers.reset(&url);

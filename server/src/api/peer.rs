@@ -18,7 +18,7 @@ use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use crate::cluster::{reconfig, removal, transfer};
-use crate::node::Node;
+use crate::node::{Node, FORWARD_LOG_INDEX};
 
 /// Peer service of one member.
 pub struct PeerService {
@@ -66,7 +66,12 @@ impl Peer for PeerService {
         let Some(request) = req.request else {
             return Err(Status::invalid_argument("forwarded raft request is empty"));
         };
-        Ok(Response::new(self.node.propose(request).await?))
+        let (resp, index) = self.node.propose_indexed(request).await?;
+        let mut response = Response::new(resp);
+        response
+            .metadata_mut()
+            .insert(FORWARD_LOG_INDEX, index.to_string().parse().expect("digits are valid metadata"));
+        Ok(response)
     }
 
     async fn read_index(&self, _r: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
