@@ -59,6 +59,11 @@ pub struct Config {
     /// Number of committed transactions to trigger a snapshot to disk.
     #[arg(long, default_value_t = 10_000)]
     pub snapshot_count: u64,
+    /// Number of entries for a slow follower to catch up after compacting the raft log
+    /// (entries kept in the log after a snapshot).
+    #[arg(long = "experimental-snapshot-catchup-entries", default_value_t = 5000)]
+    #[serde(rename = "experimental-snapshot-catchup-entries")]
+    pub snapshot_catchup_entries: u64,
     /// Time (in milliseconds) of a heartbeat interval.
     #[arg(long, default_value_t = 100)]
     pub heartbeat_interval: u64,
@@ -181,6 +186,7 @@ mod tests {
         assert_eq!(c.max_request_bytes, 1_572_864);
         assert_eq!(c.max_txn_ops, 128);
         assert_eq!(c.snapshot_count, 10_000);
+        assert_eq!(c.snapshot_catchup_entries, 5000);
         assert_eq!(c.quota_bytes(), 2 * 1024 * 1024 * 1024);
     }
 

@@ -65,6 +65,12 @@ pub enum EtcdError {
     Timeout,
     #[error("etcdserver: bad leader transferee")]
     BadLeaderTransferee,
+    #[error("etcdserver: request timed out, leader transfer took too long")]
+    TimeoutLeaderTransfer,
+    #[error("etcdserver: request timed out, possibly due to previous leader failure")]
+    TimeoutDueToLeaderFail,
+    #[error("etcdserver: unhealthy cluster")]
+    Unhealthy,
     #[error("etcdserver: rpc not supported for learner")]
     NotSupportedForLearner,
     #[error("etcdserver: corrupt cluster")]
@@ -96,9 +102,8 @@ impl EtcdError {
             LeaseExist | MemberExist | PeerUrlExist | MemberNotEnoughStarted | MemberNotLearner
             | LearnerNotReady | TooManyLearners | NotLeader | BadLeaderTransferee
             | AuthNotEnabled => Code::FailedPrecondition,
-            NoLeader | LeaderChanged | Stopped | Timeout | NotSupportedForLearner => {
-                Code::Unavailable
-            }
+            NoLeader | LeaderChanged | Stopped | Timeout | NotSupportedForLearner
+            | TimeoutLeaderTransfer | TimeoutDueToLeaderFail | Unhealthy => Code::Unavailable,
             Corrupt => Code::DataLoss,
             InvalidAuthToken => Code::Unauthenticated,
             PermissionDenied => Code::PermissionDenied,
@@ -116,7 +121,7 @@ impl EtcdError {
             LeaseTtlTooLarge, MemberExist, PeerUrlExist, MemberNotEnoughStarted, MemberBadUrls,
             MemberNotFound, MemberNotLearner, LearnerNotReady, TooManyLearners, NoLeader,
             NotLeader, LeaderChanged, Stopped, Timeout, BadLeaderTransferee,
-            NotSupportedForLearner, Corrupt, AuthNotEnabled, InvalidAuthToken, PermissionDenied,
+            TimeoutLeaderTransfer, TimeoutDueToLeaderFail, Unhealthy, NotSupportedForLearner, Corrupt, AuthNotEnabled, InvalidAuthToken, PermissionDenied,
         ];
         if let Some(e) = KNOWN.iter().find(|e| e.to_string() == message) {
             return e.clone();

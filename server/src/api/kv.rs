@@ -30,6 +30,10 @@ impl KvService {
     }
 
     async fn write(&self, req: Rq) -> Result<(i64, Option<Rs>), Status> {
+        // etcd serves only serializable reads and Status on a learner.
+        if self.node.is_learner() {
+            return Err(EtcdError::NotSupportedForLearner.into());
+        }
         let resp = self.node.propose(req).await?;
         Ok((resp.revision, resp.response))
     }

@@ -71,7 +71,7 @@ async fn committed_entries_missing_from_the_store_are_applied_on_restart() {
     let shared = Arc::new(SharedStore::new(store));
     let sm = StateMachine::new(applier, shared.clone(), attributes, snap_dir);
     let config = Arc::new(openraft::Config::default().validate().unwrap());
-    let raft = Raft::new(1, config, PeerNetwork, LogStore::new(wal), sm).await.unwrap();
+    let raft = Raft::new(1, config, PeerNetwork::default(), LogStore::new(wal), sm).await.unwrap();
 
     raft.wait(Some(Duration::from_secs(10)))
         .applied_index_at_least(Some(5), "re-apply committed entries")

@@ -33,9 +33,22 @@ pub type Meta = SnapshotMeta<NodeId, MemberNode>;
 
 /// Writes a snapshot of every key of `tree` to `path` (via `path.tmp`, fsync, rename).
 ///
-/// The caller must keep `tree` unchanged while this runs (the state machine holds its
-/// apply loop), so the export is consistent with `meta.last_log_id`.
+/// The caller must keep `tree` unchanged while this runs, so the export is consistent with
+/// `meta.last_log_id`. [`write_records`] exports a live tree instead.
 pub fn write(path: &Path, meta: &Meta, tree: &sled::Tree) -> io::Result<()> {
+    write_records(path, meta, tree.iter().map(|kv| kv.map_err(io::Error::other)))
+}
+
+/// Writes a snapshot holding `records` (key/value pairs in any order) to `path`: to
+/// `path.tmp` first, then fsync, rename and fsync of the directory, so a crash never leaves
+/// a partial file under a snapshot name. Streams record by record.
+///
+/// Errors: the first error of `records`, or I/O.
+pub fn write_records<K, V>(path: &Path, meta: &Meta, records: impl Iterator<Item = io::Result<(K, V)>>) -> io::Result<()>
+where
+    K: AsRef<[u8]>,
+    V: AsRef<[u8]>,
+{
     let tmp = path.with_extension("tmp");
     let file = File::create(&tmp)?;
     let mut w = CrcWriter {
@@ -47,12 +60,13 @@ pub fn write(path: &Path, meta: &Meta, tree: &sled::Tree) -> io::Result<()> {
     w.write_all(&VERSION.to_le_bytes())?;
     w.write_all(&(meta_bytes.len() as u32).to_le_bytes())?;
     w.write_all(&meta_bytes)?;
-    for kv in tree.iter() {
-        let (k, v) = kv.map_err(io::Error::other)?;
+    for kv in records {
+        let (k, v) = kv?;
+        let (k, v) = (k.as_ref(), v.as_ref());
         w.write_all(&(k.len() as u32).to_le_bytes())?;
-        w.write_all(&k)?;
+        w.write_all(k)?;
         w.write_all(&(v.len() as u32).to_le_bytes())?;
-        w.write_all(&v)?;
+        w.write_all(v)?;
     }
     w.write_all(&END.to_le_bytes())?;
     let crc = w.crc.clone().finalize();
@@ -171,7 +185,12 @@ pub fn latest(dir: &Path) -> io::Result<Option<PathBuf>> {
     Ok(names.pop())
 }
 
-/// Removes every snapshot file in `dir` except `keep` (and temporaries).
+/// Name of the file a snapshot from the leader is received into (never a `.snap` or `.tmp`
+/// name, so [`remove_others`] run by a concurrent snapshot build cannot delete it).
+pub const RECEIVING: &str = "receiving.part";
+
+/// Removes every snapshot file in `dir` except `keep`, and stale export temporaries
+/// (`*.tmp`). The file being received ([`RECEIVING`]) is kept.
 pub fn remove_others(dir: &Path, keep: &Path) -> io::Result<()> {
     for e in fs::read_dir(dir)? {
         let p = e?.path();
