@@ -194,7 +194,11 @@ mod tests {
     fn yaml_uses_etcd_keys_and_defaults_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("keel.yaml");
-        std::fs::write(&p, "name: n1\ndata-dir: /tmp/x\nmax-txn-ops: 64\nlisten-client-urls: http://127.0.0.1:9\n").unwrap();
+        std::fs::write(
+            &p,
+            "name: n1\ndata-dir: /tmp/x\nmax-txn-ops: 64\nlisten-client-urls: http://127.0.0.1:9\n",
+        )
+        .unwrap();
         let c = Config::from_yaml_file(&p).unwrap();
         assert_eq!(c.name, "n1");
         assert_eq!(c.data_dir(), PathBuf::from("/tmp/x"));
@@ -202,12 +206,19 @@ mod tests {
         assert_eq!(c.listen_client_urls, "http://127.0.0.1:9");
         assert_eq!(c.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
         std::fs::write(&p, "max-txn-ops: [").unwrap();
-        assert!(Config::from_yaml_file(&p).unwrap_err().contains("invalid --config-file"));
+        assert!(
+            Config::from_yaml_file(&p)
+                .unwrap_err()
+                .contains("invalid --config-file")
+        );
     }
 
     #[test]
     fn bind_addr_resolves_localhost() {
-        assert_eq!(bind_addr("http://localhost:2379").unwrap().to_string(), "127.0.0.1:2379");
+        assert_eq!(
+            bind_addr("http://localhost:2379").unwrap().to_string(),
+            "127.0.0.1:2379"
+        );
         assert!(bind_addr("http://127.0.0.1").is_err());
     }
 }

@@ -10,21 +10,21 @@ use std::time::Duration;
 
 use anyhow::Context;
 use keel_proto::etcdserverpb::ResponseHeader;
-use keel_proto::keelpb::{self, raft_request, RaftRequest, RaftResponse};
+use keel_proto::keelpb::{self, RaftRequest, RaftResponse, raft_request};
 use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 
 use crate::apply::Applier;
 use crate::cluster::bootstrap::{self, Identity};
-use crate::cluster::peers::{classify, PeerFailure};
-use crate::cluster::{timing, Cluster, Peers};
-use crate::config::{split_urls, Config};
+use crate::cluster::peers::{PeerFailure, classify};
+use crate::cluster::{Cluster, Peers, timing};
+use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
-use crate::lease::{self, id::LeaseIdGenerator, Lessor};
+use crate::lease::{self, Lessor, id::LeaseIdGenerator};
 use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
+use crate::raft::proposer::{Proposer, into_result};
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
-use crate::raft::proposer::{into_result, Proposer};
 use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
 use crate::wal::{Wal, WalOptions};
 use crate::watch::{StoreHistory, WatchConfig, WatchHub};
@@ -76,7 +76,11 @@ impl Node {
     /// member (its name or peer URLs missing from `--initial-cluster`).
     pub async fn start(config: Config) -> anyhow::Result<Arc<Node>> {
         let member_dir = config.data_dir().join("member");
-        let (wal_dir, snap_dir, db_dir) = (member_dir.join("wal"), member_dir.join("snap"), member_dir.join("db"));
+        let (wal_dir, snap_dir, db_dir) = (
+            member_dir.join("wal"),
+            member_dir.join("snap"),
+            member_dir.join("db"),
+        );
         for d in [&wal_dir, &snap_dir, &db_dir] {
             std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
         }
@@ -107,11 +111,21 @@ impl Node {
         );
         let attributes = Arc::new(Attributes::load(&tree).map_err(anyhow::Error::msg)?);
         let lessor = Arc::new(Lessor::new());
-        let mut applier = Applier::open_with_lessor(tree.clone(), store.clone(), attributes.clone(), lessor.clone())
-            .map_err(anyhow::Error::msg)?;
+        let mut applier = Applier::open_with_lessor(
+            tree.clone(),
+            store.clone(),
+            attributes.clone(),
+            lessor.clone(),
+        )
+        .map_err(anyhow::Error::msg)?;
         let shared = Arc::new(SharedStore::new(store));
-        let watch = WatchHub::new(Arc::new(StoreHistory(shared.clone())), WatchConfig::from_config(&config));
-        watch.spawn_sync_thread().context("cannot start the watch sync thread")?;
+        let watch = WatchHub::new(
+            Arc::new(StoreHistory(shared.clone())),
+            WatchConfig::from_config(&config),
+        );
+        watch
+            .spawn_sync_thread()
+            .context("cannot start the watch sync thread")?;
         applier.set_watch_hub(watch.clone());
         let sm = StateMachine::new(applier, shared.clone(), attributes.clone(), snap_dir);
 
@@ -138,7 +152,13 @@ impl Node {
                 raft.initialize(members.clone()).await?;
             }
         } else {
-            let voters: Vec<NodeId> = raft.metrics().borrow().membership_config.membership().voter_ids().collect();
+            let voters: Vec<NodeId> = raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .voter_ids()
+                .collect();
             if voters == [id] {
                 // A lone voter need not wait an election timeout after a restart.
                 let _ = raft.trigger().elect().await;
@@ -176,7 +196,10 @@ impl Node {
         node.clone().spawn_publish();
         tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node), timers));
         node.clone().spawn_db_size_refresh();
-        lease::runner::spawn(&node, lease::runner::RunnerConfig::from_config(&node.config));
+        lease::runner::spawn(
+            &node,
+            lease::runner::RunnerConfig::from_config(&node.config),
+        );
         Ok(node)
     }
 
@@ -193,7 +216,10 @@ impl Node {
                 if self.attributes.get(self.id).as_ref() == Some(&attrs) {
                     return;
                 }
-                match self.propose(raft_request::Request::MemberAttributes(attrs.clone())).await {
+                match self
+                    .propose(raft_request::Request::MemberAttributes(attrs.clone()))
+                    .await
+                {
                     Ok(_) => return,
                     Err(e) => {
                         tracing::debug!("publishing member attributes: {e}");
@@ -219,7 +245,11 @@ impl Node {
         if req.encoded_len() > self.config.max_request_bytes as usize {
             return Err(EtcdError::RequestTooLarge);
         }
-        self.proposer.get().ok_or(EtcdError::Stopped)?.propose(req).await
+        self.proposer
+            .get()
+            .ok_or(EtcdError::Stopped)?
+            .propose(req)
+            .await
     }
 
     /// Proposes one log entry as is (a request or a batch), forwarding it to the leader when
@@ -243,12 +273,15 @@ impl Node {
                                 Err(PeerFailure::NotDelivered) => {
                                     // The leader is unreachable (likely crashed) and did not get
                                     // the request: retry once a new leader is known.
-                                    if tokio::time::Instant::now() + FORWARD_RETRY_PAUSE >= deadline {
+                                    if tokio::time::Instant::now() + FORWARD_RETRY_PAUSE >= deadline
+                                    {
                                         return Err(EtcdError::TimeoutDueToLeaderFail);
                                     }
                                     tokio::time::sleep(FORWARD_RETRY_PAUSE).await;
                                 }
-                                Err(PeerFailure::Ambiguous) => return Err(EtcdError::TimeoutDueToLeaderFail),
+                                Err(PeerFailure::Ambiguous) => {
+                                    return Err(EtcdError::TimeoutDueToLeaderFail);
+                                }
                                 Err(PeerFailure::Answer(e)) => return Err(e),
                                 Ok((resp, index)) => {
                                     // Read-your-writes on this member (as in etcd): wait
@@ -296,7 +329,11 @@ impl Node {
     /// Waits until this member applied log index `index`.
     ///
     /// Errors: `Timeout` at `deadline`, `Stopped` on shutdown.
-    async fn wait_applied(&self, index: u64, deadline: tokio::time::Instant) -> Result<(), EtcdError> {
+    async fn wait_applied(
+        &self,
+        index: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), EtcdError> {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         self.raft
             .wait(Some(remaining))
@@ -332,7 +369,11 @@ impl Node {
         req: RaftRequest,
         deadline: tokio::time::Instant,
     ) -> Result<(RaftResponse, u64), PeerFailure> {
-        let url = leader.peer_urls.first().cloned().ok_or(PeerFailure::Answer(EtcdError::NoLeader))?;
+        let url = leader
+            .peer_urls
+            .first()
+            .cloned()
+            .ok_or(PeerFailure::Answer(EtcdError::NoLeader))?;
         let mut client = self
             .cluster
             .peers

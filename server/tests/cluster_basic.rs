@@ -272,7 +272,9 @@ fn concurrent_writes_share_append_entries_rpcs() {
     let writes = (WRITERS * PER_WRITER) as u64;
     assert!(entries > 0 && rpcs > 0, "{line}");
     let writes_per_rpc = 2.0 * writes as f64 / rpcs as f64;
-    eprintln!("batching: {writes} writes to 2 followers in {entries} entries and {rpcs} AppendEntries RPCs ({writes_per_rpc:.1} writes per RPC)");
+    eprintln!(
+        "batching: {writes} writes to 2 followers in {entries} entries and {rpcs} AppendEntries RPCs ({writes_per_rpc:.1} writes per RPC)"
+    );
     assert!(writes_per_rpc >= 2.0, "writes were not batched: {line}");
 }
 

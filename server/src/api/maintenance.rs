@@ -63,7 +63,10 @@ impl Maintenance for MaintenanceService {
     }
 
     /// etcd `HashKV`: the hash of the MVCC key space at `revision` (0 = current).
-    async fn hash_kv(&self, request: Request<HashKvRequest>) -> Result<Response<HashKvResponse>, Status> {
+    async fn hash_kv(
+        &self,
+        request: Request<HashKvRequest>,
+    ) -> Result<Response<HashKvResponse>, Status> {
         let req = request.into_inner();
         let store = self.node.store.get();
         let h = store.hash_kv(req.revision)?;

@@ -51,10 +51,19 @@ pub async fn serve_clients(
     let incoming = incoming(addr).await?;
     Server::builder()
         .add_service(KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(MaintenanceServer::new(MaintenanceService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(ClusterServer::new(ClusterService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(WatchServer::new(WatchService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(LeaseServer::new(LeaseService::new(node.clone())).max_decoding_message_size(max))
+        .add_service(
+            MaintenanceServer::new(MaintenanceService::new(node.clone()))
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            ClusterServer::new(ClusterService::new(node.clone())).max_decoding_message_size(max),
+        )
+        .add_service(
+            WatchServer::new(WatchService::new(node.clone())).max_decoding_message_size(max),
+        )
+        .add_service(
+            LeaseServer::new(LeaseService::new(node.clone())).max_decoding_message_size(max),
+        )
         .add_service(AuthServer::new(unimplemented::NotYet))
         .add_service(LockServer::new(unimplemented::NotYet))
         .add_service(ElectionServer::new(unimplemented::NotYet))

@@ -4,23 +4,23 @@
 
 use std::sync::Arc;
 
-use keel_proto::keelpb::peer_server::Peer;
 use keel_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
     MemberAddRequest, MemberAddResponse, MemberPromoteRequest, MemberPromoteResponse,
     MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
 };
+use keel_proto::keelpb::peer_server::Peer;
 use keel_proto::keelpb::{
     ClusterInfoRequest, ClusterInfoResponse, RaftPayload, RaftRequest, RaftResponse,
     ReadIndexRequest, ReadIndexResponse, TimeoutNowRequest, TimeoutNowResponse,
 };
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
 use super::lease_leader;
 use crate::cluster::{reconfig, removal, transfer};
-use crate::node::{Node, FORWARD_LOG_INDEX};
+use crate::node::{FORWARD_LOG_INDEX, Node};
 
 /// Peer service of one member.
 pub struct PeerService {
@@ -35,7 +35,8 @@ impl PeerService {
 }
 
 fn decode<T: DeserializeOwned>(p: &RaftPayload) -> Result<T, Status> {
-    bincode::deserialize(&p.data).map_err(|e| Status::invalid_argument(format!("bad raft payload: {e}")))
+    bincode::deserialize(&p.data)
+        .map_err(|e| Status::invalid_argument(format!("bad raft payload: {e}")))
 }
 
 fn encode<T: Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
@@ -46,7 +47,10 @@ fn encode<T: Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
 
 #[tonic::async_trait]
 impl Peer for PeerService {
-    async fn append_entries(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+    async fn append_entries(
+        &self,
+        r: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
         let req = decode(r.get_ref())?;
         self.node.cluster.leader_contact.touch();
         encode(&self.node.raft.append_entries(req).await)
@@ -57,7 +61,10 @@ impl Peer for PeerService {
         encode(&self.node.raft.vote(req).await)
     }
 
-    async fn install_snapshot(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+    async fn install_snapshot(
+        &self,
+        r: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
         let req = decode(r.get_ref())?;
         self.node.cluster.leader_contact.touch();
         encode(&self.node.raft.install_snapshot(req).await)
@@ -70,17 +77,28 @@ impl Peer for PeerService {
         }
         let (resp, index) = self.node.propose_entry(req).await?;
         let mut response = Response::new(resp);
-        response
-            .metadata_mut()
-            .insert(FORWARD_LOG_INDEX, index.to_string().parse().expect("digits are valid metadata"));
+        response.metadata_mut().insert(
+            FORWARD_LOG_INDEX,
+            index
+                .to_string()
+                .parse()
+                .expect("digits are valid metadata"),
+        );
         Ok(response)
     }
 
-    async fn lease_renew(&self, r: Request<LeaseKeepAliveRequest>) -> Result<Response<LeaseKeepAliveResponse>, Status> {
+    async fn lease_renew(
+        &self,
+        r: Request<LeaseKeepAliveRequest>,
+    ) -> Result<Response<LeaseKeepAliveResponse>, Status> {
         let id = r.into_inner().id;
         let deadline = tokio::time::Instant::now() + self.node.request_timeout();
         let ttl = lease_leader::renew_local(&self.node, id, deadline).await?;
-        Ok(Response::new(LeaseKeepAliveResponse { id, ttl, ..Default::default() }))
+        Ok(Response::new(LeaseKeepAliveResponse {
+            id,
+            ttl,
+            ..Default::default()
+        }))
     }
 
     async fn lease_time_to_live(
@@ -92,35 +110,66 @@ impl Peer for PeerService {
         Ok(Response::new(resp))
     }
 
-    async fn read_index(&self, _r: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
+    async fn read_index(
+        &self,
+        _r: Request<ReadIndexRequest>,
+    ) -> Result<Response<ReadIndexResponse>, Status> {
         let read_index = self.node.cluster.reads.leader_read_index().await?;
         let term = self.node.raft.metrics().borrow().current_term;
         Ok(Response::new(ReadIndexResponse { read_index, term }))
     }
 
-    async fn timeout_now(&self, r: Request<TimeoutNowRequest>) -> Result<Response<TimeoutNowResponse>, Status> {
+    async fn timeout_now(
+        &self,
+        r: Request<TimeoutNowRequest>,
+    ) -> Result<Response<TimeoutNowResponse>, Status> {
         transfer::on_timeout_now(&self.node.raft, self.node.id, r.get_ref())
             .await
             .map(Response::new)
     }
 
-    async fn cluster_info(&self, r: Request<ClusterInfoRequest>) -> Result<Response<ClusterInfoResponse>, Status> {
-        Ok(Response::new(removal::cluster_info(&self.node, r.into_inner()).await))
+    async fn cluster_info(
+        &self,
+        r: Request<ClusterInfoRequest>,
+    ) -> Result<Response<ClusterInfoResponse>, Status> {
+        Ok(Response::new(
+            removal::cluster_info(&self.node, r.into_inner()).await,
+        ))
     }
 
-    async fn member_add(&self, r: Request<MemberAddRequest>) -> Result<Response<MemberAddResponse>, Status> {
-        Ok(Response::new(reconfig::add_on_leader(&self.node, r.into_inner()).await?))
+    async fn member_add(
+        &self,
+        r: Request<MemberAddRequest>,
+    ) -> Result<Response<MemberAddResponse>, Status> {
+        Ok(Response::new(
+            reconfig::add_on_leader(&self.node, r.into_inner()).await?,
+        ))
     }
 
-    async fn member_remove(&self, r: Request<MemberRemoveRequest>) -> Result<Response<MemberRemoveResponse>, Status> {
-        Ok(Response::new(reconfig::remove_on_leader(&self.node, r.into_inner()).await?))
+    async fn member_remove(
+        &self,
+        r: Request<MemberRemoveRequest>,
+    ) -> Result<Response<MemberRemoveResponse>, Status> {
+        Ok(Response::new(
+            reconfig::remove_on_leader(&self.node, r.into_inner()).await?,
+        ))
     }
 
-    async fn member_update(&self, r: Request<MemberUpdateRequest>) -> Result<Response<MemberUpdateResponse>, Status> {
-        Ok(Response::new(reconfig::update_on_leader(&self.node, r.into_inner()).await?))
+    async fn member_update(
+        &self,
+        r: Request<MemberUpdateRequest>,
+    ) -> Result<Response<MemberUpdateResponse>, Status> {
+        Ok(Response::new(
+            reconfig::update_on_leader(&self.node, r.into_inner()).await?,
+        ))
     }
 
-    async fn member_promote(&self, r: Request<MemberPromoteRequest>) -> Result<Response<MemberPromoteResponse>, Status> {
-        Ok(Response::new(reconfig::promote_on_leader(&self.node, r.into_inner()).await?))
+    async fn member_promote(
+        &self,
+        r: Request<MemberPromoteRequest>,
+    ) -> Result<Response<MemberPromoteResponse>, Status> {
+        Ok(Response::new(
+            reconfig::promote_on_leader(&self.node, r.into_inner()).await?,
+        ))
     }
 }

@@ -36,7 +36,11 @@ pub type Meta = SnapshotMeta<NodeId, MemberNode>;
 /// The caller must keep `tree` unchanged while this runs, so the export is consistent with
 /// `meta.last_log_id`. [`write_records`] exports a live tree instead.
 pub fn write(path: &Path, meta: &Meta, tree: &sled::Tree) -> io::Result<()> {
-    write_records(path, meta, tree.iter().map(|kv| kv.map_err(io::Error::other)))
+    write_records(
+        path,
+        meta,
+        tree.iter().map(|kv| kv.map_err(io::Error::other)),
+    )
 }
 
 /// Writes a snapshot holding `records` (key/value pairs in any order) to `path`: to
@@ -44,7 +48,11 @@ pub fn write(path: &Path, meta: &Meta, tree: &sled::Tree) -> io::Result<()> {
 /// a partial file under a snapshot name. Streams record by record.
 ///
 /// Errors: the first error of `records`, or I/O.
-pub fn write_records<K, V>(path: &Path, meta: &Meta, records: impl Iterator<Item = io::Result<(K, V)>>) -> io::Result<()>
+pub fn write_records<K, V>(
+    path: &Path,
+    meta: &Meta,
+    records: impl Iterator<Item = io::Result<(K, V)>>,
+) -> io::Result<()>
 where
     K: AsRef<[u8]>,
     V: AsRef<[u8]>,
@@ -93,17 +101,26 @@ pub fn verify(file: &mut File) -> io::Result<Meta> {
 
 /// Calls `each` for every record, in file order. Call [`verify`] first: a corrupt file is
 /// only detected at its end here.
-pub fn read_records(file: &mut File, each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
+pub fn read_records(
+    file: &mut File,
+    each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>,
+) -> io::Result<Meta> {
     walk(file, each)
 }
 
 /// [`verify`], then [`read_records`]: `each` runs only for a file whose CRC matched.
-pub fn load(file: &mut File, each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
+pub fn load(
+    file: &mut File,
+    each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>,
+) -> io::Result<Meta> {
     verify(file)?;
     read_records(file, each)
 }
 
-fn walk(file: &mut File, mut each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
+fn walk(
+    file: &mut File,
+    mut each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>,
+) -> io::Result<Meta> {
     file.seek(SeekFrom::Start(0))?;
     let mut r = BufReader::with_capacity(1 << 20, &mut *file);
     let mut crc = crc32fast::Hasher::new();
@@ -134,7 +151,9 @@ fn read_header(r: &mut impl Read, crc: &mut crc32fast::Hasher) -> io::Result<Met
     }
     let version = read_u32(r, crc)?;
     if version != VERSION {
-        return Err(invalid(&format!("unsupported snapshot format version {version}")));
+        return Err(invalid(&format!(
+            "unsupported snapshot format version {version}"
+        )));
     }
     let len = read_u32(r, crc)? as usize;
     let meta = read_exact(r, crc, len)?;
@@ -225,7 +244,10 @@ mod tests {
 
     fn meta() -> Meta {
         SnapshotMeta {
-            last_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 40)),
+            last_log_id: Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(3, 1),
+                40,
+            )),
             last_membership: Default::default(),
             snapshot_id: "s1".into(),
         }

@@ -126,7 +126,11 @@ impl StateMachine {
     }
 
     /// Replaces the store with the snapshot in `file` (already complete and synced).
-    fn install(&mut self, meta: &snapshot::Meta, mut file: std::fs::File) -> Result<(), StorageError> {
+    fn install(
+        &mut self,
+        meta: &snapshot::Meta,
+        mut file: std::fs::File,
+    ) -> Result<(), StorageError> {
         let err = |e: &dyn std::error::Error| -> StorageError {
             StorageIOError::read_snapshot(Some(meta.signature()), AnyErr::from(e)).into()
         };
@@ -134,9 +138,13 @@ impl StateMachine {
         tokio::task::block_in_place(|| snapshot::verify(&mut file)).map_err(|e| err(&e))?;
         // Keep it as this member's current snapshot; the install marker names that file.
         let path = snapshot::file_name(&self.snap_dir, meta);
-        self.keep_as_current(&mut file, &path).map_err(|e| err(&e))?;
+        self.keep_as_current(&mut file, &path)
+            .map_err(|e| err(&e))?;
         let marker = self.snap_dir.join(INSTALL_MARKER);
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         write_synced(&marker, name.as_bytes()).map_err(|e| err(&e))?;
         self.replace_store(&path).map_err(|e| err(&e))?;
         std::fs::remove_file(&marker).map_err(|e| err(&e))?;
@@ -152,7 +160,11 @@ impl StateMachine {
 
     /// Makes the verified snapshot in `file` this member's snapshot file `path`: renames the
     /// received file when `file` is it (the usual case), copies it otherwise.
-    fn keep_as_current(&mut self, file: &mut std::fs::File, path: &std::path::Path) -> io::Result<()> {
+    fn keep_as_current(
+        &mut self,
+        file: &mut std::fs::File,
+        path: &std::path::Path,
+    ) -> io::Result<()> {
         use std::os::unix::fs::MetadataExt;
         let received = self.receiving.take();
         let same = |p: &std::path::Path| -> io::Result<bool> {
@@ -194,7 +206,8 @@ impl StateMachine {
                 batch.insert(k, v);
                 n += 1;
                 if n.is_multiple_of(10_000) {
-                    tree.apply_batch(std::mem::take(&mut batch)).map_err(io::Error::other)?;
+                    tree.apply_batch(std::mem::take(&mut batch))
+                        .map_err(io::Error::other)?;
                 }
                 Ok(())
             })?;
@@ -202,7 +215,8 @@ impl StateMachine {
             tree.flush().map_err(io::Error::other)?;
             Ok(meta)
         })?;
-        let store = Arc::new(MvccStore::open(tree.clone()).map_err(|e| io::Error::other(e.to_string()))?);
+        let store =
+            Arc::new(MvccStore::open(tree.clone()).map_err(|e| io::Error::other(e.to_string()))?);
         let attributes = Attributes::load(&tree).map_err(io::Error::other)?;
         for id in meta.last_membership.membership().nodes().map(|(id, _)| *id) {
             if let Some(a) = attributes.get(id) {
@@ -211,7 +225,8 @@ impl StateMachine {
         }
         let lessor = self.applier.lessor().clone();
         self.applier =
-            Applier::open_with_lessor(tree, store.clone(), self.attributes.clone(), lessor).map_err(io::Error::other)?;
+            Applier::open_with_lessor(tree, store.clone(), self.attributes.clone(), lessor)
+                .map_err(io::Error::other)?;
         self.shared.set(store);
         if let Some(hub) = watch {
             // Every watcher catches up from the new store (or is canceled as compacted).
@@ -270,7 +285,11 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let Some(job) = self.job.take() else {
-            return Err(StorageIOError::write_snapshot(None, openraft::AnyError::error("snapshot already taken")).into());
+            return Err(StorageIOError::write_snapshot(
+                None,
+                openraft::AnyError::error("snapshot already taken"),
+            )
+            .into());
         };
         let job = job?;
         let written = tokio::task::spawn_blocking(move || job.write())
@@ -278,7 +297,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             .map_err(|e| io::Error::other(e.to_string()))
             .and_then(|r| r);
         let (meta, path) = written.map_err(|e| StorageIOError::write_snapshot(None, &e))?;
-        let file = std::fs::File::open(&path).map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let file = std::fs::File::open(&path)
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(tokio::fs::File::from_std(file)),
@@ -303,7 +323,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.finish_interrupted_install()
                 .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         }
-        Ok((self.applier.last_applied(), self.applier.membership().clone()))
+        Ok((
+            self.applier.last_applied(),
+            self.applier.membership().clone(),
+        ))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
@@ -368,11 +391,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let Some(path) = snapshot::latest(&self.snap_dir).map_err(|e| StorageIOError::read_snapshot(None, &e))? else {
+        let Some(path) = snapshot::latest(&self.snap_dir)
+            .map_err(|e| StorageIOError::read_snapshot(None, &e))?
+        else {
             return Ok(None);
         };
-        let mut file = std::fs::File::open(&path).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        let meta = snapshot::read_meta(&mut file).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        let mut file =
+            std::fs::File::open(&path).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        let meta =
+            snapshot::read_meta(&mut file).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         file.seek(io::SeekFrom::Start(0))
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         Ok(Some(Snapshot {
