@@ -166,7 +166,13 @@ impl KeyHistory {
             self.latest.revision()
         );
         let prev = std::mem::replace(&mut self.latest, next);
-        Arc::make_mut(self.older.get_or_insert_with(Default::default)).push(prev);
+        let older = Arc::make_mut(self.older.get_or_insert_with(Default::default));
+        if older.len() == older.capacity() {
+            // Grow by half (exact while small): most keys keep 1-2 older revisions between
+            // compactions, and `Vec`'s default first allocation would hold 4.
+            older.reserve_exact((older.len() / 2).max(1));
+        }
+        older.push(prev);
     }
 
     /// Compacts this history at `at_rev`, appending the removed revisions to `removed`.

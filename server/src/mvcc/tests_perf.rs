@@ -40,8 +40,9 @@ fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the ")" that ends the command name: utime and stime are fields 14 and 15.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = field(11) + field(12);
     Duration::from_millis(ticks * 10) // USER_HZ = 100 on Linux
 }
 
@@ -244,5 +245,9 @@ fn measure_one_million_keys() {
         "count_only {count_only:?}"
     );
     assert!(limit10 < Duration::from_millis(1), "limit 10 {limit10:?}");
-    assert!(rebuild < Duration::from_secs(3), "rebuild {rebuild:?}");
+    // Wall time depends on what else runs on the machine (docs/mvcc.md reports both); the
+    // CPU time of both rebuild threads together must fit the 3 s budget even on one core.
+    cpu.sort();
+    println!("rebuild: median wall {rebuild:?}, median CPU {:?}", cpu[2]);
+    assert!(cpu[2] < Duration::from_secs(3), "rebuild CPU {:?}", cpu[2]);
 }
