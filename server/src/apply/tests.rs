@@ -34,7 +34,10 @@ fn open(tree: &sled::Tree) -> Applier {
     Applier::open(tree.clone(), store, Arc::new(Attributes::default())).expect("applier")
 }
 
-fn fingerprint(a: &Applier) -> (i64, u32, Vec<(Vec<u8>, i64, i64, i64)>) {
+/// (current revision, HashKV, every key's (value, create, mod, version)).
+type Fingerprint = (i64, u32, Vec<(Vec<u8>, i64, i64, i64)>);
+
+fn fingerprint(a: &Applier) -> Fingerprint {
     let store = a.store();
     let all = store
         .range(&RangeRequest {

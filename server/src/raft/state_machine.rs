@@ -15,6 +15,10 @@
 //! the raft log up to it (DESIGN.md invariant "the raft log is purged only up to an index
 //! whose applied state is durable").
 
+// openraft's `StorageError` (the error type its storage traits require) is large by design;
+// it only travels on the rare failure path.
+#![allow(clippy::result_large_err)]
+
 use std::io::{self, Seek};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
