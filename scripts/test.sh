@@ -45,6 +45,16 @@ started=$(date +%s)
 summary=()
 failed=0
 note() { echo "==> $*"; }
+phase_started=$started
+phase() { # phase <name>: announce a phase; the summary shows how long each one took
+    local now
+    now=$(date +%s)
+    if [ -n "${phase_name:-}" ]; then timings+=("$((now - phase_started)) s  $phase_name"); fi
+    phase_name="$1"
+    phase_started=$now
+    note "$1"
+}
+timings=()
 record() { # record <ok|FAIL> <what>
     summary+=("$1  $2")
     if [ "$1" != ok ]; then failed=1; fi
@@ -106,35 +116,38 @@ TARGET_DIR="$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')"
 KEEL_BIN="${KEEL_BIN:-$TARGET_DIR/release/keel}"
 
+keel_pid=""
+workdir="$(mktemp -d "${TMPDIR:-/tmp}/keel-test.XXXXXX")"
+cleanup() {
+    if [ -n "$keel_pid" ] && kill -0 "$keel_pid" 2>/dev/null; then kill -KILL "$keel_pid" || true; fi
+    rm -rf "$workdir"
+}
+trap cleanup EXIT
+
 # ---------------------------------------------------------------------------------------------
 # 2. + 3. build once in release, then run every cargo test
 
 if [ "$run_cargo" -eq 1 ] || [ ! -x "$KEEL_BIN" ]; then
-    note "building the workspace (release, tests included)"
+    phase "build: cargo test --release --workspace --no-run"
     if ! cargo test --release --workspace --no-run; then
         echo "RESULT: FAILED (the release build of the workspace failed)"
         exit 1
     fi
 fi
 if [ "$run_cargo" -eq 1 ]; then
-    note "cargo test --release --workspace"
-    if cargo test --release --workspace; then
+    phase "cargo test --release --workspace"
+    # --no-fail-fast: a failing unit test binary must not hide the end-to-end results.
+    if cargo test --release --workspace --no-fail-fast 2>&1 | tee "$workdir/cargo-test.log"; then
         record ok "cargo test --release --workspace"
     else
-        record FAIL "cargo test --release --workspace"
+        # cargo names each failing test target as `-p <crate> --lib|--test <name>|...`.
+        targets="$(grep -oE '`-p [^`]+`' "$workdir/cargo-test.log" | sort -u | tr '\n' ' ')"
+        record FAIL "cargo test --release --workspace; failing targets: ${targets:-see the log above}"
     fi
 fi
 
 # ---------------------------------------------------------------------------------------------
 # 4. + 5. conformance against a release keel
-
-keel_pid=""
-workdir="$(mktemp -d "${TMPDIR:-/tmp}/keel-conformance.XXXXXX")"
-cleanup() {
-    if [ -n "$keel_pid" ] && kill -0 "$keel_pid" 2>/dev/null; then kill -KILL "$keel_pid" || true; fi
-    rm -rf "$workdir"
-}
-trap cleanup EXIT
 
 free_ports() { # prints two free 127.0.0.1 ports
     python3 -c 'import socket
@@ -186,7 +199,7 @@ stop_keel() { # SIGTERM, bounded wait; returns keel's exit code (137 if it had t
 }
 
 if [ "$run_conformance" -eq 1 ]; then
-    note "conformance: starting $KEEL_BIN"
+    phase "conformance (${CONFORMANCE_AREAS[*]}) against $KEEL_BIN"
     if start_keel; then
         for area in "${CONFORMANCE_AREAS[@]}"; do
             note "conformance area $area"
@@ -212,8 +225,10 @@ if [ "$run_conformance" -eq 1 ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
+phase "summary"
 echo
 echo "==================== summary ($(($(date +%s) - started)) s) ===================="
+for line in "${timings[@]}"; do echo "time $line"; done
 for line in "${summary[@]}"; do echo "$line"; done
 if [ "$failed" -ne 0 ]; then
     echo "RESULT: FAILED"

@@ -70,11 +70,30 @@ pub struct Config {
     /// Time (in milliseconds) for an election to timeout.
     #[arg(long, default_value_t = 1000)]
     pub election_timeout: u64,
+    /// Expired leases the leader revokes per second at most (etcd's fixed rate is 1000).
+    #[arg(long, default_value_t = 100_000)]
+    pub lease_revoke_rate: u64,
+    /// Milliseconds between checkpoints of a lease's remaining TTL through raft, so it
+    /// survives a leader change (etcd `--experimental-lease-checkpoint-interval`, 5 min);
+    /// 0 turns checkpoints off (a new leader then restarts every lease's full TTL).
+    #[arg(long, default_value_t = 300_000)]
+    pub lease_checkpoint_interval: u64,
     /// Path to the server configuration file (YAML, etcd's keys). Other flags are ignored
     /// when it is given, as in etcd.
     #[arg(long)]
     #[serde(skip)]
     pub config_file: Option<PathBuf>,
+    /// Interval of progress notifications to watchers that set `progress_notify` (a Go
+    /// duration such as `10m` or `500ms`; etcd's default 10m, minimum 100ms).
+    #[arg(long, default_value = "10m")]
+    pub experimental_watch_progress_notify_interval: crate::watch::progress::GoDuration,
+    /// Keel: responses one watcher may have queued before it falls behind and catches up
+    /// from the store (etcd's fixed per-stream channel holds 128).
+    #[arg(long, default_value_t = crate::watch::DEFAULT_BUFFER_LEN)]
+    pub watch_buffer_len: usize,
+    /// Keel: bytes of events one watch stream may have queued for a slow client.
+    #[arg(long, default_value_t = crate::watch::DEFAULT_STREAM_BUFFER_BYTES)]
+    pub watch_stream_buffer_bytes: usize,
     /// Logging level: debug, info, warn, error.
     #[arg(long, default_value = "info")]
     pub log_level: String,

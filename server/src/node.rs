@@ -5,12 +5,12 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use anyhow::Context;
 use keel_proto::etcdserverpb::ResponseHeader;
-use keel_proto::keelpb::{self, raft_request, raft_response, RaftRequest, RaftResponse};
+use keel_proto::keelpb::{self, raft_request, RaftRequest, RaftResponse};
 use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 
@@ -20,11 +20,14 @@ use crate::cluster::peers::{classify, PeerFailure};
 use crate::cluster::{timing, Cluster, Peers};
 use crate::config::{split_urls, Config};
 use crate::error::EtcdError;
+use crate::lease::{self, id::LeaseIdGenerator, Lessor};
 use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
+use crate::raft::proposer::{into_result, Proposer};
 use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
 use crate::wal::{Wal, WalOptions};
+use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 
 /// gRPC response metadata key of `keelpb.Peer/Forward`: the raft log index of the proposed
 /// entry, so the forwarding member can wait until it applied the entry itself.
@@ -52,10 +55,17 @@ pub struct Node {
     pub config: Config,
     /// Peer connections, the read path, leadership transfer and membership changes.
     pub cluster: Cluster,
+    /// Lease state (every member) and, on the leader, the expiry schedule.
+    pub lessor: Arc<Lessor>,
+    /// Lease IDs for grants proposed by this member without a client-chosen ID.
+    pub lease_ids: LeaseIdGenerator,
+    /// The watchable store: every watcher of every stream on this member.
+    pub watch: Arc<WatchHub>,
     db: sled::Db,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
     next_request_id: AtomicU64,
+    proposer: OnceLock<Proposer>,
 }
 
 impl Node {
@@ -96,8 +106,13 @@ impl Node {
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,
         );
         let attributes = Arc::new(Attributes::load(&tree).map_err(anyhow::Error::msg)?);
-        let applier = Applier::open(tree.clone(), store.clone(), attributes.clone()).map_err(anyhow::Error::msg)?;
+        let lessor = Arc::new(Lessor::new());
+        let mut applier = Applier::open_with_lessor(tree.clone(), store.clone(), attributes.clone(), lessor.clone())
+            .map_err(anyhow::Error::msg)?;
         let shared = Arc::new(SharedStore::new(store));
+        let watch = WatchHub::new(Arc::new(StoreHistory(shared.clone())), WatchConfig::from_config(&config));
+        watch.spawn_sync_thread().context("cannot start the watch sync thread")?;
+        applier.set_watch_hub(watch.clone());
         let sm = StateMachine::new(applier, shared.clone(), attributes.clone(), snap_dir);
 
         let timers = timing::raft_timers(config.heartbeat_interval, config.election_timeout);
@@ -140,13 +155,28 @@ impl Node {
             attributes,
             config,
             cluster,
+            lessor,
+            lease_ids: LeaseIdGenerator::new(id),
+            watch,
             db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
             db,
             next_request_id: AtomicU64::new(1),
+            proposer: OnceLock::new(),
         });
+        let weak: Weak<Node> = Arc::downgrade(&node);
+        let _ = node.proposer.set(Proposer::start(Arc::new(move |req| {
+            let weak = weak.clone();
+            Box::pin(async move {
+                match weak.upgrade() {
+                    Some(node) => node.propose_entry(req).await,
+                    None => Err(EtcdError::Stopped),
+                }
+            })
+        })));
         node.clone().spawn_publish();
         tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node), timers));
         node.clone().spawn_db_size_refresh();
+        lease::runner::spawn(&node, lease::runner::RunnerConfig::from_config(&node.config));
         Ok(node)
     }
 
@@ -175,17 +205,13 @@ impl Node {
         });
     }
 
-    /// Proposes a request through the raft log and waits until it is applied here.
+    /// Proposes a client request through the raft log and waits until it is applied here.
+    /// Concurrent requests are batched into one log entry ([`Proposer`]).
     ///
     /// Errors: `RequestTooLarge` if the encoded request exceeds `--max-request-bytes`;
     /// `NoLeader`/`Timeout` if no leader emerges within the request timeout; `Stopped` when
     /// the member shuts down; apply-time etcd errors from the response.
     pub async fn propose(&self, request: raft_request::Request) -> Result<RaftResponse, EtcdError> {
-        self.propose_indexed(request).await.map(|(resp, _)| resp)
-    }
-
-    /// [`Node::propose`], also returning the raft log index of the entry.
-    pub async fn propose_indexed(&self, request: raft_request::Request) -> Result<(RaftResponse, u64), EtcdError> {
         let req = RaftRequest {
             id: self.next_request_id.fetch_add(1, Ordering::Relaxed),
             request: Some(request),
@@ -193,6 +219,25 @@ impl Node {
         if req.encoded_len() > self.config.max_request_bytes as usize {
             return Err(EtcdError::RequestTooLarge);
         }
+        self.proposer.get().ok_or(EtcdError::Stopped)?.propose(req).await
+    }
+
+    /// Proposes one log entry as is (a request or a batch), forwarding it to the leader when
+    /// this member is a follower, and returns its apply result.
+    ///
+    /// Errors: as [`Node::propose`].
+    pub async fn propose_entry(&self, req: RaftRequest) -> Result<RaftResponse, EtcdError> {
+        self.propose_entry_indexed(req).await.map(|(resp, _)| resp)
+    }
+
+    /// [`Node::propose_entry`], also returning the entry's raft log index. A follower
+    /// forwards the entry to the leader, then waits until it applied the entry itself, so
+    /// the write is visible on this member at once (as in etcd). During a leadership
+    /// transfer new entries wait until it ends.
+    ///
+    /// Errors: as [`Node::propose`]; `TimeoutDueToLeaderFail` when the leader vanished after
+    /// the entry was sent to it (it may or may not be applied).
+    pub async fn propose_entry_indexed(&self, req: RaftRequest) -> Result<(RaftResponse, u64), EtcdError> {
         let deadline = tokio::time::Instant::now() + self.request_timeout();
         // A leadership transfer holds new proposals until leadership moved.
         if !self.cluster.gate.wait_idle(deadline).await {
@@ -398,12 +443,4 @@ impl Node {
 /// etcd's request timeout: 5 s plus twice the election timeout.
 fn request_timeout(config: &Config) -> Duration {
     Duration::from_millis(5000 + 2 * config.election_timeout)
-}
-
-/// Turns an apply result into the caller's result (apply-time etcd errors become `Err`).
-fn into_result(resp: RaftResponse) -> Result<RaftResponse, EtcdError> {
-    match &resp.response {
-        Some(raft_response::Response::Error(e)) => Err(EtcdError::from_parts(e.code, &e.message)),
-        _ => Ok(resp),
-    }
 }

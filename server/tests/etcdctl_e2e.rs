@@ -460,7 +460,10 @@ fn writes_past_the_backend_quota_fail_with_nospace() {
         if db_size > 100 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "dbSize never exceeded 100: {status}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dbSize never exceeded 100: {status}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     ctl(&keel, &["put", "a", "1"]).fails_with(NOSPACE);

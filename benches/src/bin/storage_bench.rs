@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
+use keel_proto::etcdserverpb::{PutRequest, RangeRequest, RequestOp, TxnRequest, request_op};
 use keel_server::mvcc::MvccStore;
 use keel_server::wal::{Wal, WalOptions};
 
@@ -55,6 +55,10 @@ enum Cmd {
         keys: u64,
         #[arg(long, default_value_t = 64)]
         clients: usize,
+        /// Puts per request: 1 sends plain Puts; more sends Txns of that many puts (at most
+        /// --max-txn-ops, 128 by default), which loads large stores quickly.
+        #[arg(long, default_value_t = 1)]
+        batch: u64,
     },
 }
 
@@ -62,7 +66,7 @@ fn main() {
     match Args::parse().cmd {
         Cmd::Wal { appenders, record_bytes, seconds, dir } => wal(appenders, record_bytes, seconds, dir),
         Cmd::Mvcc { keys, dir } => mvcc(keys, dir),
-        Cmd::Member { endpoint, pid, keys, clients } => member(&endpoint, pid, keys, clients),
+        Cmd::Member { endpoint, pid, keys, clients, batch } => member(&endpoint, pid, keys, clients, batch),
     }
 }
 
@@ -189,7 +193,7 @@ fn rss_kb(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn member(endpoint: &str, pid: u32, keys: u64, clients: usize) {
+fn member(endpoint: &str, pid: u32, keys: u64, clients: usize, batch: u64) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let url = format!("http://{endpoint}");
@@ -203,13 +207,27 @@ fn member(endpoint: &str, pid: u32, keys: u64, clients: usize) {
                 let mut kv = keel_proto::etcdserverpb::kv_client::KvClient::connect(url).await.expect("connect");
                 let value = vec![b'v'; 256];
                 loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= keys {
+                    let first = next.fetch_add(batch, Ordering::Relaxed);
+                    if first >= keys {
                         break;
                     }
-                    kv.put(PutRequest { key: key(i), value: value.clone(), ..Default::default() })
-                        .await
-                        .expect("put");
+                    let last = (first + batch).min(keys);
+                    if batch == 1 {
+                        kv.put(PutRequest { key: key(first), value: value.clone(), ..Default::default() })
+                            .await
+                            .expect("put");
+                        continue;
+                    }
+                    let success = (first..last)
+                        .map(|i| RequestOp {
+                            request: Some(request_op::Request::RequestPut(PutRequest {
+                                key: key(i),
+                                value: value.clone(),
+                                ..Default::default()
+                            })),
+                        })
+                        .collect();
+                    kv.txn(TxnRequest { success, ..Default::default() }).await.expect("txn");
                 }
             }));
         }
@@ -219,7 +237,7 @@ fn member(endpoint: &str, pid: u32, keys: u64, clients: usize) {
         let secs = t.elapsed().as_secs_f64();
         let after = rss_kb(pid);
         println!(
-            "member: {keys} puts with {clients} clients in {secs:.1} s ({:.0} puts/s); keel RSS {} MiB -> {} MiB",
+            "member: {keys} keys ({batch} per request) with {clients} clients in {secs:.1} s ({:.0} keys/s); keel RSS {} MiB -> {} MiB",
             keys as f64 / secs,
             before / 1024,
             after / 1024

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use keel_proto::keelpb::peer_server::Peer;
 use keel_proto::etcdserverpb::{
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
     MemberAddRequest, MemberAddResponse, MemberPromoteRequest, MemberPromoteResponse,
     MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
 };
@@ -17,6 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use super::lease_leader;
 use crate::cluster::{reconfig, removal, transfer};
 use crate::node::{Node, FORWARD_LOG_INDEX};
 
@@ -63,10 +65,10 @@ impl Peer for PeerService {
 
     async fn forward(&self, r: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
         let req = r.into_inner();
-        let Some(request) = req.request else {
+        if req.request.is_none() {
             return Err(Status::invalid_argument("forwarded raft request is empty"));
-        };
-        let (resp, index) = self.node.propose_indexed(request).await?;
+        }
+        let (resp, index) = self.node.propose_entry_indexed(req).await?;
         let mut response = Response::new(resp);
         response
             .metadata_mut()
@@ -104,5 +106,21 @@ impl Peer for PeerService {
 
     async fn member_promote(&self, r: Request<MemberPromoteRequest>) -> Result<Response<MemberPromoteResponse>, Status> {
         Ok(Response::new(reconfig::promote_on_leader(&self.node, r.into_inner()).await?))
+    }
+
+    async fn lease_renew(&self, r: Request<LeaseKeepAliveRequest>) -> Result<Response<LeaseKeepAliveResponse>, Status> {
+        let id = r.into_inner().id;
+        let deadline = tokio::time::Instant::now() + self.node.request_timeout();
+        let ttl = lease_leader::renew_local(&self.node, id, deadline).await?;
+        Ok(Response::new(LeaseKeepAliveResponse { id, ttl, ..Default::default() }))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        r: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let deadline = tokio::time::Instant::now() + self.node.request_timeout();
+        let resp = lease_leader::time_to_live_local(&self.node, r.get_ref(), deadline).await?;
+        Ok(Response::new(resp))
     }
 }

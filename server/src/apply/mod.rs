@@ -11,14 +11,16 @@
 
 use std::sync::Arc;
 
-use keel_proto::keelpb::{raft_request, raft_response, ApplyError, RaftResponse};
+use keel_proto::keelpb::{raft_request, raft_response, ApplyError, RaftRequest, RaftResponse, ResponseBatch};
 use openraft::{EntryPayload, StorageIOError, StoredMembership};
 
-use crate::cindex;
+use crate::cindex::{self, ConsistentIndex};
 use crate::error::EtcdError;
+use crate::lease::{ApplyOutcome, Lessor};
 use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
+use crate::watch::WatchHub;
 
 #[cfg(test)]
 mod tests;
@@ -32,12 +34,17 @@ pub struct Applier {
     tree: sled::Tree,
     store: Arc<MvccStore>,
     attributes: Arc<Attributes>,
-    last_applied: Option<LogId>,
+    lessor: Arc<Lessor>,
+    ci: ConsistentIndex,
     membership: StoredMembership<NodeId, MemberNode>,
+    /// Receives the events of every committed revision (watchers on this member).
+    watch: Option<Arc<WatchHub>>,
 }
 
 impl Applier {
-    /// Loads the applied state (consistent index, membership) from `tree`.
+    /// Loads the applied state (consistent index, membership) from `tree`, with a lessor
+    /// of its own (tests and tools; a member shares its lessor through
+    /// [`Applier::open_with_lessor`]).
     ///
     /// Errors: sled I/O or an undecodable stored value.
     pub fn open(
@@ -45,23 +52,44 @@ impl Applier {
         store: Arc<MvccStore>,
         attributes: Arc<Attributes>,
     ) -> Result<Applier, String> {
-        let last_applied = cindex::load(&tree)?;
+        Applier::open_with_lessor(tree, store, attributes, Arc::new(Lessor::new()))
+    }
+
+    /// Loads the applied state (consistent index, membership) from `tree` and (re)loads
+    /// `lessor` from the same tree and store, so it matches the consistent index.
+    ///
+    /// Errors: sled I/O or an undecodable stored value.
+    pub fn open_with_lessor(
+        tree: sled::Tree,
+        store: Arc<MvccStore>,
+        attributes: Arc<Attributes>,
+        lessor: Arc<Lessor>,
+    ) -> Result<Applier, String> {
+        let ci = cindex::load(&tree)?;
         let membership = match tree.get(MEMBERSHIP_KEY).map_err(|e| e.to_string())? {
             Some(v) => bincode::deserialize(&v).map_err(|e| format!("membership: {e}"))?,
             None => StoredMembership::default(),
         };
+        lessor.load(&tree, store.leased_keys())?;
         Ok(Applier {
             tree,
             store,
             attributes,
-            last_applied,
+            lessor,
+            ci,
             membership,
+            watch: None,
         })
     }
 
-    /// The consistent index: the last applied log id.
+    /// The lessor this applier keeps in step with the store.
+    pub fn lessor(&self) -> &Arc<Lessor> {
+        &self.lessor
+    }
+
+    /// The last log entry whose every request is applied (openraft's last applied).
     pub fn last_applied(&self) -> Option<LogId> {
-        self.last_applied
+        self.ci.applied
     }
 
     /// The last applied membership config.
@@ -72,6 +100,16 @@ impl Applier {
     /// The MVCC store this applier writes to.
     pub fn store(&self) -> &Arc<MvccStore> {
         &self.store
+    }
+
+    /// Hands the events of every committed revision to `hub` from now on.
+    pub fn set_watch_hub(&mut self, hub: Arc<WatchHub>) {
+        self.watch = Some(hub);
+    }
+
+    /// The watch hub this applier feeds, if any.
+    pub fn watch_hub(&self) -> Option<&Arc<WatchHub>> {
+        self.watch.as_ref()
     }
 
     /// The sled tree holding all member state.
@@ -86,86 +124,152 @@ impl Applier {
     /// response as `ApplyError`, and still advance the consistent index.
     pub fn apply(&mut self, entry: &Entry) -> Result<Response, StorageError> {
         let log_id = entry.log_id;
-        if self.last_applied.is_some_and(|ci| log_id.index <= ci.index) {
+        if self.ci.covers(log_id.index) {
             // Replay of an entry whose effects are already in the store.
-            return Ok(Response(RaftResponse {
-                revision: self.store.current_revision(),
-                response: None,
-            }));
+            return Ok(Response(self.replayed()));
         }
+        let done = ConsistentIndex {
+            applied: Some(log_id),
+            partial: None,
+        };
         let response = match &entry.payload {
-            EntryPayload::Blank => self.commit_only(&log_id, |_| {})?,
+            EntryPayload::Blank => self.commit_only(done, |_| {})?,
             EntryPayload::Membership(m) => {
                 let stored = StoredMembership::new(Some(log_id), m.clone());
                 let bytes = bincode::serialize(&stored).map_err(|e| StorageIOError::apply(log_id, &e))?;
-                let resp = self.commit_only(&log_id, |b| b.insert(MEMBERSHIP_KEY, bytes))?;
+                let resp = self.commit_only(done, |b| b.insert(MEMBERSHIP_KEY, bytes))?;
                 self.membership = stored;
                 resp
             }
-            EntryPayload::Normal(req) => self.apply_request(&log_id, req.0.request.as_ref())?,
+            EntryPayload::Normal(req) => match &req.0.request {
+                Some(raft_request::Request::Batch(batch)) => self.apply_batch(&log_id, &batch.requests)?,
+                other => self.apply_request(other.as_ref(), done)?,
+            },
         };
-        self.last_applied = Some(log_id);
         Ok(Response(response))
     }
 
+    /// Applies the requests of a batch entry in order, each with its own sled batch that
+    /// records the progress within the entry, so a crash part-way resumes at the first
+    /// request not yet applied.
+    fn apply_batch(&mut self, log_id: &LogId, requests: &[RaftRequest]) -> Result<RaftResponse, StorageError> {
+        let n = requests.len() as u32;
+        let already = self.ci.done_in(log_id);
+        let mut responses = Vec::with_capacity(requests.len());
+        for (k, req) in requests.iter().enumerate() {
+            let k = k as u32;
+            if k < already {
+                responses.push(self.replayed());
+                continue;
+            }
+            let next = if k + 1 == n {
+                ConsistentIndex {
+                    applied: Some(*log_id),
+                    partial: None,
+                }
+            } else {
+                ConsistentIndex {
+                    applied: self.ci.applied,
+                    partial: Some((*log_id, k + 1)),
+                }
+            };
+            responses.push(self.apply_request(req.request.as_ref(), next)?);
+        }
+        if n == 0 {
+            let done = ConsistentIndex {
+                applied: Some(*log_id),
+                partial: None,
+            };
+            self.commit_only(done, |_| {})?;
+        }
+        Ok(RaftResponse {
+            revision: self.store.current_revision(),
+            response: Some(raft_response::Response::Batch(ResponseBatch { responses })),
+        })
+    }
+
+    /// The response for work a replay skips (its proposer is gone after a restart).
+    fn replayed(&self) -> RaftResponse {
+        RaftResponse {
+            revision: self.store.current_revision(),
+            response: None,
+        }
+    }
+
+    /// Applies one request and stages `next` as the consistent index in the same sled batch.
     fn apply_request(
         &mut self,
-        log_id: &LogId,
         req: Option<&raft_request::Request>,
+        next: ConsistentIndex,
     ) -> Result<RaftResponse, StorageError> {
         use raft_request::Request as Rq;
         use raft_response::Response as Rs;
+        let log_id = next.applied.or(next.partial.map(|p| p.0)).expect("apply always advances the index");
         let mut w = self.store.write();
+        let lessor = self.lessor.clone();
+        let mut lease_outcome: Option<ApplyOutcome> = None;
         let outcome: Result<Option<Rs>, EtcdError> = match req {
-            Some(Rq::Put(r)) => w.put(r).map(|x| Some(Rs::Put(x))),
+            Some(Rq::Put(r)) => lessor.check_put(r).and_then(|()| w.put(r)).map(|x| Some(Rs::Put(x))),
             Some(Rq::DeleteRange(r)) => w.delete_range(r).map(|x| Some(Rs::DeleteRange(x))),
-            Some(Rq::Txn(r)) => w.txn(r).map(|x| Some(Rs::Txn(x))),
+            Some(Rq::Txn(r)) => w
+                .txn_with_lease_check(r, &|id| lessor.contains(id))
+                .map(|x| Some(Rs::Txn(x))),
             Some(Rq::Compaction(r)) => w.compact(r.revision).map(|x| Some(Rs::Compaction(x))),
             Some(Rq::MemberAttributes(a)) => {
                 Attributes::stage(w.batch_mut(), a);
                 Ok(None)
             }
-            Some(Rq::LeaseGrant(_)) | Some(Rq::LeaseRevoke(_)) => Err(EtcdError::Internal(
-                "keel: this member's version cannot apply lease requests".into(),
-            )),
+            Some(r @ (Rq::LeaseGrant(_) | Rq::LeaseRevoke(_) | Rq::LeaseCheckpoint(_) | Rq::LeaseExpire(_))) => {
+                lessor.apply_request(&mut w, r).map(|(resp, changed)| {
+                    lease_outcome = Some(changed);
+                    Some(resp)
+                })
+            }
+            Some(Rq::Batch(_)) => Err(EtcdError::Internal("keel: nested request batches are not allowed".into())),
             None => Ok(None),
         };
         match outcome {
             Ok(response) => {
-                cindex::stage(w.batch_mut(), log_id);
-                let committed = w.commit().map_err(|e| StorageIOError::apply(*log_id, &e))?;
+                cindex::stage(w.batch_mut(), &next);
+                let committed = w.commit().map_err(|e| StorageIOError::apply(log_id, &e))?;
+                self.ci = next;
+                lessor.publish(lease_outcome, &committed.events);
+                let revision = committed.revision;
+                if let Some(hub) = &self.watch {
+                    // Never blocks: slow watchers fall behind and catch up from the store.
+                    hub.notify(revision, committed.events);
+                }
                 if let Some(Rq::MemberAttributes(a)) = req {
                     self.attributes.publish(a.clone());
                 }
-                Ok(RaftResponse {
-                    revision: committed.revision,
-                    response,
-                })
+                Ok(RaftResponse { revision, response })
             }
             Err(e) => {
-                // Nothing of the failed request is written; the entry still counts as applied.
+                // Nothing of the failed request is written; it still counts as applied.
                 drop(w);
                 let error = Rs::Error(ApplyError {
                     code: e.code() as i32,
                     message: e.to_string(),
                 });
-                let mut resp = self.commit_only(log_id, |_| {})?;
+                let mut resp = self.commit_only(next, |_| {})?;
                 resp.response = Some(error);
                 Ok(resp)
             }
         }
     }
 
-    /// Commits a batch holding only the consistent index plus `extra` writes.
+    /// Commits a sled batch holding only the consistent index `next` plus `extra` writes.
     fn commit_only(
         &mut self,
-        log_id: &LogId,
+        next: ConsistentIndex,
         extra: impl FnOnce(&mut sled::Batch),
     ) -> Result<RaftResponse, StorageError> {
+        let log_id = next.applied.or(next.partial.map(|p| p.0)).expect("apply always advances the index");
         let mut w = self.store.write();
         extra(w.batch_mut());
-        cindex::stage(w.batch_mut(), log_id);
-        let committed = w.commit().map_err(|e| StorageIOError::apply(*log_id, &e))?;
+        cindex::stage(w.batch_mut(), &next);
+        let committed = w.commit().map_err(|e| StorageIOError::apply(log_id, &e))?;
+        self.ci = next;
         Ok(RaftResponse {
             revision: committed.revision,
             response: None,

@@ -8,6 +8,8 @@ use keel_proto::mvccpb::Event;
 use keel_proto::mvccpb::event::EventType;
 
 use super::backend;
+use super::index::Index;
+use super::revision::Revision;
 use super::revision::{parse_record_key, record_key_lower_bound};
 use super::store::MvccStore;
 use crate::error::EtcdError;
@@ -66,6 +68,10 @@ impl MvccStore {
                 break;
             }
             let mut kv = backend::decode_kv(&rkey, &value).map_err(|e| internal(&e))?;
+            if rev.main <= view.compact_rev && !indexed(&view.index, &kv.key, rev) {
+                // Compacted away but not yet removed from sled (see compactor.rs).
+                continue;
+            }
             let kind = if tombstone {
                 kv.mod_revision = rev.main;
                 EventType::Delete
@@ -84,4 +90,11 @@ impl MvccStore {
         }
         Ok(batch)
     }
+}
+
+/// Whether the index still holds revision `rev` of `key`.
+fn indexed(index: &Index, key: &[u8], rev: Revision) -> bool {
+    index
+        .get(key)
+        .is_some_and(|h| h.revisions().any(|r| r.revision() == rev))
 }

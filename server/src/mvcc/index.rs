@@ -1,25 +1,33 @@
 //! The in-memory key index: every key with its history, in key order.
 //!
 //! # Layout
-//! A two-level, copy-on-write structure: [`Index`] is a vector of `Arc<Block>`, and each
-//! [`Block`] holds up to [`MAX_ENTRIES`] consecutive keys (built at [`TARGET_ENTRIES`]):
-//! the key bytes packed in one arena, the end offsets, and one [`KeyHistory`] per key. Each
-//! block caches its *live* key count at the newest revision, so counting any key range at the
-//! current revision costs two partial block scans plus a sum over whole blocks, never a walk
-//! over all keys. Each block also caches the highest main revision of its newest revisions
-//! (`max_main`): a block with `max_main <= rev` looks at `rev` exactly as it does now, so
-//! historical counts reuse the cached count for every block untouched since `rev`.
+//! A three-level, copy-on-write tree of fixed height:
+//!
+//! ```text
+//! Index { chunks: Vec<Arc<Chunk>> }          top level, in key order
+//! Chunk { blocks: Vec<Arc<Block>>, stats }   up to CHUNK_MAX_BLOCKS blocks
+//! Block { key arena, key ends, histories, stats }   up to BLOCK_MAX_KEYS keys
+//! ```
+//!
+//! Every block and chunk caches its *live* key count at the newest revision, so counting any
+//! key range at the current revision costs two partial block scans, two partial chunk sums
+//! and a sum over whole chunks, never a walk over all keys. Each also caches the highest
+//! main revision of its newest revisions (`max_main`): a part with `max_main <= rev` looks
+//! at `rev` exactly as it does now, so historical counts reuse the cached counts of every
+//! part untouched since `rev` and walk only the rest.
 //!
 //! # Sharing
-//! `Index: Clone` clones only the block vector (reference counts). The single writer clones
-//! the published index, changes it (`Arc::make_mut` copies a block the first time it is
-//! touched), and publishes the result; readers keep using the index they started with,
-//! unchanged. This is how readers never block the writer and never see half an entry.
+//! `Index: Clone` copies only the top vector (one reference count per chunk). The single
+//! writer clones the published index, changes it (`Arc::make_mut` copies a chunk's pointer
+//! vector and a ~100-key block the first time they are touched) and publishes the result;
+//! readers keep the index they started with, unchanged. So readers never block the writer
+//! and never see half an entry, and one write costs a few small copies, not a walk.
 //!
 //! # Invariants
-//! - keys are strictly ascending within a block and across blocks; no block is empty;
-//! - `Block::live` / `with_history` / `Index::{keys, live}` equal what their entries imply;
-//! - `Block::max_main` ≥ the main revision of every newest revision in the block.
+//! - keys strictly ascend within a block, across blocks and across chunks;
+//! - no block and no chunk is empty;
+//! - cached `keys` / `live` / `with_history` equal what the entries below imply;
+//! - cached `max_main` ≥ the main revision of every newest revision below.
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -27,16 +35,22 @@ use std::sync::Arc;
 use super::key_index::{KeyHistory, RevInfo};
 
 /// Keys per block when blocks are built or merged.
-pub const TARGET_ENTRIES: usize = 1024;
+pub const BLOCK_TARGET_KEYS: usize = 128;
 /// A block holding more keys than this is split in two.
-pub const MAX_ENTRIES: usize = 2048;
+pub const BLOCK_MAX_KEYS: usize = 256;
 /// A block whose key bytes exceed this is split in two (when it holds ≥ 2 keys).
-pub const MAX_KEY_BYTES: usize = 128 * 1024;
+pub const BLOCK_MAX_KEY_BYTES: usize = 32 * 1024;
 /// Key bytes per block when blocks are built or merged.
-pub const TARGET_KEY_BYTES: usize = 64 * 1024;
-/// After compaction, a block with fewer keys than this is merged into its right neighbour
-/// when the result stays within the targets.
-pub const MIN_ENTRIES: usize = TARGET_ENTRIES / 4;
+pub const BLOCK_TARGET_KEY_BYTES: usize = 16 * 1024;
+/// After compaction a block with fewer keys than this merges into its right neighbour when
+/// the result stays within the targets.
+pub const BLOCK_MIN_KEYS: usize = BLOCK_TARGET_KEYS / 4;
+/// Blocks per chunk when chunks are built or merged.
+pub const CHUNK_TARGET_BLOCKS: usize = 64;
+/// A chunk holding more blocks than this is split in two.
+pub const CHUNK_MAX_BLOCKS: usize = 128;
+/// After compaction a chunk with fewer blocks than this merges into its right neighbour.
+pub const CHUNK_MIN_BLOCKS: usize = CHUNK_TARGET_BLOCKS / 4;
 
 /// A resolved key range (etcd `RangeRequest.key` / `range_end` semantics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,15 +93,48 @@ impl<'a> KeyRange<'a> {
     }
 }
 
-/// A run of consecutive keys with their histories.
+/// Cached statistics of a block or chunk.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Stats {
+    keys: usize,
+    live: usize,
+    with_history: usize,
+    max_main: i64,
+}
+
+impl Stats {
+    fn of(h: &KeyHistory) -> Stats {
+        Stats {
+            keys: 1,
+            live: usize::from(h.is_live()),
+            with_history: usize::from(h.has_history()),
+            max_main: h.latest().main,
+        }
+    }
+
+    fn add(&mut self, o: Stats) {
+        self.keys += o.keys;
+        self.live += o.live;
+        self.with_history += o.with_history;
+        self.max_main = self.max_main.max(o.max_main);
+    }
+
+    /// Replaces the contribution `old` by `new` (`max_main` only grows: an upper bound).
+    fn replace(&mut self, old: Stats, new: Stats) {
+        self.keys = self.keys - old.keys + new.keys;
+        self.live = self.live - old.live + new.live;
+        self.with_history = self.with_history - old.with_history + new.with_history;
+        self.max_main = self.max_main.max(new.max_main);
+    }
+}
+
+/// A run of consecutive keys with their histories (the leaf level).
 #[derive(Debug, Clone, Default)]
 pub struct Block {
     keys: Vec<u8>,
     ends: Vec<u32>,
     hist: Vec<KeyHistory>,
-    live: u32,
-    with_history: u32,
-    max_main: i64,
+    stats: Stats,
 }
 
 impl Block {
@@ -133,22 +180,26 @@ impl Block {
         self.search(key).unwrap_or_else(|i| i)
     }
 
-    fn add_stats(&mut self, h: &KeyHistory) {
-        self.live += u32::from(h.is_live());
-        self.with_history += u32::from(h.has_history());
-        self.max_main = self.max_main.max(h.latest().main);
-    }
-
     /// Appends a key greater than every key in the block.
     fn push(&mut self, key: &[u8], h: KeyHistory) {
         debug_assert!(self.is_empty() || self.key(self.len() - 1) < key);
         self.keys.extend_from_slice(key);
         self.ends.push(arena_offset(self.keys.len()));
-        self.add_stats(&h);
+        self.stats.add(Stats::of(&h));
         self.hist.push(h);
     }
 
     fn insert(&mut self, i: usize, key: &[u8], h: KeyHistory) {
+        // Grow by ~1/8 instead of doubling: blocks are small and often re-copied, and
+        // doubling would leave up to half of every block unused.
+        let grow = (self.len() / 8).max(1);
+        if self.hist.len() == self.hist.capacity() {
+            self.hist.reserve_exact(grow);
+            self.ends.reserve_exact(grow);
+        }
+        if self.keys.capacity() - self.keys.len() < key.len() {
+            self.keys.reserve_exact(key.len().max(self.keys.len() / 8));
+        }
         let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
         self.keys.splice(start..start, key.iter().copied());
         let shift = arena_offset(key.len());
@@ -156,26 +207,22 @@ impl Block {
             *e += shift;
         }
         self.ends.insert(i, arena_offset(start + key.len()));
-        self.add_stats(&h);
+        self.stats.add(Stats::of(&h));
         self.hist.insert(i, h);
     }
 
     /// Appends `rev` to the history of key `i`, keeping the statistics exact.
     fn push_rev(&mut self, i: usize, rev: RevInfo) {
-        let h = &mut self.hist[i];
-        let (was_live, had_history) = (h.is_live(), h.has_history());
-        h.push(rev);
-        let (is_live, has_history) = (h.is_live(), h.has_history());
-        self.live = self.live + u32::from(is_live) - u32::from(was_live);
-        self.with_history = self.with_history + u32::from(has_history) - u32::from(had_history);
-        self.max_main = self.max_main.max(rev.main);
+        let old = Stats::of(&self.hist[i]);
+        self.hist[i].push(rev);
+        self.stats.replace(old, Stats::of(&self.hist[i]));
     }
 
     fn too_big(&self) -> bool {
-        self.len() > MAX_ENTRIES || (self.len() >= 2 && self.keys.len() > MAX_KEY_BYTES)
+        self.len() > BLOCK_MAX_KEYS || (self.len() >= 2 && self.keys.len() > BLOCK_MAX_KEY_BYTES)
     }
 
-    /// Moves keys `[at..]` into a new block.
+    /// Moves keys `[at..]` into a new block; both halves are sized exactly.
     fn split_off(&mut self, at: usize) -> Block {
         let mut right = Block::default();
         let hist = self.hist.split_off(at);
@@ -189,19 +236,27 @@ impl Block {
         }
         self.keys.truncate(byte_at);
         self.ends.truncate(at);
-        self.recompute_stats();
+        self.keys.shrink_to_fit();
+        self.ends.shrink_to_fit();
+        self.hist.shrink_to_fit();
+        self.stats = self.hist.iter().fold(Stats::default(), |mut s, h| {
+            s.add(Stats::of(h));
+            s
+        });
         right
     }
 
-    fn recompute_stats(&mut self) {
-        self.live = 0;
-        self.with_history = 0;
-        self.max_main = 0;
-        let hist = std::mem::take(&mut self.hist);
-        for h in &hist {
-            self.add_stats(h);
+    /// Live keys among `[lo, hi)` at `rev`.
+    fn count(&self, lo: usize, hi: usize, rev: i64) -> usize {
+        if lo == 0 && hi == self.len() && self.stats.max_main <= rev {
+            return self.stats.live;
         }
-        self.hist = hist;
+        let hist = &self.hist[lo..hi];
+        if self.stats.max_main <= rev {
+            hist.iter().filter(|h| h.is_live()).count()
+        } else {
+            hist.iter().filter(|h| h.visible_at(rev).is_some()).count()
+        }
     }
 
     fn heap_bytes(&self) -> usize {
@@ -218,20 +273,76 @@ fn arena_offset(n: usize) -> u32 {
     u32::try_from(n).expect("mvcc index: block key arena exceeds 4 GiB")
 }
 
-/// A position in the index: key `idx` of block `block`. The end position is
-/// `(blocks.len(), 0)`.
+/// A run of consecutive blocks (the middle level).
+#[derive(Debug, Clone, Default)]
+pub struct Chunk {
+    blocks: Vec<Arc<Block>>,
+    stats: Stats,
+}
+
+impl Chunk {
+    fn first_key(&self) -> &[u8] {
+        self.blocks[0].first_key()
+    }
+
+    /// The block that holds `key` or would receive it.
+    fn block_for(&self, key: &[u8]) -> usize {
+        self.blocks
+            .partition_point(|b| b.first_key() <= key)
+            .saturating_sub(1)
+    }
+
+    fn push(&mut self, block: Block) {
+        self.stats.add(block.stats);
+        self.blocks.push(Arc::new(block));
+    }
+
+    fn recompute(&mut self) {
+        self.stats = Stats::default();
+        for b in &self.blocks {
+            self.stats.add(b.stats);
+        }
+    }
+
+    /// Live keys of blocks `[lo, hi)` at `rev`.
+    fn count_blocks(&self, lo: usize, hi: usize, rev: i64) -> usize {
+        if lo == 0 && hi == self.blocks.len() && self.stats.max_main <= rev {
+            return self.stats.live;
+        }
+        self.blocks[lo..hi]
+            .iter()
+            .map(|b| b.count(0, b.len(), rev))
+            .sum()
+    }
+}
+
+/// A position in the index: key `idx` of block `block` of chunk `chunk`. The end position is
+/// `(chunks.len(), 0, 0)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Pos {
+    chunk: usize,
     block: usize,
     idx: usize,
 }
 
 /// The ordered key index. See the module docs.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Index {
-    blocks: Vec<Arc<Block>>,
+    chunks: Vec<Arc<Chunk>>,
     keys: usize,
     live: usize,
+}
+
+impl std::fmt::Debug for Index {
+    /// A summary: an index may hold millions of keys.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index")
+            .field("keys", &self.keys)
+            .field("live", &self.live)
+            .field("chunks", &self.chunks.len())
+            .field("blocks", &self.blocks())
+            .finish()
+    }
 }
 
 impl Index {
@@ -250,9 +361,14 @@ impl Index {
         self.live
     }
 
-    /// Number of blocks.
+    /// Number of leaf blocks.
     pub fn blocks(&self) -> usize {
-        self.blocks.len()
+        self.chunks.iter().map(|c| c.blocks.len()).sum()
+    }
+
+    /// Number of chunks.
+    pub fn chunks(&self) -> usize {
+        self.chunks.len()
     }
 
     /// Builds an index from `(key, history)` pairs in strictly ascending key order.
@@ -263,72 +379,120 @@ impl Index {
         entries: impl IntoIterator<Item = (K, KeyHistory)>,
     ) -> Index {
         let mut index = Index::new();
-        let mut cur = Block::default();
+        let mut chunk = Chunk::default();
+        let mut block = Block::default();
         for (key, h) in entries {
             let key = key.as_ref();
-            if !cur.is_empty() {
-                assert!(
-                    cur.key(cur.len() - 1) < key,
-                    "mvcc index: keys out of order in build"
-                );
-            } else if let Some(last) = index.blocks.last() {
-                assert!(
-                    last.key(last.len() - 1) < key,
-                    "mvcc index: keys out of order in build"
-                );
-            }
+            let prev = if !block.is_empty() {
+                Some(block.key(block.len() - 1))
+            } else {
+                chunk
+                    .blocks
+                    .last()
+                    .or_else(|| index.chunks.last().and_then(|c| c.blocks.last()))
+                    .map(|b| b.key(b.len() - 1))
+            };
+            assert!(
+                prev.is_none_or(|p| p < key),
+                "mvcc index: keys out of order in build"
+            );
             index.keys += 1;
             index.live += usize::from(h.is_live());
-            cur.push(key, h);
-            if cur.len() >= TARGET_ENTRIES || cur.keys.len() >= TARGET_KEY_BYTES {
-                index.blocks.push(Arc::new(std::mem::take(&mut cur)));
+            block.push(key, h);
+            if block.len() >= BLOCK_TARGET_KEYS || block.keys.len() >= BLOCK_TARGET_KEY_BYTES {
+                chunk.push(std::mem::take(&mut block));
+                if chunk.blocks.len() >= CHUNK_TARGET_BLOCKS {
+                    index.chunks.push(Arc::new(std::mem::take(&mut chunk)));
+                }
             }
         }
-        if !cur.is_empty() {
-            index.blocks.push(Arc::new(cur));
+        if !block.is_empty() {
+            chunk.push(block);
+        }
+        if !chunk.blocks.is_empty() {
+            index.chunks.push(Arc::new(chunk));
         }
         index
     }
 
+    /// Appends `other`, whose keys all sort after this index's keys.
+    ///
+    /// Panics if they do not (a misordered index breaks every lookup).
+    pub fn append(&mut self, other: Index) {
+        if let (Some(a), Some(b)) = (self.chunks.last(), other.chunks.first()) {
+            let last = a.blocks.last().expect("non-empty chunk");
+            assert!(
+                last.key(last.len() - 1) < b.first_key(),
+                "mvcc index: append out of order"
+            );
+        }
+        self.keys += other.keys;
+        self.live += other.live;
+        self.chunks.extend(other.chunks);
+    }
+
     /// The history of `key`, if the index holds it.
     pub fn get(&self, key: &[u8]) -> Option<&KeyHistory> {
-        let b = self.block_for(key)?;
-        let block = &self.blocks[b];
+        let c = self.chunk_for(key)?;
+        let chunk = &self.chunks[c];
+        let block = &chunk.blocks[chunk.block_for(key)];
         block.search(key).ok().map(|i| block.history(i))
     }
 
-    /// The block that holds `key` or would receive it.
-    fn block_for(&self, key: &[u8]) -> Option<usize> {
-        if self.blocks.is_empty() {
+    /// The chunk that holds `key` or would receive it.
+    fn chunk_for(&self, key: &[u8]) -> Option<usize> {
+        if self.chunks.is_empty() {
             return None;
         }
         Some(
-            self.blocks
-                .partition_point(|b| b.first_key() <= key)
+            self.chunks
+                .partition_point(|c| c.first_key() <= key)
                 .saturating_sub(1),
         )
     }
 
     fn end_pos(&self) -> Pos {
         Pos {
-            block: self.blocks.len(),
+            chunk: self.chunks.len(),
+            block: 0,
             idx: 0,
+        }
+    }
+
+    /// The first position of block `block` of chunk `chunk`, normalized past the end of the
+    /// chunk.
+    fn block_start(&self, chunk: usize, block: usize) -> Pos {
+        if chunk < self.chunks.len() && block >= self.chunks[chunk].blocks.len() {
+            Pos {
+                chunk: chunk + 1,
+                block: 0,
+                idx: 0,
+            }
+        } else {
+            Pos {
+                chunk,
+                block,
+                idx: 0,
+            }
         }
     }
 
     /// Position of the first key `>= key`.
     fn lower_bound(&self, key: &[u8]) -> Pos {
-        let Some(b) = self.block_for(key) else {
+        let Some(c) = self.chunk_for(key) else {
             return self.end_pos();
         };
-        let i = self.blocks[b].lower_bound(key);
-        if i == self.blocks[b].len() {
-            Pos {
-                block: b + 1,
-                idx: 0,
-            }
+        let chunk = &self.chunks[c];
+        let b = chunk.block_for(key);
+        let i = chunk.blocks[b].lower_bound(key);
+        if i == chunk.blocks[b].len() {
+            self.block_start(c, b + 1)
         } else {
-            Pos { block: b, idx: i }
+            Pos {
+                chunk: c,
+                block: b,
+                idx: i,
+            }
         }
     }
 
@@ -349,23 +513,40 @@ impl Index {
         }
     }
 
+    fn block(&self, p: Pos) -> &Block {
+        &self.chunks[p.chunk].blocks[p.block]
+    }
+
     fn at(&self, p: Pos) -> Option<(&[u8], &KeyHistory)> {
-        let block = self.blocks.get(p.block)?;
+        let block = self.chunks.get(p.chunk)?.blocks.get(p.block)?;
         Some((block.key(p.idx), block.history(p.idx)))
     }
 
     fn next(&self, p: Pos) -> Pos {
-        if p.idx + 1 < self.blocks[p.block].len() {
+        if p.idx + 1 < self.block(p).len() {
             Pos {
-                block: p.block,
                 idx: p.idx + 1,
+                ..p
             }
         } else {
-            Pos {
-                block: p.block + 1,
-                idx: 0,
-            }
+            self.block_start(p.chunk, p.block + 1)
         }
+    }
+
+    fn prev(&self, p: Pos) -> Pos {
+        if p.idx > 0 {
+            return Pos {
+                idx: p.idx - 1,
+                ..p
+            };
+        }
+        let (chunk, block) = if p.block > 0 {
+            (p.chunk, p.block - 1)
+        } else {
+            (p.chunk - 1, self.chunks[p.chunk - 1].blocks.len() - 1)
+        };
+        let idx = self.chunks[chunk].blocks[block].len() - 1;
+        Pos { chunk, block, idx }
     }
 
     /// Keys in `range`, ascending, with their histories.
@@ -382,161 +563,233 @@ impl Index {
     pub fn iter_all(&self) -> Iter<'_> {
         Iter {
             index: self,
-            from: Pos { block: 0, idx: 0 },
+            from: Pos {
+                chunk: 0,
+                block: 0,
+                idx: 0,
+            },
             to: self.end_pos(),
         }
     }
 
-    /// Number of keys in `range` that exist at revision `rev`. `rev >= ` the newest revision
-    /// in the index counts from the cached per-block counts; older revisions reuse them for
-    /// every block untouched since `rev` and walk the others.
+    /// Number of keys in `range` that exist at revision `rev`. At (or above) the newest
+    /// revision this sums cached counts; at older revisions cached counts still serve every
+    /// block and chunk untouched since `rev`, and only the others are walked.
     pub fn count(&self, range: &KeyRange<'_>, rev: i64) -> usize {
         let (from, to) = self.bounds(range);
         if from >= to {
             return 0;
         }
-        let partial = |b: usize, lo: usize, hi: usize| -> usize {
-            let block = &self.blocks[b];
-            if block.max_main <= rev {
-                block.hist[lo..hi].iter().filter(|h| h.is_live()).count()
-            } else {
-                block.hist[lo..hi]
-                    .iter()
-                    .filter(|h| h.visible_at(rev).is_some())
-                    .count()
-            }
-        };
-        if from.block == to.block {
-            return partial(from.block, from.idx, to.idx);
+        if (from.chunk, from.block) == (to.chunk, to.block) {
+            return self.block(from).count(from.idx, to.idx, rev);
         }
-        let mut n = partial(from.block, from.idx, self.blocks[from.block].len());
-        for b in from.block + 1..to.block {
-            let block = &self.blocks[b];
-            n += if block.max_main <= rev {
-                block.live as usize
-            } else {
-                partial(b, 0, block.len())
-            };
+        // First (partial) block, then the rest of its chunk.
+        let first = self.block(from);
+        let mut n = first.count(from.idx, first.len(), rev);
+        let c0 = &self.chunks[from.chunk];
+        if from.chunk == to.chunk {
+            n += c0.count_blocks(from.block + 1, to.block, rev);
+            return n + self.block(to).count(0, to.idx, rev);
         }
-        if to.block < self.blocks.len() {
-            n += partial(to.block, 0, to.idx);
+        n += c0.count_blocks(from.block + 1, c0.blocks.len(), rev);
+        // Whole chunks.
+        for c in &self.chunks[from.chunk + 1..to.chunk] {
+            n += c.count_blocks(0, c.blocks.len(), rev);
+        }
+        // Blocks of the last chunk before `to`, then the partial last block.
+        if to.chunk < self.chunks.len() {
+            let cl = &self.chunks[to.chunk];
+            n += cl.count_blocks(0, to.block, rev);
+            n += self.block(to).count(0, to.idx, rev);
         }
         n
     }
 
     /// Appends revision `rev` to `key`, adding the key if the index does not hold it.
     pub fn push(&mut self, key: &[u8], rev: RevInfo) {
-        let Some(b) = self.block_for(key) else {
+        let Some(c) = self.chunk_for(key) else {
             let mut block = Block::default();
             block.push(key, KeyHistory::new(rev));
+            let mut chunk = Chunk::default();
+            chunk.push(block);
             self.keys += 1;
             self.live += usize::from(!rev.tombstone);
-            self.blocks.push(Arc::new(block));
+            self.chunks.push(Arc::new(chunk));
             return;
         };
-        let block = Arc::make_mut(&mut self.blocks[b]);
+        let chunk = Arc::make_mut(&mut self.chunks[c]);
+        let b = chunk.block_for(key);
+        let block = Arc::make_mut(&mut chunk.blocks[b]);
+        let before = block.stats;
         match block.search(key) {
-            Ok(i) => {
-                let was_live = block.hist[i].is_live();
-                block.push_rev(i, rev);
-                self.live = self.live + usize::from(!rev.tombstone) - usize::from(was_live);
-            }
-            Err(i) => {
-                block.insert(i, key, KeyHistory::new(rev));
-                self.keys += 1;
-                self.live += usize::from(!rev.tombstone);
-                if block.too_big() {
-                    let right = block.split_off(block.len() / 2);
-                    self.blocks.insert(b + 1, Arc::new(right));
-                }
+            Ok(i) => block.push_rev(i, rev),
+            Err(i) => block.insert(i, key, KeyHistory::new(rev)),
+        }
+        let after = block.stats;
+        chunk.stats.replace(before, after);
+        self.keys = self.keys + after.keys - before.keys;
+        self.live = self.live + after.live - before.live;
+        if block.too_big() {
+            let right = block.split_off(block.len() / 2);
+            chunk.blocks.insert(b + 1, Arc::new(right));
+            if chunk.blocks.len() > CHUNK_MAX_BLOCKS {
+                let right = Chunk {
+                    blocks: chunk.blocks.split_off(chunk.blocks.len() / 2),
+                    stats: Stats::default(),
+                };
+                chunk.recompute();
+                let mut right = right;
+                right.recompute();
+                self.chunks.insert(c + 1, Arc::new(right));
             }
         }
     }
 
     /// Compacts every key at `at_rev` (see [`KeyHistory::compact`]), appending the removed
-    /// revisions to `removed`. Blocks without removable history are left shared (not
-    /// copied); emptied blocks are dropped and small ones merged.
+    /// revisions to `removed`. Chunks and blocks without removable history stay shared (not
+    /// copied); emptied blocks and chunks are dropped and small ones merged.
     pub fn compact(&mut self, at_rev: i64, removed: &mut Vec<RevInfo>) {
         let mut changed = false;
-        for slot in &mut self.blocks {
-            if slot.with_history == 0 || !slot.hist.iter().any(|h| h.compacts_at(at_rev)) {
+        for slot in &mut self.chunks {
+            if slot.stats.with_history == 0 {
+                continue;
+            }
+            let dirty: Vec<usize> = (0..slot.blocks.len())
+                .filter(|&b| {
+                    let block = &slot.blocks[b];
+                    block.stats.with_history > 0 && block.hist.iter().any(|h| h.compacts_at(at_rev))
+                })
+                .collect();
+            if dirty.is_empty() {
                 continue;
             }
             changed = true;
-            let mut fresh = Block::default();
-            for i in 0..slot.len() {
-                if let Some(kept) = slot.history(i).clone().compact(at_rev, removed) {
-                    fresh.push(slot.key(i), kept);
+            let chunk = Arc::make_mut(slot);
+            for b in dirty {
+                let old = &chunk.blocks[b];
+                let mut fresh = Block::default();
+                for i in 0..old.len() {
+                    if let Some(kept) = old.history(i).compact(at_rev, removed) {
+                        fresh.push(old.key(i), kept);
+                    }
                 }
+                self.keys = self.keys - old.stats.keys + fresh.stats.keys;
+                self.live = self.live - old.stats.live + fresh.stats.live;
+                chunk.blocks[b] = Arc::new(fresh);
             }
-            self.keys = self.keys - slot.len() + fresh.len();
-            self.live = self.live - slot.live as usize + fresh.live as usize;
-            *slot = Arc::new(fresh);
+            chunk.blocks.retain(|b| !b.is_empty());
+            merge_small_blocks(&mut chunk.blocks);
+            chunk.recompute();
         }
         if changed {
-            self.blocks.retain(|b| !b.is_empty());
-            self.merge_small_blocks();
+            self.chunks.retain(|c| !c.blocks.is_empty());
+            self.merge_small_chunks();
         }
     }
 
-    fn merge_small_blocks(&mut self) {
+    fn merge_small_chunks(&mut self) {
         let mut i = 0;
-        while i + 1 < self.blocks.len() {
-            let (a, b) = (&self.blocks[i], &self.blocks[i + 1]);
-            let small = a.len() < MIN_ENTRIES || b.len() < MIN_ENTRIES;
-            let fits = a.len() + b.len() <= TARGET_ENTRIES
-                && a.keys.len() + b.keys.len() <= TARGET_KEY_BYTES;
-            if small && fits {
-                let right = self.blocks.remove(i + 1);
-                let left = Arc::make_mut(&mut self.blocks[i]);
-                for j in 0..right.len() {
-                    left.push(right.key(j), right.history(j).clone());
-                }
+        while i + 1 < self.chunks.len() {
+            let (a, b) = (self.chunks[i].blocks.len(), self.chunks[i + 1].blocks.len());
+            if (a < CHUNK_MIN_BLOCKS || b < CHUNK_MIN_BLOCKS) && a + b <= CHUNK_TARGET_BLOCKS {
+                let right = self.chunks.remove(i + 1);
+                let left = Arc::make_mut(&mut self.chunks[i]);
+                left.blocks.extend(right.blocks.iter().cloned());
+                merge_small_blocks(&mut left.blocks);
+                left.recompute();
             } else {
                 i += 1;
             }
         }
     }
 
-    /// Approximate heap bytes of the index (blocks, key arenas, histories), for the
+    /// Approximate heap bytes of the index (chunks, blocks, key arenas, histories), for the
     /// bytes-per-key figure in docs/mvcc.md.
     pub fn heap_bytes(&self) -> usize {
         let arc_header = 2 * std::mem::size_of::<usize>();
-        self.blocks.capacity() * std::mem::size_of::<Arc<Block>>()
+        self.chunks.capacity() * std::mem::size_of::<Arc<Chunk>>()
             + self
-                .blocks
+                .chunks
                 .iter()
-                .map(|b| arc_header + std::mem::size_of::<Block>() + b.heap_bytes())
+                .map(|c| {
+                    arc_header
+                        + std::mem::size_of::<Chunk>()
+                        + c.blocks.capacity() * std::mem::size_of::<Arc<Block>>()
+                        + c.blocks
+                            .iter()
+                            .map(|b| arc_header + std::mem::size_of::<Block>() + b.heap_bytes())
+                            .sum::<usize>()
+                })
                 .sum::<usize>()
     }
 
     /// Checks every structural invariant; used by tests.
     #[cfg(test)]
     pub fn check_invariants(&self) {
-        let (mut keys, mut live) = (0, 0);
+        let mut total = Stats::default();
         let mut prev: Option<Vec<u8>> = None;
-        for b in &self.blocks {
-            assert!(!b.is_empty(), "empty block");
-            let (mut bl, mut bh) = (0u32, 0u32);
-            for i in 0..b.len() {
-                let k = b.key(i).to_vec();
-                if let Some(p) = &prev {
-                    assert!(p < &k, "keys out of order");
+        for c in &self.chunks {
+            assert!(!c.blocks.is_empty(), "empty chunk");
+            let mut cs = Stats::default();
+            for b in &c.blocks {
+                assert!(!b.is_empty(), "empty block");
+                let mut bs = Stats::default();
+                for i in 0..b.len() {
+                    let k = b.key(i).to_vec();
+                    if let Some(p) = &prev {
+                        assert!(p < &k, "keys out of order");
+                    }
+                    prev = Some(k);
+                    bs.add(Stats::of(b.history(i)));
                 }
-                prev = Some(k);
-                let h = b.history(i);
-                bl += u32::from(h.is_live());
-                bh += u32::from(h.has_history());
-                assert!(
-                    b.max_main >= h.latest().main,
-                    "max_main below a latest revision"
+                assert_eq!(
+                    (b.stats.keys, b.stats.live, b.stats.with_history),
+                    (bs.keys, bs.live, bs.with_history),
+                    "stale block stats"
                 );
+                assert!(
+                    b.stats.max_main >= bs.max_main,
+                    "block max_main below a latest revision"
+                );
+                cs.add(b.stats);
             }
-            assert_eq!((b.live, b.with_history), (bl, bh), "stale block stats");
-            keys += b.len();
-            live += bl as usize;
+            assert_eq!(
+                (c.stats.keys, c.stats.live, c.stats.with_history),
+                (cs.keys, cs.live, cs.with_history),
+                "stale chunk stats"
+            );
+            assert!(
+                c.stats.max_main >= cs.max_main,
+                "chunk max_main below a block's"
+            );
+            total.add(c.stats);
         }
-        assert_eq!((self.keys, self.live), (keys, live), "stale index totals");
+        assert_eq!(
+            (self.keys, self.live),
+            (total.keys, total.live),
+            "stale index totals"
+        );
+    }
+}
+
+/// Merges each block under [`BLOCK_MIN_KEYS`] into its right neighbour when the result stays
+/// within the block targets.
+fn merge_small_blocks(blocks: &mut Vec<Arc<Block>>) {
+    let mut i = 0;
+    while i + 1 < blocks.len() {
+        let (a, b) = (&blocks[i], &blocks[i + 1]);
+        let small = a.len() < BLOCK_MIN_KEYS || b.len() < BLOCK_MIN_KEYS;
+        let fits = a.len() + b.len() <= BLOCK_TARGET_KEYS
+            && a.keys.len() + b.keys.len() <= BLOCK_TARGET_KEY_BYTES;
+        if small && fits {
+            let right = blocks.remove(i + 1);
+            let left = Arc::make_mut(&mut blocks[i]);
+            for j in 0..right.len() {
+                left.push(right.key(j), right.history(j).clone());
+            }
+        } else {
+            i += 1;
+        }
     }
 }
 
@@ -565,18 +818,7 @@ impl DoubleEndedIterator for Iter<'_> {
         if self.from >= self.to {
             return None;
         }
-        self.to = if self.to.idx > 0 {
-            Pos {
-                block: self.to.block,
-                idx: self.to.idx - 1,
-            }
-        } else {
-            let b = self.to.block - 1;
-            Pos {
-                block: b,
-                idx: self.index.blocks[b].len() - 1,
-            }
-        };
+        self.to = self.index.prev(self.to);
         self.index.at(self.to)
     }
 }
@@ -614,7 +856,7 @@ mod tests {
         let index = big();
         index.check_invariants();
         assert_eq!((index.keys(), index.live()), (5000, 5000));
-        assert!(index.blocks() > 5000 / MAX_ENTRIES);
+        assert!(index.blocks() > 5000 / BLOCK_MAX_KEYS);
         let all: Vec<Vec<u8>> = index.iter_all().map(|(k, _)| k.to_vec()).collect();
         assert_eq!(all, (0..5000).map(key).collect::<Vec<_>>());
         let n = (0..5000).find(|n| (n * 7919) % 5000 == 4321).unwrap();
@@ -707,14 +949,26 @@ mod tests {
         let mut work = base.clone();
         work.push(&key(0), put(99_999));
         let shared = base
-            .blocks
+            .chunks
             .iter()
-            .zip(&work.blocks)
+            .zip(&work.chunks)
             .filter(|(a, b)| Arc::ptr_eq(a, b))
             .count();
         assert_eq!(
             shared,
-            base.blocks() - 1,
+            base.chunks() - 1,
+            "only the written chunk is copied"
+        );
+        let (bc, wc) = (&base.chunks[0], &work.chunks[0]);
+        let shared = bc
+            .blocks
+            .iter()
+            .zip(&wc.blocks)
+            .filter(|(a, b)| Arc::ptr_eq(a, b))
+            .count();
+        assert_eq!(
+            shared,
+            bc.blocks.len() - 1,
             "only the written block is copied"
         );
         assert_eq!(base.get(&key(0)).unwrap().len(), 1);
@@ -740,7 +994,7 @@ mod tests {
         assert_eq!(removed.len(), 2 * 4500);
         assert_eq!((index.keys(), index.live()), (500, 500));
         assert!(index.blocks() < blocks_before);
-        assert!(index.blocks() <= 500usize.div_ceil(MIN_ENTRIES));
+        assert!(index.blocks() <= 500usize.div_ceil(BLOCK_MIN_KEYS));
         // The clone taken before still sees everything.
         assert_eq!(untouched.keys(), 5000);
         // A second compaction finds nothing to do and copies nothing.
@@ -750,20 +1004,62 @@ mod tests {
         assert!(removed.is_empty());
         assert!(
             index
-                .blocks
+                .chunks
                 .iter()
-                .zip(&again.blocks)
+                .zip(&again.chunks)
                 .all(|(a, b)| Arc::ptr_eq(a, b))
         );
     }
 
     #[test]
-    fn from_sorted_builds_target_sized_blocks() {
-        let index = Index::from_sorted((0..3000).map(|i| (key(i), KeyHistory::new(put(2)))));
+    fn from_sorted_builds_target_sized_blocks_and_chunks() {
+        let index = Index::from_sorted((0..20_000).map(|i| (key(i), KeyHistory::new(put(2)))));
         index.check_invariants();
-        assert_eq!(index.blocks(), 3);
-        assert_eq!(index.count(&KeyRange::from_request(b"k", b"\0"), 2), 3000);
-        assert!(index.heap_bytes() > 3000 * (9 + 4 + std::mem::size_of::<KeyHistory>()));
+        assert_eq!(index.blocks(), 20_000usize.div_ceil(BLOCK_TARGET_KEYS));
+        assert_eq!(index.chunks(), index.blocks().div_ceil(CHUNK_TARGET_BLOCKS));
+        assert_eq!(index.count(&KeyRange::from_request(b"k", b"\0"), 2), 20_000);
+        let per_key = index.heap_bytes() as f64 / 20_000.0;
+        assert!(
+            per_key > (9 + 4 + std::mem::size_of::<KeyHistory>()) as f64,
+            "{per_key}"
+        );
+        assert!(per_key < 75.0, "{per_key} bytes/key");
+    }
+
+    #[test]
+    fn random_inserts_split_chunks_and_counts_stay_exact() {
+        let mut index = Index::new();
+        let n = 100_000usize;
+        for j in 0..n {
+            let i = (j * 7919) % n;
+            let r = if j % 5 == 0 {
+                tomb(2 + j as i64)
+            } else {
+                put(2 + j as i64)
+            };
+            index.push(&key(i), r);
+        }
+        index.check_invariants();
+        assert!(index.chunks() >= 3, "{} chunks", index.chunks());
+        for (lo, hi, at) in [
+            (0, n, i64::MAX),
+            (1, 99_999, 50_000),
+            (5_000, 83_333, 30_001),
+            (17, 18, 9),
+        ] {
+            let (a, b) = (key(lo), key(hi));
+            let r = KeyRange::Span {
+                start: &a,
+                end: Some(&b),
+            };
+            let walked = index
+                .iter(&r)
+                .filter(|(_, h)| h.visible_at(at).is_some())
+                .count();
+            assert_eq!(index.count(&r, at), walked, "{lo}..{hi} at {at}");
+            let back = index.iter(&r).rev().count();
+            assert_eq!(back, hi - lo);
+        }
     }
 
     #[test]
@@ -819,8 +1115,8 @@ mod tests {
 
         fn step() -> impl Strategy<Value = Step> {
             prop_oneof![
-                4 => (0usize..12_000, 1usize..2500, 1usize..9).prop_map(|(start, n, stride)| Step::Puts { start, n, stride }),
-                2 => (0usize..12_000, 1usize..3000).prop_map(|(lo, len)| Step::Deletes { lo, len }),
+                4 => (0usize..30_000, 1usize..6000, 1usize..9).prop_map(|(start, n, stride)| Step::Puts { start, n, stride }),
+                2 => (0usize..30_000, 1usize..8000).prop_map(|(lo, len)| Step::Deletes { lo, len }),
                 1 => Just(Step::Compact),
             ]
         }
@@ -836,7 +1132,7 @@ mod tests {
             #![proptest_config(ProptestConfig { cases: 10, max_shrink_iters: 30, ..ProptestConfig::default() })]
 
             #[test]
-            fn index_matches_btreemap(steps in proptest::collection::vec(step(), 1..14), probes in proptest::collection::vec((0usize..12_100, 0usize..12_100, any::<u16>()), 12)) {
+            fn index_matches_btreemap(steps in proptest::collection::vec(step(), 1..14), probes in proptest::collection::vec((0usize..30_100, 0usize..30_100, any::<u16>()), 12)) {
                 let mut index = Index::new();
                 let mut model: BTreeMap<Vec<u8>, Vec<RevInfo>> = BTreeMap::new();
                 let (mut rev, mut compacted) = (1i64, 0i64);
@@ -845,7 +1141,7 @@ mod tests {
                     let mut sub = 0;
                     match s {
                         Step::Puts { start, n, stride } => {
-                            for i in (0..n).map(|j| (start + j * stride) % 12_000) {
+                            for i in (0..n).map(|j| (start + j * stride) % 30_000) {
                                 let r = RevInfo::put(Revision::new(rev, sub), rev, 1, 0);
                                 if model.get(&key(i)).is_some_and(|h| h.last().unwrap().main == rev) {
                                     continue;
@@ -856,7 +1152,7 @@ mod tests {
                             }
                         }
                         Step::Deletes { lo, len } => {
-                            for i in lo..(lo + len).min(12_000) {
+                            for i in lo..(lo + len).min(30_000) {
                                 if model.get(&key(i)).is_some_and(|h| !h.last().unwrap().tombstone) {
                                     let r = RevInfo::tombstone(Revision::new(rev, sub));
                                     sub += 1;

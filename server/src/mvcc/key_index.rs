@@ -13,6 +13,8 @@
 //!   all puts of a generation share one `create_revision`;
 //! - a tombstone has `create_revision` = `version` = `lease` = 0.
 
+use std::sync::Arc;
+
 use super::revision::Revision;
 
 /// One revision of one key as the index keeps it (40 bytes).
@@ -73,12 +75,14 @@ fn sub_u32(sub: i64) -> u32 {
 ///
 /// `latest` is stored inline because most keys have exactly one revision (after
 /// compaction); older revisions live behind one thin pointer that is null in that case.
+/// The pointer is an `Arc`, so copying an index block (copy-on-write, see `index.rs`) bumps
+/// a reference count per key with history instead of copying that history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyHistory {
     latest: RevInfo,
     // A thin (8-byte, null when empty) pointer: `Vec` inline would cost 24 bytes per key.
-    #[allow(clippy::box_collection)]
-    older: Option<Box<Vec<RevInfo>>>,
+    #[allow(clippy::rc_buffer)]
+    older: Option<Arc<Vec<RevInfo>>>,
 }
 
 impl KeyHistory {
@@ -97,7 +101,7 @@ impl KeyHistory {
             None
         } else {
             revs.shrink_to_fit();
-            Some(Box::new(revs))
+            Some(Arc::new(revs))
         };
         Some(KeyHistory { latest, older })
     }
@@ -162,7 +166,7 @@ impl KeyHistory {
             self.latest.revision()
         );
         let prev = std::mem::replace(&mut self.latest, next);
-        self.older.get_or_insert_with(Default::default).push(prev);
+        Arc::make_mut(self.older.get_or_insert_with(Default::default)).push(prev);
     }
 
     /// Compacts this history at `at_rev`, appending the removed revisions to `removed`.
@@ -173,13 +177,24 @@ impl KeyHistory {
     /// the open generation); inside it keep from the newest revision `<= at_rev` onwards;
     /// keep all later generations. A tombstone at exactly `at_rev` is therefore kept, so a
     /// watcher starting at the compact revision still sees that delete.
-    pub fn compact(self, at_rev: i64, removed: &mut Vec<RevInfo>) -> Option<KeyHistory> {
+    pub fn compact(&self, at_rev: i64, removed: &mut Vec<RevInfo>) -> Option<KeyHistory> {
         let keep_from = self.keep_from(at_rev);
-        let mut revs = self.older.map(|b| *b).unwrap_or_default();
-        revs.push(self.latest);
-        removed.extend_from_slice(&revs[..keep_from]);
-        revs.drain(..keep_from);
-        KeyHistory::from_revisions(revs)
+        if keep_from == 0 {
+            return Some(self.clone());
+        }
+        // Reads the (possibly shared) history; allocates only for what is kept.
+        let older: &[RevInfo] = self.older.as_deref().map_or(&[], |v| v.as_slice());
+        let len = older.len() + 1;
+        removed.extend_from_slice(&older[..keep_from.min(older.len())]);
+        if keep_from == len {
+            removed.push(self.latest);
+            return None;
+        }
+        let kept_older = &older[keep_from..];
+        Some(KeyHistory {
+            latest: self.latest,
+            older: (!kept_older.is_empty()).then(|| Arc::new(kept_older.to_vec())),
+        })
     }
 
     /// Whether [`KeyHistory::compact`] at `at_rev` would remove anything.
@@ -189,8 +204,11 @@ impl KeyHistory {
 
     /// Approximate heap bytes owned by this history (excluding `self`).
     pub fn heap_bytes(&self) -> usize {
+        // Shared histories are counted once per holder: an upper bound.
         self.older.as_ref().map_or(0, |o| {
-            std::mem::size_of::<Vec<RevInfo>>() + o.capacity() * std::mem::size_of::<RevInfo>()
+            2 * std::mem::size_of::<usize>()
+                + std::mem::size_of::<Vec<RevInfo>>()
+                + o.capacity() * std::mem::size_of::<RevInfo>()
         })
     }
 

@@ -16,8 +16,10 @@
 
 pub mod backend;
 mod compact;
+mod compactor;
 mod events;
 mod hash;
+mod history;
 pub mod index;
 pub mod key_index;
 mod range;
@@ -34,6 +36,7 @@ mod tests_perf;
 #[cfg(test)]
 mod tests_scenarios;
 
+pub use compactor::{BATCH_PAUSE, BATCH_REMOVALS, INLINE_REMOVALS};
 pub use events::EventBatch;
 pub use hash::{HashKv, crc32c};
 pub use revision::Revision;
@@ -66,6 +69,9 @@ pub enum MvccError {
     /// The parallel index rebuild failed to run.
     #[error("mvcc: index rebuild failed: {0}")]
     Rebuild(String),
+    /// The physical-compaction thread could not be started.
+    #[error("mvcc: cannot start the compaction thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 impl MvccError {

@@ -1,13 +1,15 @@
 //! [`MvccStore`]: the published view for readers, and the entry point of the single writer.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use keel_proto::etcdserverpb::{RangeRequest, RangeResponse};
 use keel_proto::mvccpb::KeyValue;
 
 use super::MvccError;
 use super::backend::{self, FORMAT_VERSION, META_COMPACT, META_FORMAT};
+use super::compactor::{Compactor, INLINE_REMOVALS, Job};
 use super::hash::{self, HashKv};
 use super::index::Index;
 use super::key_index::RevInfo;
@@ -65,13 +67,20 @@ pub struct MvccStore {
     /// Highest compact revision whose record removals may already be in sled. Raised
     /// before a compaction batch is applied.
     pub(super) compact_floor: AtomicI64,
+    /// Removes compacted records that did not fit in the compaction's own batch.
+    pub(super) compactor: Compactor,
+    /// Records a compaction removes in its own batch ([`INLINE_REMOVALS`]; tests lower it).
+    pub(super) inline_removals: AtomicUsize,
 }
 
 impl MvccStore {
     /// Opens the store on `tree`: checks the format version (writing it on a fresh tree),
-    /// loads the compact revision and rebuilds the key index once, in parallel on 2 threads.
+    /// loads the compact revision, rebuilds the key index once (in parallel on 2 threads),
+    /// compacts it at the compact revision, and hands records a previous run had not yet
+    /// removed to the background compactor.
     ///
-    /// Errors: sled I/O, an unknown format version, or a corrupt record.
+    /// Errors: sled I/O, an unknown format version, a corrupt record, or no thread for the
+    /// compactor.
     pub fn open(tree: sled::Tree) -> Result<MvccStore, MvccError> {
         match tree.get(META_FORMAT)? {
             Some(v) => {
@@ -91,16 +100,39 @@ impl MvccStore {
             Some(v) => backend::decode_i64(META_COMPACT, &v)?,
             None => -1,
         };
-        let rebuilt = rebuild::rebuild(&tree)?;
+        let mut rebuilt = rebuild::rebuild(&tree)?;
         // etcd: a fresh store is at revision 1; after a compaction that removed the newest
         // records the compact revision still bounds the current revision from below.
         let rev = rebuilt.max_main.max(compact_rev).max(1);
+        // Records of the last compaction that were not removed yet (see compactor.rs).
+        let mut leftovers = Vec::new();
+        if compact_rev >= 0 {
+            rebuilt.index.compact(compact_rev, &mut leftovers);
+        }
+        let mut records: Vec<_> = leftovers
+            .iter()
+            .map(|r| (r.revision(), r.tombstone))
+            .collect();
+        records.sort_unstable();
+        let physical = if records.is_empty() { compact_rev } else { -1 };
+        let compactor = Compactor::start(tree.clone(), physical).map_err(MvccError::Thread)?;
         tracing::info!(
+            records = rebuilt.records,
+            scan_ms = rebuilt.times[0].as_millis() as u64,
+            sort_ms = rebuilt.times[1].as_millis() as u64,
+            build_ms = rebuilt.times[2].as_millis() as u64,
             keys = rebuilt.index.keys(),
             revision = rev,
             compact_revision = compact_rev,
+            leftover_records = records.len(),
             "mvcc: key index rebuilt"
         );
+        if !records.is_empty() {
+            compactor.submit(Job {
+                revision: compact_rev,
+                records,
+            });
+        }
         Ok(MvccStore {
             tree,
             view: RwLock::new(Arc::new(View {
@@ -110,6 +142,8 @@ impl MvccStore {
             })),
             writer_active: AtomicBool::new(false),
             compact_floor: AtomicI64::new(compact_rev),
+            compactor,
+            inline_removals: AtomicUsize::new(INLINE_REMOVALS),
         })
     }
 
@@ -138,6 +172,26 @@ impl MvccStore {
     /// The revision of the last compaction, 0 if the store was never compacted.
     pub fn compact_revision(&self) -> i64 {
         self.view().compact_rev.max(0)
+    }
+
+    /// The revision up to which compacted records are removed from sled (-1 if unknown).
+    /// Reads never depend on it: the index forgets compacted revisions at once.
+    pub fn physical_compact_revision(&self) -> i64 {
+        self.compactor.physical_revision()
+    }
+
+    /// Blocks until the records of compactions up to `revision` are removed from sled, or
+    /// `timeout` passes (returns false). etcd's `CompactionRequest.physical`: call it (off
+    /// the async runtime) after the compaction entry is applied.
+    pub fn wait_physical_compaction(&self, revision: i64, timeout: Duration) -> bool {
+        self.compactor.wait(revision, timeout)
+    }
+
+    /// Lowers the number of records a compaction removes in its own batch, so tests reach
+    /// the background path with small stores.
+    #[cfg(test)]
+    pub(super) fn set_inline_removals(&self, n: usize) {
+        self.inline_removals.store(n, Ordering::Relaxed);
     }
 
     /// Serves an etcd `RangeRequest` at the current view: every field except

@@ -196,6 +196,10 @@ fn fresh_store_is_at_revision_1_and_first_put_makes_2() {
         (f.store.current_revision(), f.store.compact_revision()),
         (1, 0)
     );
+    assert_eq!(
+        f.put_req(PutRequest::default()).unwrap_err(),
+        EtcdError::EmptyKey
+    );
     assert_eq!(f.put("a", "1"), 2);
     // kv/get_missing_key: header revision is the current one, no kvs, count 0.
     let resp = f.get(rq("nokey", "")).unwrap();
@@ -1547,4 +1551,143 @@ fn reopen_rebuilds_the_same_state() {
         req.revision = r(120 + 13 * i as i64);
         assert_eq!(&f.get(req).unwrap(), want);
     }
+}
+
+fn record_count(f: &Fixture) -> usize {
+    f.db.open_tree("keel").unwrap().scan_prefix(b"k").count()
+}
+
+#[test]
+fn large_compactions_finish_in_the_background() {
+    let f = fixture();
+    f.store.set_inline_removals(10);
+    for round in ["1", "2"] {
+        for i in 0..50 {
+            f.put(&format!("k{i:02}"), round);
+        }
+    }
+    assert_eq!(record_count(&f), 100);
+    let before = f.store.hash_kv(0).unwrap();
+    f.compact(r(100)).unwrap();
+    // Reads, hash and events follow the index at once, whatever sled still holds.
+    let all = f.get(rq("k", "l")).unwrap();
+    assert_eq!(all.count, 50);
+    assert!(all.kvs.iter().all(|kv| kv.value == b"2" && kv.version == 2));
+    assert_eq!(f.store.hash_kv(0).unwrap().hash, before.hash);
+    assert!(
+        f.store
+            .wait_physical_compaction(r(100), std::time::Duration::from_secs(20))
+    );
+    assert_eq!(f.store.physical_compact_revision(), r(100));
+    assert_eq!(record_count(&f), 50);
+}
+
+#[test]
+fn small_compactions_are_physical_at_commit() {
+    let f = fixture();
+    f.put("a", "1");
+    f.put("a", "2");
+    f.compact(r(2)).unwrap();
+    assert_eq!(f.store.physical_compact_revision(), r(2));
+    assert_eq!(record_count(&f), 1);
+}
+
+#[test]
+fn reopen_finishes_an_interrupted_compaction() {
+    let f = fixture();
+    // put/delete generations (a), overwrites (b), a delete at the compact revision (c).
+    f.put("a", "1"); // 2
+    f.del("a", ""); // 3
+    f.put("b", "1"); // 4
+    f.put("b", "2"); // 5
+    f.put("c", "1"); // 6
+    f.put("a", "2"); // 7
+    f.del("c", ""); // 8
+    f.put("d", "1"); // 9
+    let tree = f.db.open_tree("keel").unwrap();
+    let all: Vec<(sled::IVec, sled::IVec)> = tree.scan_prefix(b"k").map(|r| r.unwrap()).collect();
+    f.compact(7).unwrap(); // absolute revisions in this test
+    let kept: std::collections::HashSet<sled::IVec> =
+        tree.scan_prefix(b"k").map(|r| r.unwrap().0).collect();
+    let removed: Vec<_> = all
+        .iter()
+        .filter(|(k, _)| !kept.contains(k))
+        .cloned()
+        .collect();
+    // a@2, a@3 (tombstone) and b@4 go; c@6 stays (its tombstone at 8 is after 7).
+    assert_eq!(removed.len(), 3, "{removed:?}");
+    let want_ranges: Vec<_> = (7..=9)
+        .map(|n| {
+            let mut q = rq("\0", "\0");
+            q.revision = n;
+            f.get(q).unwrap()
+        })
+        .collect();
+    let want_hash = f.store.hash_kv(0).unwrap();
+    let want_events = f.store.events(7, i64::MAX, 0).unwrap();
+    // Crash after removing only the oldest record: the later ones come back.
+    for (k, v) in &removed[1..] {
+        tree.insert(k, v).unwrap();
+    }
+    let f = f.reopen();
+    for (i, want) in want_ranges.iter().enumerate() {
+        let mut q = rq("\0", "\0");
+        q.revision = 7 + i as i64;
+        assert_eq!(&f.get(q).unwrap(), want);
+    }
+    assert_eq!(f.store.hash_kv(0).unwrap(), want_hash);
+    assert_eq!(f.store.events(7, i64::MAX, 0).unwrap(), want_events);
+    assert!(
+        f.store
+            .wait_physical_compaction(7, std::time::Duration::from_secs(20))
+    );
+    assert_eq!(record_count(&f), all.len() - removed.len());
+}
+
+#[test]
+fn a_missing_record_is_compacted_only_if_a_compaction_passed_the_read_revision() {
+    use std::sync::atomic::Ordering;
+    let f = fixture();
+    f.put("a", "1"); // 2
+    f.put("b", "1"); // 3
+    f.put("a", "2"); // 4
+    let tree = f.db.open_tree("keel").unwrap();
+    // Simulate the record of b@3 vanishing under a reader.
+    let rkey = crate::mvcc::revision::record_key(crate::mvcc::Revision::new(3, 0), false);
+    let saved = tree.remove(&rkey).unwrap().unwrap();
+    let read_b = rq("b", "");
+    let internal = |e: EtcdError| matches!(e, EtcdError::Internal(_));
+    assert!(internal(f.get(read_b.clone()).unwrap_err()));
+    let mut keys_only = read_b.clone();
+    keys_only.keys_only = true;
+    assert_eq!(
+        f.get(keys_only).unwrap().count,
+        1,
+        "keys_only reads no record"
+    );
+    assert!(internal(f.store.hash_kv(0).unwrap_err()), "dense path");
+    assert!(internal(f.store.hash_kv(3).unwrap_err()));
+    // A compaction past the read revision explains the missing record.
+    f.store.compact_floor.store(10, Ordering::Release);
+    assert_eq!(f.get(read_b).unwrap_err(), EtcdError::Compacted);
+    assert_eq!(f.store.hash_kv(0).unwrap_err(), EtcdError::Compacted);
+    f.store.compact_floor.store(-1, Ordering::Release);
+    tree.insert(&rkey, saved).unwrap();
+    assert_eq!(f.get(rq("b", "")).unwrap().kvs[0].value, b"1");
+    // Sparse path: more history than visible revisions.
+    for v in ["3", "4", "5", "6"] {
+        f.put("a", v);
+    }
+    let a_rev = crate::mvcc::revision::record_key(crate::mvcc::Revision::new(8, 0), false);
+    tree.remove(&a_rev).unwrap().unwrap();
+    assert!(internal(f.store.hash_kv(0).unwrap_err()), "sparse path");
+}
+
+#[test]
+fn store_is_shareable_and_write_txn_is_send() {
+    fn shareable<T: Send + Sync>() {}
+    fn sendable<T: Send>() {}
+    shareable::<MvccStore>();
+    shareable::<std::sync::Arc<MvccStore>>();
+    sendable::<super::WriteTxn<'static>>();
 }

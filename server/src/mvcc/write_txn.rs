@@ -11,6 +11,7 @@ use keel_proto::mvccpb::event::EventType;
 use keel_proto::mvccpb::{Event, KeyValue};
 
 use super::backend;
+use super::compactor::Job;
 use super::index::{Index, KeyRange};
 use super::key_index::RevInfo;
 use super::range::{ReadView, ValueSource};
@@ -44,6 +45,8 @@ pub struct WriteTxn<'a> {
     index: Option<Index>,
     compact_rev: i64,
     compacted: bool,
+    /// Removals of this txn's compaction left for the background compactor.
+    compaction_job: Option<Job>,
     batch: sled::Batch,
     /// One event per change; `events[sub]` is the change with sub revision `sub`.
     events: Vec<Event>,
@@ -57,6 +60,7 @@ impl<'a> WriteTxn<'a> {
             base,
             index: None,
             compacted: false,
+            compaction_job: None,
             batch: sled::Batch::default(),
             events: Vec::new(),
         }
@@ -103,9 +107,13 @@ impl<'a> WriteTxn<'a> {
     /// lease. The lease id is stored as given: the caller checks that it exists
     /// (`LeaseNotFound`) before calling, as etcd's applier does.
     ///
-    /// Errors: `KeyNotFound` when `ignore_value` or `ignore_lease` is set and the key does not
-    /// exist; `Internal` on storage failure.
+    /// Errors: `EmptyKey` (the API rejects it before proposing; checked again here because a
+    /// record with an empty key could not be rebuilt); `KeyNotFound` when `ignore_value` or
+    /// `ignore_lease` is set and the key does not exist; `Internal` on storage failure.
     pub fn put(&mut self, req: &PutRequest) -> Result<PutResponse, EtcdError> {
+        if req.key.is_empty() {
+            return Err(EtcdError::EmptyKey);
+        }
         let prev = if req.prev_kv || req.ignore_value || req.ignore_lease {
             self.current_kv(&req.key)?
         } else {
@@ -212,6 +220,9 @@ impl<'a> WriteTxn<'a> {
                 compact_rev: self.compact_rev,
             });
         }
+        if let Some(job) = self.compaction_job.take() {
+            self.store.compactor.submit(job);
+        }
         Ok(Committed {
             revision,
             events: std::mem::take(&mut self.events),
@@ -280,18 +291,39 @@ impl<'a> WriteTxn<'a> {
         self.compact_rev
     }
 
-    /// Applies a validated compaction at `rev` to the working index and the batch.
+    /// Applies a validated compaction at `rev`: compacts the working index, removes up to
+    /// [`super::INLINE_REMOVALS`] records in this batch (only when no background removal is pending,
+    /// to keep removals in ascending order) and leaves the rest to the compactor.
     pub(super) fn apply_compaction(&mut self, rev: i64) {
         let mut removed = Vec::new();
         self.index_mut().compact(rev, &mut removed);
-        for r in &removed {
-            self.batch.remove(record_key(r.revision(), r.tombstone));
+        let mut records: Vec<(Revision, bool)> = removed
+            .iter()
+            .map(|r| (r.revision(), r.tombstone))
+            .collect();
+        records.sort_unstable();
+        let total = records.len();
+        let mut job = self.compaction_job.take().unwrap_or(Job {
+            revision: rev,
+            records: Vec::new(),
+        });
+        let inline = if job.records.is_empty() && self.store.compactor.idle() {
+            total.min(self.store.inline_removals.load(Ordering::Relaxed))
+        } else {
+            0
+        };
+        for &(r, tombstone) in &records[..inline] {
+            self.batch.remove(record_key(r, tombstone));
         }
+        job.revision = rev;
+        job.records.extend_from_slice(&records[inline..]);
+        job.records.sort_unstable();
+        self.compaction_job = Some(job);
         self.batch
             .insert(backend::META_COMPACT, &backend::encode_i64(rev));
         self.compact_rev = rev;
         self.compacted = true;
-        tracing::debug!(revision = rev, removed = removed.len(), "mvcc: compacted");
+        tracing::debug!(revision = rev, removed = total, inline, "mvcc: compacted");
     }
 }
 

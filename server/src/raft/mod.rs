@@ -4,6 +4,7 @@
 pub mod export;
 pub mod log_store;
 pub mod network;
+pub mod proposer;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;

@@ -179,9 +179,14 @@ impl StateMachine {
     /// Replaces the whole tree with the (verified) snapshot file at `path`, flushes it, and
     /// reopens the MVCC store, the attributes and the applier on it.
     fn replace_store(&mut self, path: &std::path::Path) -> io::Result<()> {
+        let watch = self.applier.watch_hub().cloned();
         let tree = self.applier.tree().clone();
         let mut file = std::fs::File::open(path)?;
         let meta = tokio::task::block_in_place(|| -> io::Result<snapshot::Meta> {
+            if let Some(hub) = &watch {
+                // History reads from here on would see a half-replaced store.
+                hub.begin_install();
+            }
             tree.clear().map_err(io::Error::other)?;
             let mut batch = sled::Batch::default();
             let mut n = 0usize;
@@ -204,8 +209,15 @@ impl StateMachine {
                 self.attributes.publish(a);
             }
         }
-        self.applier = Applier::open(tree, store.clone(), self.attributes.clone()).map_err(io::Error::other)?;
+        let lessor = self.applier.lessor().clone();
+        self.applier =
+            Applier::open_with_lessor(tree, store.clone(), self.attributes.clone(), lessor).map_err(io::Error::other)?;
         self.shared.set(store);
+        if let Some(hub) = watch {
+            // Every watcher catches up from the new store (or is canceled as compacted).
+            hub.finish_install();
+            self.applier.set_watch_hub(hub);
+        }
         Ok(())
     }
 
@@ -274,10 +286,18 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
-/// Whether an entry is a compaction (which must not run during a snapshot export).
-fn is_compaction(entry: &Entry) -> bool {
+/// Whether an entry is, or carries in a batch, a compaction (which must not run during a
+/// snapshot export).
+pub(super) fn is_compaction(entry: &Entry) -> bool {
     use keel_proto::keelpb::raft_request::Request as Rq;
-    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if matches!(r.0.request, Some(Rq::Compaction(_))))
+    fn has(req: Option<&Rq>) -> bool {
+        match req {
+            Some(Rq::Compaction(_)) => true,
+            Some(Rq::Batch(b)) => b.requests.iter().any(|r| has(r.request.as_ref())),
+            _ => false,
+        }
+    }
+    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if has(r.0.request.as_ref()))
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
