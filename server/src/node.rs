@@ -53,14 +53,14 @@ pub struct Node {
     pub attributes: Arc<Attributes>,
     /// The configuration this member runs with.
     pub config: Config,
-    /// Peer connections, the read path, leadership transfer and membership changes.
-    pub cluster: Cluster,
     /// Lease state (every member) and, on the leader, the expiry schedule.
     pub lessor: Arc<Lessor>,
     /// Lease IDs for grants proposed by this member without a client-chosen ID.
     pub lease_ids: LeaseIdGenerator,
     /// The watchable store: every watcher of every stream on this member.
     pub watch: Arc<WatchHub>,
+    /// Peer connections, the read path, leadership transfer and membership changes.
+    pub cluster: Cluster,
     db: sled::Db,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
@@ -154,10 +154,10 @@ impl Node {
             store: shared,
             attributes,
             config,
-            cluster,
             lessor,
             lease_ids: LeaseIdGenerator::new(id),
             watch,
+            cluster,
             db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
             db,
             next_request_id: AtomicU64::new(1),
@@ -168,7 +168,7 @@ impl Node {
             let weak = weak.clone();
             Box::pin(async move {
                 match weak.upgrade() {
-                    Some(node) => node.propose_entry(req).await,
+                    Some(node) => node.propose_entry(req).await.map(|(resp, _)| resp),
                     None => Err(EtcdError::Stopped),
                 }
             })
@@ -223,21 +223,11 @@ impl Node {
     }
 
     /// Proposes one log entry as is (a request or a batch), forwarding it to the leader when
-    /// this member is a follower, and returns its apply result.
+    /// this member is a follower, and returns its apply result and log index. A forwarded
+    /// entry is also applied here before this returns (read-your-writes on every member).
     ///
     /// Errors: as [`Node::propose`].
-    pub async fn propose_entry(&self, req: RaftRequest) -> Result<RaftResponse, EtcdError> {
-        self.propose_entry_indexed(req).await.map(|(resp, _)| resp)
-    }
-
-    /// [`Node::propose_entry`], also returning the entry's raft log index. A follower
-    /// forwards the entry to the leader, then waits until it applied the entry itself, so
-    /// the write is visible on this member at once (as in etcd). During a leadership
-    /// transfer new entries wait until it ends.
-    ///
-    /// Errors: as [`Node::propose`]; `TimeoutDueToLeaderFail` when the leader vanished after
-    /// the entry was sent to it (it may or may not be applied).
-    pub async fn propose_entry_indexed(&self, req: RaftRequest) -> Result<(RaftResponse, u64), EtcdError> {
+    pub async fn propose_entry(&self, req: RaftRequest) -> Result<(RaftResponse, u64), EtcdError> {
         let deadline = tokio::time::Instant::now() + self.request_timeout();
         // A leadership transfer holds new proposals until leadership moved.
         if !self.cluster.gate.wait_idle(deadline).await {

@@ -68,12 +68,28 @@ impl Peer for PeerService {
         if req.request.is_none() {
             return Err(Status::invalid_argument("forwarded raft request is empty"));
         }
-        let (resp, index) = self.node.propose_entry_indexed(req).await?;
+        let (resp, index) = self.node.propose_entry(req).await?;
         let mut response = Response::new(resp);
         response
             .metadata_mut()
             .insert(FORWARD_LOG_INDEX, index.to_string().parse().expect("digits are valid metadata"));
         Ok(response)
+    }
+
+    async fn lease_renew(&self, r: Request<LeaseKeepAliveRequest>) -> Result<Response<LeaseKeepAliveResponse>, Status> {
+        let id = r.into_inner().id;
+        let deadline = tokio::time::Instant::now() + self.node.request_timeout();
+        let ttl = lease_leader::renew_local(&self.node, id, deadline).await?;
+        Ok(Response::new(LeaseKeepAliveResponse { id, ttl, ..Default::default() }))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        r: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let deadline = tokio::time::Instant::now() + self.node.request_timeout();
+        let resp = lease_leader::time_to_live_local(&self.node, r.get_ref(), deadline).await?;
+        Ok(Response::new(resp))
     }
 
     async fn read_index(&self, _r: Request<ReadIndexRequest>) -> Result<Response<ReadIndexResponse>, Status> {
@@ -106,21 +122,5 @@ impl Peer for PeerService {
 
     async fn member_promote(&self, r: Request<MemberPromoteRequest>) -> Result<Response<MemberPromoteResponse>, Status> {
         Ok(Response::new(reconfig::promote_on_leader(&self.node, r.into_inner()).await?))
-    }
-
-    async fn lease_renew(&self, r: Request<LeaseKeepAliveRequest>) -> Result<Response<LeaseKeepAliveResponse>, Status> {
-        let id = r.into_inner().id;
-        let deadline = tokio::time::Instant::now() + self.node.request_timeout();
-        let ttl = lease_leader::renew_local(&self.node, id, deadline).await?;
-        Ok(Response::new(LeaseKeepAliveResponse { id, ttl, ..Default::default() }))
-    }
-
-    async fn lease_time_to_live(
-        &self,
-        r: Request<LeaseTimeToLiveRequest>,
-    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let deadline = tokio::time::Instant::now() + self.node.request_timeout();
-        let resp = lease_leader::time_to_live_local(&self.node, r.get_ref(), deadline).await?;
-        Ok(Response::new(resp))
     }
 }

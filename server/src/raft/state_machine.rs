@@ -180,13 +180,13 @@ impl StateMachine {
     /// reopens the MVCC store, the attributes and the applier on it.
     fn replace_store(&mut self, path: &std::path::Path) -> io::Result<()> {
         let watch = self.applier.watch_hub().cloned();
+        if let Some(hub) = &watch {
+            // History reads from here on would see a half-replaced store.
+            hub.begin_install();
+        }
         let tree = self.applier.tree().clone();
         let mut file = std::fs::File::open(path)?;
         let meta = tokio::task::block_in_place(|| -> io::Result<snapshot::Meta> {
-            if let Some(hub) = &watch {
-                // History reads from here on would see a half-replaced store.
-                hub.begin_install();
-            }
             tree.clear().map_err(io::Error::other)?;
             let mut batch = sled::Batch::default();
             let mut n = 0usize;
