@@ -1,7 +1,7 @@
 //! A 3-member cluster of real `keel` processes driven by the real etcdctl: every member
 //! serves writes (followers forward them), linearizable reads (ReadIndex from the leader) and
 //! txns; response headers carry the cluster and member IDs; member list shows all three;
-//! concurrent writes share AppendEntries RPCs.
+//! concurrent writes share log entries and AppendEntries RPCs.
 
 mod support;
 

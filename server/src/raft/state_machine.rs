@@ -310,10 +310,18 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
-/// Whether an entry is a compaction (which must not run during a snapshot export).
-fn is_compaction(entry: &Entry) -> bool {
+/// Whether an entry is, or carries in a batch, a compaction (which must not run during a
+/// snapshot export).
+pub(super) fn is_compaction(entry: &Entry) -> bool {
     use keel_proto::keelpb::raft_request::Request as Rq;
-    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if matches!(r.0.request, Some(Rq::Compaction(_))))
+    fn has(req: Option<&Rq>) -> bool {
+        match req {
+            Some(Rq::Compaction(_)) => true,
+            Some(Rq::Batch(b)) => b.requests.iter().any(|r| has(r.request.as_ref())),
+            _ => false,
+        }
+    }
+    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if has(r.0.request.as_ref()))
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
