@@ -7,7 +7,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::env::set_var("PROTOC_INCLUDE", protoc_bin_vendored::include_path()?);
     }
     let mut files: Vec<std::path::PathBuf> = Vec::new();
-    let include = [std::path::PathBuf::from("proto/etcd"), std::path::PathBuf::from("proto/keel")];
+    let include = [
+        std::path::PathBuf::from("proto/etcd"),
+        std::path::PathBuf::from("proto/keel"),
+    ];
     for dir in &include {
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();

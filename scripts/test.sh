@@ -19,7 +19,7 @@
 set -euo pipefail
 
 # Conformance areas that must pass (directories of ../shared/conformance/cases).
-CONFORMANCE_AREAS=(kv del txn compact badinput)
+CONFORMANCE_AREAS=(kv del txn compact badinput watch lease lockelect grpc-kv grpc-watch grpc-lease)
 # KEEL_CONFORMANCE_AREAS="kv watch" runs other areas (e.g. while implementing one).
 if [ -n "${KEEL_CONFORMANCE_AREAS:-}" ]; then read -r -a CONFORMANCE_AREAS <<<"$KEEL_CONFORMANCE_AREAS"; fi
 

@@ -59,6 +59,11 @@ pub struct Config {
     /// Number of committed transactions to trigger a snapshot to disk.
     #[arg(long, default_value_t = 10_000)]
     pub snapshot_count: u64,
+    /// Number of entries for a slow follower to catch up after compacting the raft log
+    /// (entries kept in the log after a snapshot).
+    #[arg(long = "experimental-snapshot-catchup-entries", default_value_t = 5000)]
+    #[serde(rename = "experimental-snapshot-catchup-entries")]
+    pub snapshot_catchup_entries: u64,
     /// Time (in milliseconds) of a heartbeat interval.
     #[arg(long, default_value_t = 100)]
     pub heartbeat_interval: u64,
@@ -78,6 +83,17 @@ pub struct Config {
     #[arg(long)]
     #[serde(skip)]
     pub config_file: Option<PathBuf>,
+    /// Interval of progress notifications to watchers that set `progress_notify` (a Go
+    /// duration such as `10m` or `500ms`; etcd's default 10m, minimum 100ms).
+    #[arg(long, default_value = "10m")]
+    pub experimental_watch_progress_notify_interval: crate::watch::progress::GoDuration,
+    /// Keel: responses one watcher may have queued before it falls behind and catches up
+    /// from the store (etcd's fixed per-stream channel holds 128).
+    #[arg(long, default_value_t = crate::watch::DEFAULT_BUFFER_LEN)]
+    pub watch_buffer_len: usize,
+    /// Keel: bytes of events one watch stream may have queued for a slow client.
+    #[arg(long, default_value_t = crate::watch::DEFAULT_STREAM_BUFFER_BYTES)]
+    pub watch_stream_buffer_bytes: usize,
     /// Logging level: debug, info, warn, error.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -170,6 +186,7 @@ mod tests {
         assert_eq!(c.max_request_bytes, 1_572_864);
         assert_eq!(c.max_txn_ops, 128);
         assert_eq!(c.snapshot_count, 10_000);
+        assert_eq!(c.snapshot_catchup_entries, 5000);
         assert_eq!(c.quota_bytes(), 2 * 1024 * 1024 * 1024);
     }
 
@@ -177,7 +194,11 @@ mod tests {
     fn yaml_uses_etcd_keys_and_defaults_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("keel.yaml");
-        std::fs::write(&p, "name: n1\ndata-dir: /tmp/x\nmax-txn-ops: 64\nlisten-client-urls: http://127.0.0.1:9\n").unwrap();
+        std::fs::write(
+            &p,
+            "name: n1\ndata-dir: /tmp/x\nmax-txn-ops: 64\nlisten-client-urls: http://127.0.0.1:9\n",
+        )
+        .unwrap();
         let c = Config::from_yaml_file(&p).unwrap();
         assert_eq!(c.name, "n1");
         assert_eq!(c.data_dir(), PathBuf::from("/tmp/x"));
@@ -185,12 +206,19 @@ mod tests {
         assert_eq!(c.listen_client_urls, "http://127.0.0.1:9");
         assert_eq!(c.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
         std::fs::write(&p, "max-txn-ops: [").unwrap();
-        assert!(Config::from_yaml_file(&p).unwrap_err().contains("invalid --config-file"));
+        assert!(
+            Config::from_yaml_file(&p)
+                .unwrap_err()
+                .contains("invalid --config-file")
+        );
     }
 
     #[test]
     fn bind_addr_resolves_localhost() {
-        assert_eq!(bind_addr("http://localhost:2379").unwrap().to_string(), "127.0.0.1:2379");
+        assert_eq!(
+            bind_addr("http://localhost:2379").unwrap().to_string(),
+            "127.0.0.1:2379"
+        );
         assert!(bind_addr("http://127.0.0.1").is_err());
     }
 }

@@ -65,6 +65,12 @@ pub enum EtcdError {
     Timeout,
     #[error("etcdserver: bad leader transferee")]
     BadLeaderTransferee,
+    #[error("etcdserver: request timed out, leader transfer took too long")]
+    TimeoutLeaderTransfer,
+    #[error("etcdserver: request timed out, possibly due to previous leader failure")]
+    TimeoutDueToLeaderFail,
+    #[error("etcdserver: unhealthy cluster")]
+    Unhealthy,
     #[error("etcdserver: rpc not supported for learner")]
     NotSupportedForLearner,
     #[error("etcdserver: corrupt cluster")]
@@ -93,12 +99,24 @@ impl EtcdError {
             Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
             NoSpace | TooManyRequests => Code::ResourceExhausted,
             LeaseNotFound | MemberNotFound => Code::NotFound,
-            LeaseExist | MemberExist | PeerUrlExist | MemberNotEnoughStarted | MemberNotLearner
-            | LearnerNotReady | TooManyLearners | NotLeader | BadLeaderTransferee
+            LeaseExist
+            | MemberExist
+            | PeerUrlExist
+            | MemberNotEnoughStarted
+            | MemberNotLearner
+            | LearnerNotReady
+            | TooManyLearners
+            | NotLeader
+            | BadLeaderTransferee
             | AuthNotEnabled => Code::FailedPrecondition,
-            NoLeader | LeaderChanged | Stopped | Timeout | NotSupportedForLearner => {
-                Code::Unavailable
-            }
+            NoLeader
+            | LeaderChanged
+            | Stopped
+            | Timeout
+            | NotSupportedForLearner
+            | TimeoutLeaderTransfer
+            | TimeoutDueToLeaderFail
+            | Unhealthy => Code::Unavailable,
             Corrupt => Code::DataLoss,
             InvalidAuthToken => Code::Unauthenticated,
             PermissionDenied => Code::PermissionDenied,
@@ -111,12 +129,41 @@ impl EtcdError {
     pub fn from_parts(code: i32, message: &str) -> EtcdError {
         use EtcdError::*;
         const KNOWN: &[EtcdError] = &[
-            EmptyKey, KeyNotFound, ValueProvided, LeaseProvided, TooManyOps, DuplicateKey,
-            RequestTooLarge, Compacted, FutureRev, NoSpace, LeaseNotFound, LeaseExist,
-            LeaseTtlTooLarge, MemberExist, PeerUrlExist, MemberNotEnoughStarted, MemberBadUrls,
-            MemberNotFound, MemberNotLearner, LearnerNotReady, TooManyLearners, NoLeader,
-            NotLeader, LeaderChanged, Stopped, Timeout, BadLeaderTransferee,
-            NotSupportedForLearner, Corrupt, AuthNotEnabled, InvalidAuthToken, PermissionDenied,
+            EmptyKey,
+            KeyNotFound,
+            ValueProvided,
+            LeaseProvided,
+            TooManyOps,
+            DuplicateKey,
+            RequestTooLarge,
+            Compacted,
+            FutureRev,
+            NoSpace,
+            LeaseNotFound,
+            LeaseExist,
+            LeaseTtlTooLarge,
+            MemberExist,
+            PeerUrlExist,
+            MemberNotEnoughStarted,
+            MemberBadUrls,
+            MemberNotFound,
+            MemberNotLearner,
+            LearnerNotReady,
+            TooManyLearners,
+            NoLeader,
+            NotLeader,
+            LeaderChanged,
+            Stopped,
+            Timeout,
+            BadLeaderTransferee,
+            TimeoutLeaderTransfer,
+            TimeoutDueToLeaderFail,
+            Unhealthy,
+            NotSupportedForLearner,
+            Corrupt,
+            AuthNotEnabled,
+            InvalidAuthToken,
+            PermissionDenied,
         ];
         if let Some(e) = KNOWN.iter().find(|e| e.to_string() == message) {
             return e.clone();
@@ -143,7 +190,10 @@ mod tests {
     fn status_carries_etcd_code_and_text() {
         let s: Status = EtcdError::Compacted.into();
         assert_eq!(s.code(), Code::OutOfRange);
-        assert_eq!(s.message(), "etcdserver: mvcc: required revision has been compacted");
+        assert_eq!(
+            s.message(),
+            "etcdserver: mvcc: required revision has been compacted"
+        );
         let s: Status = EtcdError::EmptyKey.into();
         assert_eq!(s.code(), Code::InvalidArgument);
         assert_eq!(s.message(), "etcdserver: key is not provided");
@@ -151,7 +201,11 @@ mod tests {
 
     #[test]
     fn from_parts_round_trips_known_errors() {
-        for e in [EtcdError::DuplicateKey, EtcdError::FutureRev, EtcdError::LeaseNotFound] {
+        for e in [
+            EtcdError::DuplicateKey,
+            EtcdError::FutureRev,
+            EtcdError::LeaseNotFound,
+        ] {
             assert_eq!(EtcdError::from_parts(e.code() as i32, &e.to_string()), e);
         }
         assert_eq!(

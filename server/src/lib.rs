@@ -7,6 +7,7 @@
 pub mod api;
 pub mod apply;
 pub mod cindex;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod lease;
@@ -15,3 +16,4 @@ pub mod mvcc;
 pub mod node;
 pub mod raft;
 pub mod wal;
+pub mod watch;

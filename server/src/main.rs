@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use keel_server::config::{bind_addr, split_urls, Config};
+use keel_server::config::{Config, bind_addr, split_urls};
 use keel_server::{api, node::Node};
 use tokio::sync::watch;
 
@@ -17,13 +17,17 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{},openraft=warn", config.log_level))),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(format!("{},openraft=warn", config.log_level))
+            }),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("keel: cannot start runtime: {e}");
@@ -65,17 +69,28 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
     let mut servers = tokio::task::JoinSet::new();
     for addr in peer_addrs {
-        servers.spawn(api::serve_peers(node.clone(), addr, stopped(stop_rx.clone())));
+        servers.spawn(api::serve_peers(
+            node.clone(),
+            addr,
+            stopped(stop_rx.clone()),
+        ));
     }
     for addr in client_addrs {
         tracing::info!(%addr, "serving etcd v3 API");
-        servers.spawn(api::serve_clients(node.clone(), addr, stopped(stop_rx.clone())));
+        servers.spawn(api::serve_clients(
+            node.clone(),
+            addr,
+            stopped(stop_rx.clone()),
+        ));
     }
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let result = tokio::select! {
         _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); Ok(()) }
         _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: shutting down"); Ok(()) }
+        _ = keel_server::cluster::removal::removed(&node) => {
+            Err(anyhow::anyhow!("the member has been permanently removed from the cluster"))
+        }
         Some(res) = servers.join_next() => match res {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e),

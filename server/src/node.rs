@@ -3,33 +3,41 @@
 //! [`Node::propose`] (a write through the raft log) and [`Node::read_barrier`] (a
 //! linearizable read point, Raft thesis §6.4 ReadIndex).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use keel_proto::etcdserverpb::ResponseHeader;
-use keel_proto::keelpb::{self, raft_request, RaftRequest, RaftResponse};
+use keel_proto::keelpb::{self, RaftRequest, RaftResponse, raft_request};
 use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 
 use crate::apply::Applier;
-use crate::config::{split_urls, Config};
+use crate::cluster::bootstrap::{self, Identity};
+use crate::cluster::peers::{PeerFailure, classify};
+use crate::cluster::{Cluster, Peers, timing};
+use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
-use crate::lease::{self, id::LeaseIdGenerator, Lessor};
-use crate::membership::{self, Attributes};
+use crate::lease::{self, Lessor, id::LeaseIdGenerator};
+use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
+use crate::raft::proposer::{Proposer, into_result};
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
-use crate::raft::proposer::{into_result, Proposer};
 use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
 use crate::wal::{Wal, WalOptions};
+use crate::watch::{StoreHistory, WatchConfig, WatchHub};
+
+/// gRPC response metadata key of `keelpb.Peer/Forward`: the raft log index of the proposed
+/// entry, so the forwarding member can wait until it applied the entry itself.
+pub const FORWARD_LOG_INDEX: &str = "keel-log-index";
+
+/// Pause before re-sending a proposal that could not reach the leader.
+const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// sled tree holding all member state (MVCC, consistent index, membership, ...).
 const TREE: &str = "keel";
-/// sled key of the cluster ID (8 bytes BE), fixed at bootstrap.
-const CLUSTER_ID_KEY: &[u8] = b"s/cluster_id";
 
 /// A running member.
 pub struct Node {
@@ -49,6 +57,10 @@ pub struct Node {
     pub lessor: Arc<Lessor>,
     /// Lease IDs for grants proposed by this member without a client-chosen ID.
     pub lease_ids: LeaseIdGenerator,
+    /// The watchable store: every watcher of every stream on this member.
+    pub watch: Arc<WatchHub>,
+    /// Peer connections, the read path, leadership transfer and membership changes.
+    pub cluster: Cluster,
     db: sled::Db,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
@@ -64,41 +76,14 @@ impl Node {
     /// member (its name or peer URLs missing from `--initial-cluster`).
     pub async fn start(config: Config) -> anyhow::Result<Arc<Node>> {
         let member_dir = config.data_dir().join("member");
-        let (wal_dir, snap_dir, db_dir) = (member_dir.join("wal"), member_dir.join("snap"), member_dir.join("db"));
+        let (wal_dir, snap_dir, db_dir) = (
+            member_dir.join("wal"),
+            member_dir.join("snap"),
+            member_dir.join("db"),
+        );
         for d in [&wal_dir, &snap_dir, &db_dir] {
             std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
         }
-
-        let initial = membership::parse_initial_cluster(&config.initial_cluster).map_err(anyhow::Error::msg)?;
-        let my_urls = split_urls(&config.initial_advertise_peer_urls);
-        let me = initial
-            .iter()
-            .find(|m| m.name == config.name)
-            .with_context(|| format!("--initial-cluster has no member named {:?}", config.name))?;
-        let mut mine_sorted = me.peer_urls.clone();
-        mine_sorted.sort();
-        let mut adv_sorted = my_urls.clone();
-        adv_sorted.sort();
-        if mine_sorted != adv_sorted {
-            bail!(
-                "--initial-cluster has {}={:?} but --initial-advertise-peer-urls is {:?}",
-                config.name,
-                me.peer_urls,
-                my_urls
-            );
-        }
-        let token = &config.initial_cluster_token;
-        let id = membership::member_id(&my_urls, token);
-        let members: BTreeMap<NodeId, MemberNode> = initial
-            .iter()
-            .map(|m| {
-                let node = MemberNode {
-                    name: m.name.clone(),
-                    peer_urls: m.peer_urls.clone(),
-                };
-                (membership::member_id(&m.peer_urls, token), node)
-            })
-            .collect();
 
         let wal = Arc::new(
             tokio::task::block_in_place(|| Wal::open(&wal_dir, WalOptions::default()))
@@ -111,15 +96,14 @@ impl Node {
             .with_context(|| format!("cannot open store in {}", db_dir.display()))?;
         let tree = db.open_tree(TREE)?;
 
-        let cluster_id = match tree.get(CLUSTER_ID_KEY)? {
-            Some(v) => u64::from_be_bytes(v.as_ref().try_into().context("cluster id is 8 bytes")?),
-            None => {
-                let cid = membership::cluster_id(&members.keys().copied().collect::<Vec<_>>());
-                tree.insert(CLUSTER_ID_KEY, &cid.to_be_bytes())?;
-                tree.flush()?;
-                cid
-            }
-        };
+        // Member and cluster IDs: derived from the flags (`new`), asked from the cluster
+        // (`existing`), or as stored by an earlier start.
+        let peers = Arc::new(Peers::default());
+        let Identity {
+            id,
+            cluster_id,
+            initial_members,
+        } = bootstrap::identify(&config, &db, &tree, &peers).await?;
 
         let store = Arc::new(
             tokio::task::block_in_place(|| MvccStore::open(tree.clone()))
@@ -127,34 +111,62 @@ impl Node {
         );
         let attributes = Arc::new(Attributes::load(&tree).map_err(anyhow::Error::msg)?);
         let lessor = Arc::new(Lessor::new());
-        let applier = Applier::open_with_lessor(tree.clone(), store.clone(), attributes.clone(), lessor.clone())
-            .map_err(anyhow::Error::msg)?;
+        let mut applier = Applier::open_with_lessor(
+            tree.clone(),
+            store.clone(),
+            attributes.clone(),
+            lessor.clone(),
+        )
+        .map_err(anyhow::Error::msg)?;
         let shared = Arc::new(SharedStore::new(store));
+        let watch = WatchHub::new(
+            Arc::new(StoreHistory(shared.clone())),
+            WatchConfig::from_config(&config),
+        );
+        watch
+            .spawn_sync_thread()
+            .context("cannot start the watch sync thread")?;
+        applier.set_watch_hub(watch.clone());
         let sm = StateMachine::new(applier, shared.clone(), attributes.clone(), snap_dir);
 
+        let timers = timing::raft_timers(config.heartbeat_interval, config.election_timeout);
         let raft_config = openraft::Config {
-            cluster_name: token.clone(),
-            heartbeat_interval: config.heartbeat_interval,
-            election_timeout_min: config.election_timeout,
-            election_timeout_max: config.election_timeout * 2,
+            cluster_name: config.initial_cluster_token.clone(),
+            heartbeat_interval: timers.heartbeat_interval,
+            election_timeout_min: timers.election_timeout_min,
+            election_timeout_max: timers.election_timeout_max,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.snapshot_count),
-            // etcd keeps 5000 entries after a snapshot so slow followers catch up from the log.
-            max_in_snapshot_log_to_keep: 5000,
+            // etcd keeps this many entries after a snapshot so slow followers catch up from
+            // the log (`--experimental-snapshot-catchup-entries`, default 5000).
+            max_in_snapshot_log_to_keep: config.snapshot_catchup_entries,
+            install_snapshot_timeout: timing::INSTALL_SNAPSHOT_TIMEOUT_MS,
             ..Default::default()
         }
         .validate()?;
-        let raft = Raft::new(id, Arc::new(raft_config), PeerNetwork, LogStore::new(wal), sm).await?;
+        let network = PeerNetwork::new(peers.clone());
+        let raft = Raft::new(id, Arc::new(raft_config), network, LogStore::new(wal), sm).await?;
 
         if !raft.is_initialized().await? {
-            if config.initial_cluster_state != "new" {
-                bail!("--initial-cluster-state existing: joining a running cluster is not supported by this version");
+            // `existing`: the leader replicates the log (or a snapshot) to this member.
+            if let Some(members) = &initial_members {
+                raft.initialize(members.clone()).await?;
             }
-            raft.initialize(members.clone()).await?;
-        } else if members.len() == 1 && members.contains_key(&id) {
-            // A lone voter need not wait an election timeout after a restart.
-            let _ = raft.trigger().elect().await;
+        } else {
+            let voters: Vec<NodeId> = raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .voter_ids()
+                .collect();
+            if voters == [id] {
+                // A lone voter need not wait an election timeout after a restart.
+                let _ = raft.trigger().elect().await;
+            }
         }
 
+        let request_timeout = request_timeout(&config);
+        let cluster = Cluster::new(id, raft.clone(), peers, request_timeout);
         let node = Arc::new(Node {
             id,
             cluster_id,
@@ -164,6 +176,8 @@ impl Node {
             config,
             lessor,
             lease_ids: LeaseIdGenerator::new(id),
+            watch,
+            cluster,
             db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
             db,
             next_request_id: AtomicU64::new(1),
@@ -174,14 +188,18 @@ impl Node {
             let weak = weak.clone();
             Box::pin(async move {
                 match weak.upgrade() {
-                    Some(node) => node.propose_entry(req).await,
+                    Some(node) => node.propose_entry(req).await.map(|(resp, _)| resp),
                     None => Err(EtcdError::Stopped),
                 }
             })
         })));
         node.clone().spawn_publish();
+        tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node), timers));
         node.clone().spawn_db_size_refresh();
-        lease::runner::spawn(&node, lease::runner::RunnerConfig::from_config(&node.config));
+        lease::runner::spawn(
+            &node,
+            lease::runner::RunnerConfig::from_config(&node.config),
+        );
         Ok(node)
     }
 
@@ -198,7 +216,10 @@ impl Node {
                 if self.attributes.get(self.id).as_ref() == Some(&attrs) {
                     return;
                 }
-                match self.propose(raft_request::Request::MemberAttributes(attrs.clone())).await {
+                match self
+                    .propose(raft_request::Request::MemberAttributes(attrs.clone()))
+                    .await
+                {
                     Ok(_) => return,
                     Err(e) => {
                         tracing::debug!("publishing member attributes: {e}");
@@ -224,22 +245,51 @@ impl Node {
         if req.encoded_len() > self.config.max_request_bytes as usize {
             return Err(EtcdError::RequestTooLarge);
         }
-        self.proposer.get().ok_or(EtcdError::Stopped)?.propose(req).await
+        self.proposer
+            .get()
+            .ok_or(EtcdError::Stopped)?
+            .propose(req)
+            .await
     }
 
     /// Proposes one log entry as is (a request or a batch), forwarding it to the leader when
-    /// this member is a follower, and returns its apply result.
+    /// this member is a follower, and returns its apply result and log index. A forwarded
+    /// entry is also applied here before this returns (read-your-writes on every member).
     ///
     /// Errors: as [`Node::propose`].
-    pub async fn propose_entry(&self, req: RaftRequest) -> Result<RaftResponse, EtcdError> {
+    pub async fn propose_entry(&self, req: RaftRequest) -> Result<(RaftResponse, u64), EtcdError> {
         let deadline = tokio::time::Instant::now() + self.request_timeout();
+        // A leadership transfer holds new proposals until leadership moved.
+        if !self.cluster.gate.wait_idle(deadline).await {
+            return Err(EtcdError::Timeout);
+        }
         loop {
             match self.raft.client_write(Request(req.clone())).await {
-                Ok(resp) => return into_result(resp.data.0),
+                Ok(resp) => return into_result(resp.data.0).map(|r| (r, resp.log_id.index)),
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                     match f.leader_node {
                         Some(leader) if f.leader_id != Some(self.id) => {
-                            return self.forward(&leader, req).await;
+                            match self.forward(&leader, req.clone(), deadline).await {
+                                Err(PeerFailure::NotDelivered) => {
+                                    // The leader is unreachable (likely crashed) and did not get
+                                    // the request: retry once a new leader is known.
+                                    if tokio::time::Instant::now() + FORWARD_RETRY_PAUSE >= deadline
+                                    {
+                                        return Err(EtcdError::TimeoutDueToLeaderFail);
+                                    }
+                                    tokio::time::sleep(FORWARD_RETRY_PAUSE).await;
+                                }
+                                Err(PeerFailure::Ambiguous) => {
+                                    return Err(EtcdError::TimeoutDueToLeaderFail);
+                                }
+                                Err(PeerFailure::Answer(e)) => return Err(e),
+                                Ok((resp, index)) => {
+                                    // Read-your-writes on this member (as in etcd): wait
+                                    // until it applied the entry too.
+                                    self.wait_applied(index, deadline).await?;
+                                    return into_result(resp).map(|r| (r, index));
+                                }
+                            }
                         }
                         _ => self.wait_for_leader(deadline).await?,
                     }
@@ -252,19 +302,48 @@ impl Node {
         }
     }
 
-    /// Waits until this member can serve a linearizable read: the leader confirmed its
-    /// leadership with a quorum and this member applied up to the read index.
+    /// Waits until this member can serve a linearizable read (Raft thesis §6.4 ReadIndex,
+    /// on any member, batched: see `cluster::read_index`): it obtained a read index from the
+    /// leader and applied up to it.
     ///
-    /// Errors: `NoLeader` when no leader emerges in time, `Stopped` on shutdown.
+    /// Errors: `NotSupportedForLearner` on a learner (as etcd), `NoLeader` when no leader
+    /// emerges in time, `Timeout`, `Stopped` on shutdown.
     pub async fn read_barrier(&self) -> Result<(), EtcdError> {
-        let deadline = tokio::time::Instant::now() + self.request_timeout();
-        loop {
-            match self.raft.ensure_linearizable().await {
-                Ok(_) => return Ok(()),
-                Err(RaftError::APIError(_)) => self.wait_for_leader(deadline).await?,
-                Err(RaftError::Fatal(_)) => return Err(EtcdError::Stopped),
-            }
+        if self.is_learner() {
+            return Err(EtcdError::NotSupportedForLearner);
         }
+        self.cluster.reads.barrier().await
+    }
+
+    /// Whether this member is a raft learner (etcd refuses most client RPCs on learners).
+    pub fn is_learner(&self) -> bool {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .learner_ids()
+            .any(|l| l == self.id)
+    }
+
+    /// Waits until this member applied log index `index`.
+    ///
+    /// Errors: `Timeout` at `deadline`, `Stopped` on shutdown.
+    async fn wait_applied(
+        &self,
+        index: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), EtcdError> {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.raft
+            .wait(Some(remaining))
+            .applied_index_at_least(Some(index), "forwarded write applied here")
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                openraft::metrics::WaitError::Timeout(..) => EtcdError::Timeout,
+                openraft::metrics::WaitError::ShuttingDown => EtcdError::Stopped,
+            })
     }
 
     async fn wait_for_leader(&self, deadline: tokio::time::Instant) -> Result<(), EtcdError> {
@@ -281,24 +360,49 @@ impl Node {
         }
     }
 
-    async fn forward(&self, leader: &MemberNode, req: RaftRequest) -> Result<RaftResponse, EtcdError> {
-        let url = leader.peer_urls.first().cloned().ok_or(EtcdError::NoLeader)?;
-        let mut client = keelpb::peer_client::PeerClient::connect(url)
-            .await
-            .map_err(|_| EtcdError::NoLeader)?
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
+    /// Sends a proposal to the leader (`keelpb.Peer/Forward`) on the pooled connection;
+    /// returns the result and the entry's log index (response metadata
+    /// [`FORWARD_LOG_INDEX`]).
+    async fn forward(
+        &self,
+        leader: &MemberNode,
+        req: RaftRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<(RaftResponse, u64), PeerFailure> {
+        let url = leader
+            .peer_urls
+            .first()
+            .cloned()
+            .ok_or(PeerFailure::Answer(EtcdError::NoLeader))?;
+        let mut client = self
+            .cluster
+            .peers
+            .client(&url)
+            .map_err(|_| PeerFailure::Answer(EtcdError::NoLeader))?;
         let mut request = tonic::Request::new(req);
-        request.set_timeout(self.request_timeout());
+        request.set_timeout(deadline.saturating_duration_since(tokio::time::Instant::now()));
         match client.forward(request).await {
-            Ok(r) => into_result(r.into_inner()),
-            Err(s) => Err(EtcdError::from_parts(s.code() as i32, s.message())),
+            Ok(r) => {
+                let index = r
+                    .metadata()
+                    .get(FORWARD_LOG_INDEX)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                Ok((r.into_inner(), index))
+            }
+            Err(s) => {
+                if crate::cluster::peers::is_transport_failure(&s) {
+                    self.cluster.peers.reset(&url);
+                }
+                Err(classify(&s))
+            }
         }
     }
 
     /// etcd's request timeout: 5 s plus twice the election timeout.
     pub fn request_timeout(&self) -> Duration {
-        Duration::from_millis(5000 + 2 * self.config.election_timeout)
+        request_timeout(&self.config)
     }
 
     /// A response header for `revision` (etcd fills cluster_id, member_id, revision and
@@ -353,7 +457,21 @@ impl Node {
 
     /// Stops raft and flushes the store. Called on SIGTERM.
     pub async fn shutdown(&self) {
+        let stats = self.cluster.peers.append_stats();
+        let (member_rounds, leader_rounds) = self.cluster.reads.rounds();
+        tracing::info!(
+            append_rpcs = stats.rpcs,
+            appended_entries = stats.entries,
+            read_index_rounds = member_rounds,
+            leader_read_rounds = leader_rounds,
+            "peer transport totals"
+        );
         let _ = self.raft.shutdown().await;
         let _ = self.db.flush_async().await;
     }
+}
+
+/// etcd's request timeout: 5 s plus twice the election timeout.
+fn request_timeout(config: &Config) -> Duration {
+    Duration::from_millis(5000 + 2 * config.election_timeout)
 }

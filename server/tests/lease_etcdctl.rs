@@ -37,7 +37,7 @@ fn time_to_live(keel: &Keel, id: i64) -> Value {
 }
 
 fn hex(id: i64) -> String {
-    format!("{id:x}")
+    format!("{id:016x}")
 }
 
 fn keys(keel: &Keel) -> Vec<String> {

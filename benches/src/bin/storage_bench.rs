@@ -7,8 +7,8 @@
 //! cargo run --release -p keel-benches --bin storage-bench -- member --endpoint 127.0.0.1:2379 --pid <keel pid> --keys 1000000
 //! ```
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
@@ -64,9 +64,20 @@ enum Cmd {
 
 fn main() {
     match Args::parse().cmd {
-        Cmd::Wal { appenders, record_bytes, seconds, dir } => wal(appenders, record_bytes, seconds, dir),
+        Cmd::Wal {
+            appenders,
+            record_bytes,
+            seconds,
+            dir,
+        } => wal(appenders, record_bytes, seconds, dir),
         Cmd::Mvcc { keys, dir } => mvcc(keys, dir),
-        Cmd::Member { endpoint, pid, keys, clients, batch } => member(&endpoint, pid, keys, clients, batch),
+        Cmd::Member {
+            endpoint,
+            pid,
+            keys,
+            clients,
+            batch,
+        } => member(&endpoint, pid, keys, clients, batch),
     }
 }
 
@@ -88,7 +99,8 @@ fn wal(appenders: usize, record_bytes: usize, seconds: u64, dir: Option<std::pat
     std::thread::scope(|s| {
         let mut handles = Vec::new();
         for _ in 0..appenders {
-            let (wal, next_index, done, stop) = (wal.clone(), next_index.clone(), done.clone(), stop.clone());
+            let (wal, next_index, done, stop) =
+                (wal.clone(), next_index.clone(), done.clone(), stop.clone());
             handles.push(s.spawn(move || {
                 let payload = vec![0xabu8; record_bytes];
                 let mut lats = Vec::new();
@@ -133,7 +145,11 @@ fn key(i: u64) -> Vec<u8> {
 
 fn mvcc(keys: u64, dir: Option<std::path::PathBuf>) {
     let tmp = temp_in(dir);
-    let db = sled::Config::new().path(tmp.path()).cache_capacity(512 << 20).open().expect("sled");
+    let db = sled::Config::new()
+        .path(tmp.path())
+        .cache_capacity(512 << 20)
+        .open()
+        .expect("sled");
     let tree = db.open_tree("keel").expect("tree");
     let value = vec![b'v'; 256];
     {
@@ -143,21 +159,46 @@ fn mvcc(keys: u64, dir: Option<std::path::PathBuf>) {
         for chunk in (0..keys).collect::<Vec<_>>().chunks(1000) {
             let mut w = store.write();
             for &i in chunk {
-                w.put(&PutRequest { key: key(i), value: value.clone(), ..Default::default() })
-                    .expect("put");
+                w.put(&PutRequest {
+                    key: key(i),
+                    value: value.clone(),
+                    ..Default::default()
+                })
+                .expect("put");
             }
             w.commit().expect("commit");
         }
-        println!("mvcc: loaded {keys} keys in {:.1} s", t.elapsed().as_secs_f64());
-        let all = RangeRequest { key: vec![0], range_end: vec![0], ..Default::default() };
+        println!(
+            "mvcc: loaded {keys} keys in {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+        let all = RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            ..Default::default()
+        };
         for _ in 0..3 {
             let t = Instant::now();
-            let r = store.range(&RangeRequest { count_only: true, ..all.clone() }).expect("range");
-            println!("mvcc: count_only over all keys: count {} in {:.2} ms", r.count, t.elapsed().as_secs_f64() * 1e3);
+            let r = store
+                .range(&RangeRequest {
+                    count_only: true,
+                    ..all.clone()
+                })
+                .expect("range");
+            println!(
+                "mvcc: count_only over all keys: count {} in {:.2} ms",
+                r.count,
+                t.elapsed().as_secs_f64() * 1e3
+            );
         }
         for _ in 0..3 {
             let t = Instant::now();
-            let r = store.range(&RangeRequest { limit: 10, ..all.clone() }).expect("range");
+            let r = store
+                .range(&RangeRequest {
+                    limit: 10,
+                    ..all.clone()
+                })
+                .expect("range");
             println!(
                 "mvcc: limit 10 over all keys: {} kvs, count {}, more {} in {:.3} ms",
                 r.kvs.len(),

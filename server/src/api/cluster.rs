@@ -1,12 +1,18 @@
-//! The etcd `Cluster` service: MemberList. Membership changes arrive with the cluster issue
-//! and answer UNIMPLEMENTED until then.
+//! The etcd `Cluster` service (etcd rpc.proto `service Cluster`): MemberList, MemberAdd,
+//! MemberRemove, MemberUpdate and MemberPromote. Changes run on the leader with etcd's strict
+//! reconfiguration checks; a follower forwards them (`crate::cluster::reconfig`).
 
 use std::sync::Arc;
 
 use keel_proto::etcdserverpb::cluster_server::Cluster;
-use keel_proto::etcdserverpb::{Member, MemberListRequest, MemberListResponse};
+use keel_proto::etcdserverpb::{
+    Member, MemberAddRequest, MemberAddResponse, MemberListRequest, MemberListResponse,
+    MemberPromoteRequest, MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse,
+    MemberUpdateRequest, MemberUpdateResponse,
+};
 use tonic::{Request, Response, Status};
 
+use crate::cluster::reconfig;
 use crate::node::Node;
 
 /// Cluster service of one member.
@@ -20,25 +26,10 @@ impl ClusterService {
         ClusterService { node }
     }
 
-    /// Every member of the last applied raft membership config, voters and learners, with
-    /// the name and client URLs it published (empty until it has started, as in etcd).
+    /// Every member of the latest raft membership config, voters and learners, with the
+    /// name and client URLs it published (empty until it has started, as in etcd).
     pub fn members(&self) -> Vec<Member> {
-        let metrics = self.node.raft.metrics().borrow().clone();
-        let membership = metrics.membership_config.membership().clone();
-        let learners: Vec<u64> = membership.learner_ids().collect();
-        membership
-            .nodes()
-            .map(|(id, node)| {
-                let attrs = self.node.attributes.get(*id);
-                Member {
-                    id: *id,
-                    name: attrs.as_ref().map_or_else(String::new, |a| a.name.clone()),
-                    peer_ur_ls: node.peer_urls.clone(),
-                    client_ur_ls: attrs.map_or_else(Vec::new, |a| a.client_urls),
-                    is_learner: learners.contains(id),
-                }
-            })
-            .collect()
+        reconfig::current_members(&self.node)
     }
 }
 
@@ -56,5 +47,41 @@ impl Cluster for ClusterService {
             header: Some(self.node.header(revision)),
             members: self.members(),
         }))
+    }
+
+    async fn member_add(
+        &self,
+        request: Request<MemberAddRequest>,
+    ) -> Result<Response<MemberAddResponse>, Status> {
+        Ok(Response::new(
+            reconfig::member_add(&self.node, request.into_inner()).await?,
+        ))
+    }
+
+    async fn member_remove(
+        &self,
+        request: Request<MemberRemoveRequest>,
+    ) -> Result<Response<MemberRemoveResponse>, Status> {
+        Ok(Response::new(
+            reconfig::member_remove(&self.node, request.into_inner()).await?,
+        ))
+    }
+
+    async fn member_update(
+        &self,
+        request: Request<MemberUpdateRequest>,
+    ) -> Result<Response<MemberUpdateResponse>, Status> {
+        Ok(Response::new(
+            reconfig::member_update(&self.node, request.into_inner()).await?,
+        ))
+    }
+
+    async fn member_promote(
+        &self,
+        request: Request<MemberPromoteRequest>,
+    ) -> Result<Response<MemberPromoteResponse>, Status> {
+        Ok(Response::new(
+            reconfig::member_promote(&self.node, request.into_inner()).await?,
+        ))
     }
 }

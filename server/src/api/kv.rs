@@ -30,6 +30,10 @@ impl KvService {
     }
 
     async fn write(&self, req: Rq) -> Result<(i64, Option<Rs>), Status> {
+        // etcd serves only serializable reads and Status on a learner.
+        if self.node.is_learner() {
+            return Err(EtcdError::NotSupportedForLearner.into());
+        }
         let resp = self.node.propose(req).await?;
         Ok((resp.revision, resp.response))
     }
@@ -41,7 +45,10 @@ fn unexpected() -> Status {
 
 #[tonic::async_trait]
 impl Kv for KvService {
-    async fn range(&self, request: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
+    async fn range(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<RangeResponse>, Status> {
         let req = request.into_inner();
         kv_validate::check_range(&req)?;
         if !req.serializable {
@@ -49,7 +56,10 @@ impl Kv for KvService {
         }
         let store = self.node.store.get();
         let mut resp = store.range(&req)?;
-        let revision = resp.header.as_ref().map_or_else(|| store.current_revision(), |h| h.revision);
+        let revision = resp
+            .header
+            .as_ref()
+            .map_or_else(|| store.current_revision(), |h| h.revision);
         resp.header = Some(self.node.header(revision));
         Ok(Response::new(resp))
     }
@@ -112,9 +122,11 @@ impl Kv for KvService {
                     // from the backend (Keel removes them in the background after apply).
                     let store = self.node.store.get();
                     let timeout = std::time::Duration::from_secs(60);
-                    let done = tokio::task::spawn_blocking(move || store.wait_physical_compaction(revision, timeout))
-                        .await
-                        .unwrap_or(false);
+                    let done = tokio::task::spawn_blocking(move || {
+                        store.wait_physical_compaction(revision, timeout)
+                    })
+                    .await
+                    .unwrap_or(false);
                     if !done {
                         return Err(EtcdError::Timeout.into());
                     }
@@ -130,9 +142,12 @@ impl Kv for KvService {
 /// Whether any branch of the txn (nested ones included) puts a key.
 fn txn_has_put(t: &TxnRequest) -> bool {
     use keel_proto::etcdserverpb::request_op::Request as Op;
-    t.success.iter().chain(&t.failure).any(|op| match &op.request {
-        Some(Op::RequestPut(_)) => true,
-        Some(Op::RequestTxn(inner)) => txn_has_put(inner),
-        _ => false,
-    })
+    t.success
+        .iter()
+        .chain(&t.failure)
+        .any(|op| match &op.request {
+            Some(Op::RequestPut(_)) => true,
+            Some(Op::RequestTxn(inner)) => txn_has_put(inner),
+            _ => false,
+        })
 }

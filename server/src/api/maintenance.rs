@@ -1,14 +1,16 @@
-//! The etcd `Maintenance` service: Status and HashKV. Other methods answer UNIMPLEMENTED
-//! until their issues land (see docs/compat.md).
+//! The etcd `Maintenance` service: Status, HashKV and MoveLeader. Other methods answer
+//! UNIMPLEMENTED until their issues land (see docs/compat.md).
 
 use std::sync::Arc;
 
 use keel_proto::etcdserverpb::maintenance_server::Maintenance;
 use keel_proto::etcdserverpb::{
-    HashKvRequest, HashKvResponse, StatusRequest, StatusResponse,
+    HashKvRequest, HashKvResponse, MoveLeaderRequest, MoveLeaderResponse, StatusRequest,
+    StatusResponse,
 };
 use tonic::{Request, Response, Status};
 
+use crate::cluster::transfer;
 use crate::node::Node;
 
 /// Maintenance service of one member.
@@ -36,12 +38,19 @@ impl Maintenance for MaintenanceService {
             .learner_ids()
             .any(|id| id == self.node.id);
         let db_size = self.node.db_size();
+        // etcd reports the commit index as `raft_index`.
+        let committed = self
+            .node
+            .raft
+            .with_raft_state(|st| st.committed.map_or(0, |l| l.index))
+            .await
+            .unwrap_or_else(|_| m.last_log_index.unwrap_or(0));
         Ok(Response::new(StatusResponse {
             header: Some(self.node.header(store.current_revision())),
             version: keel_proto::ETCD_API_VERSION.to_string(),
             db_size,
             leader: m.current_leader.unwrap_or(0),
-            raft_index: m.last_log_index.unwrap_or(0),
+            raft_index: committed,
             raft_term: m.current_term,
             raft_applied_index: m.last_applied.map_or(0, |l| l.index),
             errors: Vec::new(),
@@ -54,7 +63,10 @@ impl Maintenance for MaintenanceService {
     }
 
     /// etcd `HashKV`: the hash of the MVCC key space at `revision` (0 = current).
-    async fn hash_kv(&self, request: Request<HashKvRequest>) -> Result<Response<HashKvResponse>, Status> {
+    async fn hash_kv(
+        &self,
+        request: Request<HashKvRequest>,
+    ) -> Result<Response<HashKvResponse>, Status> {
         let req = request.into_inner();
         let store = self.node.store.get();
         let h = store.hash_kv(req.revision)?;
@@ -63,6 +75,18 @@ impl Maintenance for MaintenanceService {
             hash: h.hash,
             compact_revision: h.compact_revision,
             hash_revision: h.hash_revision,
+        }))
+    }
+
+    /// etcd `MoveLeader`: only the leader accepts it (`NotLeader` elsewhere, as in etcd;
+    /// etcdctl sends it to the leader among its endpoints).
+    async fn move_leader(
+        &self,
+        request: Request<MoveLeaderRequest>,
+    ) -> Result<Response<MoveLeaderResponse>, Status> {
+        transfer::move_leader(&self.node, request.into_inner().target_id).await?;
+        Ok(Response::new(MoveLeaderResponse {
+            header: Some(self.node.header(self.node.store.get().current_revision())),
         }))
     }
 }

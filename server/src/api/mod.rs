@@ -14,6 +14,7 @@ mod lease_leader;
 mod maintenance;
 mod peer;
 mod unimplemented;
+mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ pub use kv::KvService;
 pub use lease::LeaseService;
 pub use maintenance::MaintenanceService;
 pub use peer::PeerService;
+pub use watch::WatchService;
 
 use crate::config::GRPC_OVERHEAD_BYTES;
 use crate::node::Node;
@@ -49,10 +51,19 @@ pub async fn serve_clients(
     let incoming = incoming(addr).await?;
     Server::builder()
         .add_service(KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(MaintenanceServer::new(MaintenanceService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(ClusterServer::new(ClusterService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(WatchServer::new(unimplemented::NotYet))
-        .add_service(LeaseServer::new(LeaseService::new(node.clone())).max_decoding_message_size(max))
+        .add_service(
+            MaintenanceServer::new(MaintenanceService::new(node.clone()))
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            ClusterServer::new(ClusterService::new(node.clone())).max_decoding_message_size(max),
+        )
+        .add_service(
+            WatchServer::new(WatchService::new(node.clone())).max_decoding_message_size(max),
+        )
+        .add_service(
+            LeaseServer::new(LeaseService::new(node.clone())).max_decoding_message_size(max),
+        )
         .add_service(AuthServer::new(unimplemented::NotYet))
         .add_service(LockServer::new(unimplemented::NotYet))
         .add_service(ElectionServer::new(unimplemented::NotYet))

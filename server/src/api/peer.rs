@@ -1,19 +1,26 @@
 //! Server side of Keel's peer protocol (`keelpb.Peer`): hands openraft RPCs to the local
-//! raft and proposes forwarded client requests.
+//! raft, proposes forwarded client requests, and serves the cluster RPCs (read index,
+//! leadership transfer, cluster info, forwarded membership changes; see `crate::cluster`).
 
 use std::sync::Arc;
 
-use keel_proto::keelpb::peer_server::Peer;
 use keel_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+    MemberAddRequest, MemberAddResponse, MemberPromoteRequest, MemberPromoteResponse,
+    MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
 };
-use keel_proto::keelpb::{RaftPayload, RaftRequest, RaftResponse};
-use serde::de::DeserializeOwned;
+use keel_proto::keelpb::peer_server::Peer;
+use keel_proto::keelpb::{
+    ClusterInfoRequest, ClusterInfoResponse, RaftPayload, RaftRequest, RaftResponse,
+    ReadIndexRequest, ReadIndexResponse, TimeoutNowRequest, TimeoutNowResponse,
+};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
 use super::lease_leader;
-use crate::node::Node;
+use crate::cluster::{reconfig, removal, transfer};
+use crate::node::{FORWARD_LOG_INDEX, Node};
 
 /// Peer service of one member.
 pub struct PeerService {
@@ -28,7 +35,8 @@ impl PeerService {
 }
 
 fn decode<T: DeserializeOwned>(p: &RaftPayload) -> Result<T, Status> {
-    bincode::deserialize(&p.data).map_err(|e| Status::invalid_argument(format!("bad raft payload: {e}")))
+    bincode::deserialize(&p.data)
+        .map_err(|e| Status::invalid_argument(format!("bad raft payload: {e}")))
 }
 
 fn encode<T: Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
@@ -39,8 +47,12 @@ fn encode<T: Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
 
 #[tonic::async_trait]
 impl Peer for PeerService {
-    async fn append_entries(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+    async fn append_entries(
+        &self,
+        r: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
         let req = decode(r.get_ref())?;
+        self.node.cluster.leader_contact.touch();
         encode(&self.node.raft.append_entries(req).await)
     }
 
@@ -49,8 +61,12 @@ impl Peer for PeerService {
         encode(&self.node.raft.vote(req).await)
     }
 
-    async fn install_snapshot(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+    async fn install_snapshot(
+        &self,
+        r: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
         let req = decode(r.get_ref())?;
+        self.node.cluster.leader_contact.touch();
         encode(&self.node.raft.install_snapshot(req).await)
     }
 
@@ -59,14 +75,30 @@ impl Peer for PeerService {
         if req.request.is_none() {
             return Err(Status::invalid_argument("forwarded raft request is empty"));
         }
-        Ok(Response::new(self.node.propose_entry(req).await?))
+        let (resp, index) = self.node.propose_entry(req).await?;
+        let mut response = Response::new(resp);
+        response.metadata_mut().insert(
+            FORWARD_LOG_INDEX,
+            index
+                .to_string()
+                .parse()
+                .expect("digits are valid metadata"),
+        );
+        Ok(response)
     }
 
-    async fn lease_renew(&self, r: Request<LeaseKeepAliveRequest>) -> Result<Response<LeaseKeepAliveResponse>, Status> {
+    async fn lease_renew(
+        &self,
+        r: Request<LeaseKeepAliveRequest>,
+    ) -> Result<Response<LeaseKeepAliveResponse>, Status> {
         let id = r.into_inner().id;
         let deadline = tokio::time::Instant::now() + self.node.request_timeout();
         let ttl = lease_leader::renew_local(&self.node, id, deadline).await?;
-        Ok(Response::new(LeaseKeepAliveResponse { id, ttl, ..Default::default() }))
+        Ok(Response::new(LeaseKeepAliveResponse {
+            id,
+            ttl,
+            ..Default::default()
+        }))
     }
 
     async fn lease_time_to_live(
@@ -76,5 +108,68 @@ impl Peer for PeerService {
         let deadline = tokio::time::Instant::now() + self.node.request_timeout();
         let resp = lease_leader::time_to_live_local(&self.node, r.get_ref(), deadline).await?;
         Ok(Response::new(resp))
+    }
+
+    async fn read_index(
+        &self,
+        _r: Request<ReadIndexRequest>,
+    ) -> Result<Response<ReadIndexResponse>, Status> {
+        let read_index = self.node.cluster.reads.leader_read_index().await?;
+        let term = self.node.raft.metrics().borrow().current_term;
+        Ok(Response::new(ReadIndexResponse { read_index, term }))
+    }
+
+    async fn timeout_now(
+        &self,
+        r: Request<TimeoutNowRequest>,
+    ) -> Result<Response<TimeoutNowResponse>, Status> {
+        transfer::on_timeout_now(&self.node.raft, self.node.id, r.get_ref())
+            .await
+            .map(Response::new)
+    }
+
+    async fn cluster_info(
+        &self,
+        r: Request<ClusterInfoRequest>,
+    ) -> Result<Response<ClusterInfoResponse>, Status> {
+        Ok(Response::new(
+            removal::cluster_info(&self.node, r.into_inner()).await,
+        ))
+    }
+
+    async fn member_add(
+        &self,
+        r: Request<MemberAddRequest>,
+    ) -> Result<Response<MemberAddResponse>, Status> {
+        Ok(Response::new(
+            reconfig::add_on_leader(&self.node, r.into_inner()).await?,
+        ))
+    }
+
+    async fn member_remove(
+        &self,
+        r: Request<MemberRemoveRequest>,
+    ) -> Result<Response<MemberRemoveResponse>, Status> {
+        Ok(Response::new(
+            reconfig::remove_on_leader(&self.node, r.into_inner()).await?,
+        ))
+    }
+
+    async fn member_update(
+        &self,
+        r: Request<MemberUpdateRequest>,
+    ) -> Result<Response<MemberUpdateResponse>, Status> {
+        Ok(Response::new(
+            reconfig::update_on_leader(&self.node, r.into_inner()).await?,
+        ))
+    }
+
+    async fn member_promote(
+        &self,
+        r: Request<MemberPromoteRequest>,
+    ) -> Result<Response<MemberPromoteResponse>, Status> {
+        Ok(Response::new(
+            reconfig::promote_on_leader(&self.node, r.into_inner()).await?,
+        ))
     }
 }

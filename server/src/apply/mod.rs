@@ -11,7 +11,9 @@
 
 use std::sync::Arc;
 
-use keel_proto::keelpb::{raft_request, raft_response, ApplyError, RaftRequest, RaftResponse, ResponseBatch};
+use keel_proto::keelpb::{
+    ApplyError, RaftRequest, RaftResponse, ResponseBatch, raft_request, raft_response,
+};
 use openraft::{EntryPayload, StorageIOError, StoredMembership};
 
 use crate::cindex::{self, ConsistentIndex};
@@ -20,6 +22,7 @@ use crate::lease::{ApplyOutcome, Lessor};
 use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
+use crate::watch::WatchHub;
 
 #[cfg(test)]
 mod tests;
@@ -36,6 +39,8 @@ pub struct Applier {
     lessor: Arc<Lessor>,
     ci: ConsistentIndex,
     membership: StoredMembership<NodeId, MemberNode>,
+    /// Receives the events of every committed revision (watchers on this member).
+    watch: Option<Arc<WatchHub>>,
 }
 
 impl Applier {
@@ -75,6 +80,7 @@ impl Applier {
             lessor,
             ci,
             membership,
+            watch: None,
         })
     }
 
@@ -96,6 +102,16 @@ impl Applier {
     /// The MVCC store this applier writes to.
     pub fn store(&self) -> &Arc<MvccStore> {
         &self.store
+    }
+
+    /// Hands the events of every committed revision to `hub` from now on.
+    pub fn set_watch_hub(&mut self, hub: Arc<WatchHub>) {
+        self.watch = Some(hub);
+    }
+
+    /// The watch hub this applier feeds, if any.
+    pub fn watch_hub(&self) -> Option<&Arc<WatchHub>> {
+        self.watch.as_ref()
     }
 
     /// The sled tree holding all member state.
@@ -122,13 +138,16 @@ impl Applier {
             EntryPayload::Blank => self.commit_only(done, |_| {})?,
             EntryPayload::Membership(m) => {
                 let stored = StoredMembership::new(Some(log_id), m.clone());
-                let bytes = bincode::serialize(&stored).map_err(|e| StorageIOError::apply(log_id, &e))?;
+                let bytes =
+                    bincode::serialize(&stored).map_err(|e| StorageIOError::apply(log_id, &e))?;
                 let resp = self.commit_only(done, |b| b.insert(MEMBERSHIP_KEY, bytes))?;
                 self.membership = stored;
                 resp
             }
             EntryPayload::Normal(req) => match &req.0.request {
-                Some(raft_request::Request::Batch(batch)) => self.apply_batch(&log_id, &batch.requests)?,
+                Some(raft_request::Request::Batch(batch)) => {
+                    self.apply_batch(&log_id, &batch.requests)?
+                }
                 other => self.apply_request(other.as_ref(), done)?,
             },
         };
@@ -138,7 +157,11 @@ impl Applier {
     /// Applies the requests of a batch entry in order, each with its own sled batch that
     /// records the progress within the entry, so a crash part-way resumes at the first
     /// request not yet applied.
-    fn apply_batch(&mut self, log_id: &LogId, requests: &[RaftRequest]) -> Result<RaftResponse, StorageError> {
+    fn apply_batch(
+        &mut self,
+        log_id: &LogId,
+        requests: &[RaftRequest],
+    ) -> Result<RaftResponse, StorageError> {
         let n = requests.len() as u32;
         let already = self.ci.done_in(log_id);
         let mut responses = Vec::with_capacity(requests.len());
@@ -190,12 +213,18 @@ impl Applier {
     ) -> Result<RaftResponse, StorageError> {
         use raft_request::Request as Rq;
         use raft_response::Response as Rs;
-        let log_id = next.applied.or(next.partial.map(|p| p.0)).expect("apply always advances the index");
+        let log_id = next
+            .applied
+            .or(next.partial.map(|p| p.0))
+            .expect("apply always advances the index");
         let mut w = self.store.write();
         let lessor = self.lessor.clone();
         let mut lease_outcome: Option<ApplyOutcome> = None;
         let outcome: Result<Option<Rs>, EtcdError> = match req {
-            Some(Rq::Put(r)) => lessor.check_put(r).and_then(|()| w.put(r)).map(|x| Some(Rs::Put(x))),
+            Some(Rq::Put(r)) => lessor
+                .check_put(r)
+                .and_then(|()| w.put(r))
+                .map(|x| Some(Rs::Put(x))),
             Some(Rq::DeleteRange(r)) => w.delete_range(r).map(|x| Some(Rs::DeleteRange(x))),
             Some(Rq::Txn(r)) => w
                 .txn_with_lease_check(r, &|id| lessor.contains(id))
@@ -205,13 +234,18 @@ impl Applier {
                 Attributes::stage(w.batch_mut(), a);
                 Ok(None)
             }
-            Some(r @ (Rq::LeaseGrant(_) | Rq::LeaseRevoke(_) | Rq::LeaseCheckpoint(_) | Rq::LeaseExpire(_))) => {
-                lessor.apply_request(&mut w, r).map(|(resp, changed)| {
-                    lease_outcome = Some(changed);
-                    Some(resp)
-                })
-            }
-            Some(Rq::Batch(_)) => Err(EtcdError::Internal("keel: nested request batches are not allowed".into())),
+            Some(
+                r @ (Rq::LeaseGrant(_)
+                | Rq::LeaseRevoke(_)
+                | Rq::LeaseCheckpoint(_)
+                | Rq::LeaseExpire(_)),
+            ) => lessor.apply_request(&mut w, r).map(|(resp, changed)| {
+                lease_outcome = Some(changed);
+                Some(resp)
+            }),
+            Some(Rq::Batch(_)) => Err(EtcdError::Internal(
+                "keel: nested request batches are not allowed".into(),
+            )),
             None => Ok(None),
         };
         match outcome {
@@ -220,13 +254,15 @@ impl Applier {
                 let committed = w.commit().map_err(|e| StorageIOError::apply(log_id, &e))?;
                 self.ci = next;
                 lessor.publish(lease_outcome, &committed.events);
+                let revision = committed.revision;
+                if let Some(hub) = &self.watch {
+                    // Never blocks: slow watchers fall behind and catch up from the store.
+                    hub.notify(revision, committed.events);
+                }
                 if let Some(Rq::MemberAttributes(a)) = req {
                     self.attributes.publish(a.clone());
                 }
-                Ok(RaftResponse {
-                    revision: committed.revision,
-                    response,
-                })
+                Ok(RaftResponse { revision, response })
             }
             Err(e) => {
                 // Nothing of the failed request is written; it still counts as applied.
@@ -248,7 +284,10 @@ impl Applier {
         next: ConsistentIndex,
         extra: impl FnOnce(&mut sled::Batch),
     ) -> Result<RaftResponse, StorageError> {
-        let log_id = next.applied.or(next.partial.map(|p| p.0)).expect("apply always advances the index");
+        let log_id = next
+            .applied
+            .or(next.partial.map(|p| p.0))
+            .expect("apply always advances the index");
         let mut w = self.store.write();
         extra(w.batch_mut());
         cindex::stage(w.batch_mut(), &next);

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
-use keel_proto::keelpb::{raft_request, RaftRequest};
+use keel_proto::keelpb::{RaftRequest, raft_request};
 use openraft::{CommittedLeaderId, EntryPayload};
 
 use super::Applier;
@@ -46,9 +46,20 @@ fn fingerprint(a: &Applier) -> (i64, u32, Vec<(Vec<u8>, i64, i64, i64)>) {
     let kvs = all
         .kvs
         .iter()
-        .map(|kv| (kv.value.clone(), kv.create_revision, kv.mod_revision, kv.version))
+        .map(|kv| {
+            (
+                kv.value.clone(),
+                kv.create_revision,
+                kv.mod_revision,
+                kv.version,
+            )
+        })
         .collect();
-    (store.current_revision(), store.hash_kv(0).expect("hash").hash, kvs)
+    (
+        store.current_revision(),
+        store.hash_kv(0).expect("hash").hash,
+        kvs,
+    )
 }
 
 /// A crash that loses the store's last batches (sled was not flushed) leaves an older
@@ -108,7 +119,10 @@ fn failed_request_advances_consistent_index_only() {
     let resp = a.apply(&compact).unwrap();
     match resp.0.response {
         Some(keel_proto::keelpb::raft_response::Response::Error(e)) => {
-            assert_eq!(e.message, "etcdserver: mvcc: required revision is a future revision");
+            assert_eq!(
+                e.message,
+                "etcdserver: mvcc: required revision is a future revision"
+            );
             assert_eq!(e.code, tonic::Code::OutOfRange as i32);
         }
         other => panic!("expected an apply error, got {other:?}"),
@@ -135,7 +149,9 @@ fn batch(index: u64, n: u64) -> Entry {
         log_id: log_id(index),
         payload: EntryPayload::Normal(Request(RaftRequest {
             id: index,
-            request: Some(raft_request::Request::Batch(keel_proto::keelpb::RequestBatch { requests })),
+            request: Some(raft_request::Request::Batch(
+                keel_proto::keelpb::RequestBatch { requests },
+            )),
         })),
     }
 }
@@ -169,14 +185,19 @@ fn crash_inside_a_batch_entry_resumes_at_the_first_unapplied_request() {
         let mut a = open(&tree);
         a.apply(&put(1)).unwrap();
         // The first two requests of entry 2 land, then the member dies.
-        let EntryPayload::Normal(Request(entry)) = batch(2, 5).payload else { unreachable!() };
-        let Some(raft_request::Request::Batch(b)) = entry.request else { unreachable!() };
+        let EntryPayload::Normal(Request(entry)) = batch(2, 5).payload else {
+            unreachable!()
+        };
+        let Some(raft_request::Request::Batch(b)) = entry.request else {
+            unreachable!()
+        };
         for k in 0..2u32 {
             let next = crate::cindex::ConsistentIndex {
                 applied: Some(log_id(1)),
                 partial: Some((log_id(2), k + 1)),
             };
-            a.apply_request(b.requests[k as usize].request.as_ref(), next).unwrap();
+            a.apply_request(b.requests[k as usize].request.as_ref(), next)
+                .unwrap();
         }
     }
     let mut a = open(&tree);
@@ -185,5 +206,9 @@ fn crash_inside_a_batch_entry_resumes_at_the_first_unapplied_request() {
     a.apply(&batch(2, 5)).unwrap();
     assert_eq!(a.last_applied(), Some(log_id(2)));
     assert_eq!(fingerprint(&a), fingerprint(&reference));
-    assert_eq!(a.store().current_revision(), 7, "1 put + 5 batched puts after revision 1");
+    assert_eq!(
+        a.store().current_revision(),
+        7,
+        "1 put + 5 batched puts after revision 1"
+    );
 }

@@ -53,7 +53,9 @@ impl ConsistentIndex {
 pub fn load(tree: &sled::Tree) -> Result<ConsistentIndex, String> {
     match tree.get(KEY).map_err(|e| e.to_string())? {
         None => Ok(ConsistentIndex::default()),
-        Some(v) => bincode::deserialize(&v).map_err(|e| format!("consistent index does not decode: {e}")),
+        Some(v) => {
+            bincode::deserialize(&v).map_err(|e| format!("consistent index does not decode: {e}"))
+        }
     }
 }
 

@@ -40,11 +40,18 @@ impl Attributes {
 
     /// Makes applied attributes visible to readers.
     pub fn publish(&self, attrs: MemberAttributes) {
-        self.by_member.write().expect("attributes lock").insert(attrs.member_id, attrs);
+        self.by_member
+            .write()
+            .expect("attributes lock")
+            .insert(attrs.member_id, attrs);
     }
 
     /// The attributes a member published, if any.
     pub fn get(&self, member_id: u64) -> Option<MemberAttributes> {
-        self.by_member.read().expect("attributes lock").get(&member_id).cloned()
+        self.by_member
+            .read()
+            .expect("attributes lock")
+            .get(&member_id)
+            .cloned()
     }
 }

@@ -26,7 +26,9 @@ pub fn parse_initial_cluster(spec: &str) -> Result<Vec<InitialMember>, String> {
             return Err(format!("--initial-cluster: {part:?} is not name=url"));
         }
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!("--initial-cluster: URL {url:?} must start with http:// or https://"));
+            return Err(format!(
+                "--initial-cluster: URL {url:?} must start with http:// or https://"
+            ));
         }
         match members.iter_mut().find(|m| m.name == name) {
             Some(m) => m.peer_urls.push(url.to_string()),

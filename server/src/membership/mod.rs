@@ -8,4 +8,4 @@ mod attributes;
 mod ids;
 
 pub use attributes::Attributes;
-pub use ids::{cluster_id, member_id, parse_initial_cluster, InitialMember};
+pub use ids::{InitialMember, cluster_id, member_id, parse_initial_cluster};

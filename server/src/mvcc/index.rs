@@ -669,7 +669,7 @@ impl Index {
                 let old = &chunk.blocks[b];
                 let mut fresh = Block::default();
                 for i in 0..old.len() {
-                    if let Some(kept) = old.history(i).clone().compact(at_rev, removed) {
+                    if let Some(kept) = old.history(i).compact(at_rev, removed) {
                         fresh.push(old.key(i), kept);
                     }
                 }

@@ -166,7 +166,13 @@ impl KeyHistory {
             self.latest.revision()
         );
         let prev = std::mem::replace(&mut self.latest, next);
-        Arc::make_mut(self.older.get_or_insert_with(Default::default)).push(prev);
+        let older = Arc::make_mut(self.older.get_or_insert_with(Default::default));
+        if older.len() == older.capacity() {
+            // Grow by half (exact while small): most keys keep 1-2 older revisions between
+            // compactions, and `Vec`'s default first allocation would hold 4.
+            older.reserve_exact((older.len() / 2).max(1));
+        }
+        older.push(prev);
     }
 
     /// Compacts this history at `at_rev`, appending the removed revisions to `removed`.
@@ -177,13 +183,24 @@ impl KeyHistory {
     /// the open generation); inside it keep from the newest revision `<= at_rev` onwards;
     /// keep all later generations. A tombstone at exactly `at_rev` is therefore kept, so a
     /// watcher starting at the compact revision still sees that delete.
-    pub fn compact(self, at_rev: i64, removed: &mut Vec<RevInfo>) -> Option<KeyHistory> {
+    pub fn compact(&self, at_rev: i64, removed: &mut Vec<RevInfo>) -> Option<KeyHistory> {
         let keep_from = self.keep_from(at_rev);
-        let mut revs = self.older.map(Arc::unwrap_or_clone).unwrap_or_default();
-        revs.push(self.latest);
-        removed.extend_from_slice(&revs[..keep_from]);
-        revs.drain(..keep_from);
-        KeyHistory::from_revisions(revs)
+        if keep_from == 0 {
+            return Some(self.clone());
+        }
+        // Reads the (possibly shared) history; allocates only for what is kept.
+        let older: &[RevInfo] = self.older.as_deref().map_or(&[], |v| v.as_slice());
+        let len = older.len() + 1;
+        removed.extend_from_slice(&older[..keep_from.min(older.len())]);
+        if keep_from == len {
+            removed.push(self.latest);
+            return None;
+        }
+        let kept_older = &older[keep_from..];
+        Some(KeyHistory {
+            latest: self.latest,
+            older: (!kept_older.is_empty()).then(|| Arc::new(kept_older.to_vec())),
+        })
     }
 
     /// Whether [`KeyHistory::compact`] at `at_rev` would remove anything.

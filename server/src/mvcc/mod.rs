@@ -19,6 +19,7 @@ mod compact;
 mod compactor;
 mod events;
 mod hash;
+mod history;
 pub mod index;
 pub mod key_index;
 mod range;

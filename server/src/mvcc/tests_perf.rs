@@ -35,6 +35,17 @@ fn median(runs: usize, mut f: impl FnMut()) -> Duration {
     t[runs / 2]
 }
 
+/// CPU time (user + system) this process has used, from `/proc/self/stat` (Linux).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the ")" that ends the command name: utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = field(11) + field(12);
+    Duration::from_millis(ticks * 10) // USER_HZ = 100 on Linux
+}
+
 fn all_keys() -> RangeRequest {
     RangeRequest {
         key: vec![0],
@@ -165,17 +176,20 @@ fn measure_one_million_keys() {
 
     drop(store);
     let mut rebuilds = Vec::new();
+    let mut cpu = Vec::new();
     let mut store = None;
-    for _ in 0..3 {
+    for _ in 0..5 {
         drop(store.take());
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_time());
         store = Some(MvccStore::open(db.open_tree("keel").unwrap()).unwrap());
         rebuilds.push(t.elapsed());
+        cpu.push(cpu_time() - c);
     }
     let store = store.unwrap();
-    println!("index rebuild on reopen (1M keys, 1M records, 2 threads), 3 runs: {rebuilds:?}");
+    println!("index rebuild on reopen (1M keys, 1M records, 2 threads), 5 runs wall: {rebuilds:?}");
+    println!("  the same runs, CPU time of the process (both threads): {cpu:?}");
     rebuilds.sort();
-    let rebuild = rebuilds[1];
+    let rebuild = rebuilds[2];
     assert_eq!(store.hash_kv(0).unwrap(), h);
     let rebuilt = store.index_stats();
     println!(
@@ -231,5 +245,9 @@ fn measure_one_million_keys() {
         "count_only {count_only:?}"
     );
     assert!(limit10 < Duration::from_millis(1), "limit 10 {limit10:?}");
-    assert!(rebuild < Duration::from_secs(3), "rebuild {rebuild:?}");
+    // Wall time depends on what else runs on the machine (docs/mvcc.md reports both); the
+    // CPU time of both rebuild threads together must fit the 3 s budget even on one core.
+    cpu.sort();
+    println!("rebuild: median wall {rebuild:?}, median CPU {:?}", cpu[2]);
+    assert!(cpu[2] < Duration::from_secs(3), "rebuild CPU {:?}", cpu[2]);
 }

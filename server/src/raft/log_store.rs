@@ -54,8 +54,11 @@ impl LogStore {
                 let _ = tx.send(r);
             }),
         );
-        rx.await
-            .unwrap_or_else(|_| Err(WalError::Io(std::io::Error::other("wal sync thread stopped"))))
+        rx.await.unwrap_or_else(|_| {
+            Err(WalError::Io(std::io::Error::other(
+                "wal sync thread stopped",
+            )))
+        })
     }
 
     fn decode(bytes: &[u8], index: u64) -> Result<Entry, StorageError> {
@@ -99,7 +102,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id: Option<LogId> = self.meta(META_PURGED)?;
         let last_log_id = match self.wal.last_index() {
-            Some(i) => match self.wal.read(i).map_err(|e| StorageIOError::read_logs(&e))? {
+            Some(i) => match self
+                .wal
+                .read(i)
+                .map_err(|e| StorageIOError::read_logs(&e))?
+            {
                 Some(bytes) => Some(Self::decode(&bytes, i)?.log_id),
                 None => last_purged_log_id,
             },
@@ -145,7 +152,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(self.meta::<Option<LogId>>(META_COMMITTED)?.flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,

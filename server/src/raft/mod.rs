@@ -1,6 +1,7 @@
 //! openraft glue: the type configuration, log storage on the WAL, the state machine over
 //! apply/MVCC, snapshot files, and the peer network over tonic.
 
+pub mod export;
 pub mod log_store;
 pub mod network;
 pub mod proposer;
@@ -10,6 +11,8 @@ pub mod types;
 
 #[cfg(test)]
 mod recovery_test;
+#[cfg(test)]
+mod snapshot_race_test;
 #[cfg(test)]
 mod storage_suite_test;
 

@@ -3,30 +3,54 @@
 //!
 //! Bodies are openraft's own request/response types, bincode-encoded in `RaftPayload`; the
 //! remote side returns `Result<Response, RaftError>` so that raft-level errors (a higher
-//! vote, a snapshot mismatch) come back typed. Channels are created lazily and reused for
-//! every RPC to that member; a transport failure surfaces as `Unreachable`, which makes
-//! openraft back off before retrying.
+//! vote, a snapshot mismatch) come back typed.
+//!
+//! Connections: every client of one member shares the pooled channel of its peer URL
+//! ([`Peers`]), because openraft creates a fresh client per replication stream, per election
+//! and per heartbeat round. Timeouts: each RPC carries openraft's deadline (`RPCOption`).
+//! A transport failure surfaces as `Unreachable`; openraft then waits out [`backoff`] before it
+//! retries, and the failed channel is dropped so the retry reconnects.
+//!
+//! Batching: openraft's replication stream sends everything appended since its last RPC in
+//! one AppendEntries (up to `max_payload_entries`), and the follower appends the batch with one
+//! WAL fsync, so concurrent client writes share RPCs and fsyncs.
 
 use std::error::Error;
+use std::sync::Arc;
 use std::time::Duration;
 
-use keel_proto::keelpb::peer_client::PeerClient;
 use keel_proto::keelpb::RaftPayload;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use serde::de::DeserializeOwned;
 
 use super::types::{MemberNode, NodeId, TypeConfig};
+use crate::cluster::peers::{Peers, is_transport_failure};
 
-/// Creates one [`PeerConnection`] per target member.
+/// First wait after a transport failure; doubles per failure up to [`BACKOFF_MAX`].
+const BACKOFF_FIRST: Duration = Duration::from_millis(50);
+/// Longest wait between retries to an unreachable member.
+const BACKOFF_MAX: Duration = Duration::from_millis(1000);
+
+/// Creates one [`PeerConnection`] per target member, all on the shared [`Peers`] pool.
 #[derive(Clone, Default)]
-pub struct PeerNetwork;
+pub struct PeerNetwork {
+    peers: Arc<Peers>,
+}
+
+impl PeerNetwork {
+    /// A network sending through `peers`.
+    pub fn new(peers: Arc<Peers>) -> PeerNetwork {
+        PeerNetwork { peers }
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConnection;
@@ -35,16 +59,16 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         PeerConnection {
             target,
             url: node.peer_urls.first().cloned().unwrap_or_default(),
-            client: None,
+            peers: self.peers.clone(),
         }
     }
 }
 
-/// A reusable connection to one member's peer URL.
+/// The connection to one member's (first) peer URL.
 pub struct PeerConnection {
     target: NodeId,
     url: String,
-    client: Option<PeerClient<Channel>>,
+    peers: Arc<Peers>,
 }
 
 #[derive(Clone, Copy)]
@@ -54,22 +78,14 @@ enum Rpc {
     Snapshot,
 }
 
-impl PeerConnection {
-    fn client(&mut self) -> Result<PeerClient<Channel>, Unreachable> {
-        if let Some(c) = &self.client {
-            return Ok(c.clone());
-        }
-        let endpoint = Endpoint::from_shared(self.url.clone())
-            .map_err(|e| Unreachable::new(&e))?
-            .connect_timeout(Duration::from_millis(500))
-            .tcp_nodelay(true);
-        let client = PeerClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
-        self.client = Some(client.clone());
-        Ok(client)
-    }
+/// openraft's wait between retries after `Unreachable`: exponential from [`BACKOFF_FIRST`]
+/// to [`BACKOFF_MAX`], so a restarted member is found again within a second.
+pub fn backoff() -> Backoff {
+    let delays = std::iter::successors(Some(BACKOFF_FIRST), |d| Some((*d * 2).min(BACKOFF_MAX)));
+    Backoff::new(delays)
+}
 
+impl PeerConnection {
     async fn call<Req, Resp, E>(
         &mut self,
         rpc: Rpc,
@@ -82,7 +98,10 @@ impl PeerConnection {
         E: Error + DeserializeOwned,
     {
         let data = bincode::serialize(req).map_err(|e| NetworkError::new(&e))?;
-        let mut client = self.client()?;
+        let mut client = self
+            .peers
+            .client(&self.url)
+            .map_err(|e| Unreachable::new(&e))?;
         let mut request = tonic::Request::new(RaftPayload { data });
         request.set_timeout(option.hard_ttl());
         let result = match rpc {
@@ -93,11 +112,15 @@ impl PeerConnection {
         let payload = match result {
             Ok(r) => r.into_inner(),
             Err(status) => {
-                // Drop the channel so the next RPC reconnects (the member may have restarted).
-                self.client = None;
-                return Err(Unreachable::new(&status).into());
+                if is_transport_failure(&status) {
+                    self.peers.record(self.target, false);
+                    self.peers.reset(&self.url);
+                    return Err(Unreachable::new(&status).into());
+                }
+                return Err(NetworkError::new(&status).into());
             }
         };
+        self.peers.record(self.target, true);
         let decoded: Result<Resp, E> =
             bincode::deserialize(&payload.data).map_err(|e| NetworkError::new(&e))?;
         decoded.map_err(|e| RemoteError::new(self.target, e).into())
@@ -109,7 +132,9 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>>
+    {
+        self.peers.count_append(rpc.entries.len());
         self.call(Rpc::Append, &rpc, &option).await
     }
 
@@ -130,5 +155,44 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
         self.call(Rpc::Vote, &rpc, &option).await
+    }
+
+    fn backoff(&self) -> Backoff {
+        backoff()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let delays: Vec<Duration> = backoff().take(7).collect();
+        let ms: Vec<u128> = delays.iter().map(|d| d.as_millis()).collect();
+        assert_eq!(ms, vec![50, 100, 200, 400, 800, 1000, 1000]);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_member_is_reported_and_marked_down() {
+        let peers = Arc::new(Peers::default());
+        peers.record(9, true);
+        // Port 1 on loopback refuses connections.
+        let mut conn = PeerNetwork::new(peers.clone())
+            .new_client(
+                9,
+                &MemberNode {
+                    name: "x".into(),
+                    peer_urls: vec!["http://127.0.0.1:1".into()],
+                },
+            )
+            .await;
+        let req = VoteRequest::new(openraft::Vote::new(1, 1u64), None);
+        let err = conn
+            .vote(req, RPCOption::new(Duration::from_secs(2)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RPCError::Unreachable(_)), "got {err:?}");
+        assert_eq!(peers.active_since(9), None);
     }
 }

@@ -15,9 +15,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use keel_proto::keelpb::{raft_request, raft_response, RaftRequest, RaftResponse, RequestBatch};
+use keel_proto::keelpb::{RaftRequest, RaftResponse, RequestBatch, raft_request, raft_response};
 use prost::Message;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::error::EtcdError;
 
@@ -32,8 +32,11 @@ pub const MAX_IN_FLIGHT: usize = 4;
 const QUEUE: usize = 8192;
 
 /// Proposes one entry and resolves with its applied result.
-pub type ProposeFn =
-    Arc<dyn Fn(RaftRequest) -> Pin<Box<dyn Future<Output = Result<RaftResponse, EtcdError>> + Send>> + Send + Sync>;
+pub type ProposeFn = Arc<
+    dyn Fn(RaftRequest) -> Pin<Box<dyn Future<Output = Result<RaftResponse, EtcdError>> + Send>>
+        + Send
+        + Sync,
+>;
 
 struct Pending {
     request: RaftRequest,
@@ -63,7 +66,11 @@ impl Proposer {
         let (reply, rx) = oneshot::channel();
         let bytes = request.encoded_len();
         self.tx
-            .send(Pending { request, bytes, reply })
+            .send(Pending {
+                request,
+                bytes,
+                reply,
+            })
             .await
             .map_err(|_| EtcdError::Stopped)?;
         rx.await.unwrap_or(Err(EtcdError::Stopped))
@@ -74,7 +81,9 @@ async fn run(mut rx: mpsc::Receiver<Pending>, propose: ProposeFn) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     loop {
         // Wait for a free slot first, so requests keep accumulating while all slots are busy.
-        let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
         let Some(first) = rx.recv().await else { return };
         let mut bytes = first.bytes;
         let mut batch = vec![first];
@@ -101,7 +110,8 @@ async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
         let _ = p.reply.send(propose(p.request).await);
         return;
     }
-    let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.request, p.reply)).unzip();
+    let (requests, replies): (Vec<_>, Vec<_>) =
+        batch.into_iter().map(|p| (p.request, p.reply)).unzip();
     let entry = RaftRequest {
         id: requests[0].id,
         request: Some(raft_request::Request::Batch(RequestBatch { requests })),
@@ -182,7 +192,9 @@ mod tests {
                         let responses = b.requests.iter().map(answer).collect();
                         Ok(RaftResponse {
                             revision: 0,
-                            response: Some(raft_response::Response::Batch(ResponseBatch { responses })),
+                            response: Some(raft_response::Response::Batch(ResponseBatch {
+                                responses,
+                            })),
                         })
                     }
                     _ => {
@@ -208,11 +220,23 @@ mod tests {
             if i == 3 {
                 assert_eq!(res.unwrap_err(), EtcdError::Compacted);
             } else {
-                assert_eq!(res.unwrap().revision, i as i64, "request {i} got its own result");
+                assert_eq!(
+                    res.unwrap().revision,
+                    i as i64,
+                    "request {i} got its own result"
+                );
             }
         }
         let entries = entries.lock().unwrap();
-        assert_eq!(entries.iter().sum::<usize>(), 200, "every request proposed exactly once");
-        assert!(entries.len() < 50, "200 concurrent requests went out in {} entries", entries.len());
+        assert_eq!(
+            entries.iter().sum::<usize>(),
+            200,
+            "every request proposed exactly once"
+        );
+        assert!(
+            entries.len() < 50,
+            "200 concurrent requests went out in {} entries",
+            entries.len()
+        );
     }
 }

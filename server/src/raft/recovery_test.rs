@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
-use keel_proto::keelpb::{raft_request, RaftRequest};
+use keel_proto::keelpb::{RaftRequest, raft_request};
 use openraft::{CommittedLeaderId, EntryPayload, Membership, Vote};
 
 use super::log_store::{META_COMMITTED, META_VOTE};
@@ -23,7 +23,13 @@ fn log_id(index: u64) -> LogId {
 
 fn entries() -> Vec<Entry> {
     let mut nodes = BTreeMap::new();
-    nodes.insert(1u64, MemberNode { name: "n1".into(), peer_urls: vec!["http://127.0.0.1:1".into()] });
+    nodes.insert(
+        1u64,
+        MemberNode {
+            name: "n1".into(),
+            peer_urls: vec!["http://127.0.0.1:1".into()],
+        },
+    );
     let mut out = vec![Entry {
         log_id: log_id(0),
         payload: EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1u64])], nodes)),
@@ -53,17 +59,31 @@ async fn committed_entries_missing_from_the_store_are_applied_on_restart() {
     {
         // The state at the crash: log durable and committed up to 5, store empty.
         let wal = Wal::open(&wal_dir, WalOptions::default()).unwrap();
-        let encoded: Vec<(u64, Vec<u8>)> =
-            entries().iter().map(|e| (e.log_id.index, bincode::serialize(e).unwrap())).collect();
+        let encoded: Vec<(u64, Vec<u8>)> = entries()
+            .iter()
+            .map(|e| (e.log_id.index, bincode::serialize(e).unwrap()))
+            .collect();
         let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
         wal.append(&refs).unwrap();
-        wal.set_meta(META_VOTE, &bincode::serialize(&Vote::new_committed(1, 1u64)).unwrap()).unwrap();
-        let lsn = wal.set_meta(META_COMMITTED, &bincode::serialize(&Some(log_id(5))).unwrap()).unwrap();
+        wal.set_meta(
+            META_VOTE,
+            &bincode::serialize(&Vote::new_committed(1, 1u64)).unwrap(),
+        )
+        .unwrap();
+        let lsn = wal
+            .set_meta(
+                META_COMMITTED,
+                &bincode::serialize(&Some(log_id(5))).unwrap(),
+            )
+            .unwrap();
         wal.wait_durable(lsn).unwrap();
     }
 
     let wal = Arc::new(Wal::open(&wal_dir, WalOptions::default()).unwrap());
-    let db = sled::Config::new().path(dir.path().join("db")).open().unwrap();
+    let db = sled::Config::new()
+        .path(dir.path().join("db"))
+        .open()
+        .unwrap();
     let tree = db.open_tree("keel").unwrap();
     let store = Arc::new(MvccStore::open(tree.clone()).unwrap());
     let attributes = Arc::new(Attributes::default());
@@ -71,7 +91,9 @@ async fn committed_entries_missing_from_the_store_are_applied_on_restart() {
     let shared = Arc::new(SharedStore::new(store));
     let sm = StateMachine::new(applier, shared.clone(), attributes, snap_dir);
     let config = Arc::new(openraft::Config::default().validate().unwrap());
-    let raft = Raft::new(1, config, PeerNetwork, LogStore::new(wal), sm).await.unwrap();
+    let raft = Raft::new(1, config, PeerNetwork::default(), LogStore::new(wal), sm)
+        .await
+        .unwrap();
 
     raft.wait(Some(Duration::from_secs(10)))
         .applied_index_at_least(Some(5), "re-apply committed entries")
@@ -79,11 +101,24 @@ async fn committed_entries_missing_from_the_store_are_applied_on_restart() {
         .expect("committed entries re-applied after restart");
     let resp = shared
         .get()
-        .range(&RangeRequest { key: b"k".to_vec(), range_end: b"l".to_vec(), ..Default::default() })
+        .range(&RangeRequest {
+            key: b"k".to_vec(),
+            range_end: b"l".to_vec(),
+            ..Default::default()
+        })
         .unwrap();
-    let got: Vec<(Vec<u8>, i64)> = resp.kvs.iter().map(|kv| (kv.key.clone(), kv.mod_revision)).collect();
-    let want: Vec<(Vec<u8>, i64)> = (1..=5).map(|i| (format!("k{i}").into_bytes(), i as i64 + 1)).collect();
-    assert_eq!(got, want, "each committed put applied exactly once, in log order");
+    let got: Vec<(Vec<u8>, i64)> = resp
+        .kvs
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.mod_revision))
+        .collect();
+    let want: Vec<(Vec<u8>, i64)> = (1..=5)
+        .map(|i| (format!("k{i}").into_bytes(), i as i64 + 1))
+        .collect();
+    assert_eq!(
+        got, want,
+        "each committed put applied exactly once, in log order"
+    );
     assert_eq!(shared.get().current_revision(), 6);
     raft.shutdown().await.unwrap();
 }

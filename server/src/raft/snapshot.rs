@@ -33,9 +33,30 @@ pub type Meta = SnapshotMeta<NodeId, MemberNode>;
 
 /// Writes a snapshot of every key of `tree` to `path` (via `path.tmp`, fsync, rename).
 ///
-/// The caller must keep `tree` unchanged while this runs (the state machine holds its
-/// apply loop), so the export is consistent with `meta.last_log_id`.
+/// The caller must keep `tree` unchanged while this runs, so the export is consistent with
+/// `meta.last_log_id`. [`write_records`] exports a live tree instead.
 pub fn write(path: &Path, meta: &Meta, tree: &sled::Tree) -> io::Result<()> {
+    write_records(
+        path,
+        meta,
+        tree.iter().map(|kv| kv.map_err(io::Error::other)),
+    )
+}
+
+/// Writes a snapshot holding `records` (key/value pairs in any order) to `path`: to
+/// `path.tmp` first, then fsync, rename and fsync of the directory, so a crash never leaves
+/// a partial file under a snapshot name. Streams record by record.
+///
+/// Errors: the first error of `records`, or I/O.
+pub fn write_records<K, V>(
+    path: &Path,
+    meta: &Meta,
+    records: impl Iterator<Item = io::Result<(K, V)>>,
+) -> io::Result<()>
+where
+    K: AsRef<[u8]>,
+    V: AsRef<[u8]>,
+{
     let tmp = path.with_extension("tmp");
     let file = File::create(&tmp)?;
     let mut w = CrcWriter {
@@ -47,12 +68,13 @@ pub fn write(path: &Path, meta: &Meta, tree: &sled::Tree) -> io::Result<()> {
     w.write_all(&VERSION.to_le_bytes())?;
     w.write_all(&(meta_bytes.len() as u32).to_le_bytes())?;
     w.write_all(&meta_bytes)?;
-    for kv in tree.iter() {
-        let (k, v) = kv.map_err(io::Error::other)?;
+    for kv in records {
+        let (k, v) = kv?;
+        let (k, v) = (k.as_ref(), v.as_ref());
         w.write_all(&(k.len() as u32).to_le_bytes())?;
-        w.write_all(&k)?;
+        w.write_all(k)?;
         w.write_all(&(v.len() as u32).to_le_bytes())?;
-        w.write_all(&v)?;
+        w.write_all(v)?;
     }
     w.write_all(&END.to_le_bytes())?;
     let crc = w.crc.clone().finalize();
@@ -79,17 +101,26 @@ pub fn verify(file: &mut File) -> io::Result<Meta> {
 
 /// Calls `each` for every record, in file order. Call [`verify`] first: a corrupt file is
 /// only detected at its end here.
-pub fn read_records(file: &mut File, each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
+pub fn read_records(
+    file: &mut File,
+    each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>,
+) -> io::Result<Meta> {
     walk(file, each)
 }
 
 /// [`verify`], then [`read_records`]: `each` runs only for a file whose CRC matched.
-pub fn load(file: &mut File, each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
+pub fn load(
+    file: &mut File,
+    each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>,
+) -> io::Result<Meta> {
     verify(file)?;
     read_records(file, each)
 }
 
-fn walk(file: &mut File, mut each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
+fn walk(
+    file: &mut File,
+    mut each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>,
+) -> io::Result<Meta> {
     file.seek(SeekFrom::Start(0))?;
     let mut r = BufReader::with_capacity(1 << 20, &mut *file);
     let mut crc = crc32fast::Hasher::new();
@@ -120,7 +151,9 @@ fn read_header(r: &mut impl Read, crc: &mut crc32fast::Hasher) -> io::Result<Met
     }
     let version = read_u32(r, crc)?;
     if version != VERSION {
-        return Err(invalid(&format!("unsupported snapshot format version {version}")));
+        return Err(invalid(&format!(
+            "unsupported snapshot format version {version}"
+        )));
     }
     let len = read_u32(r, crc)? as usize;
     let meta = read_exact(r, crc, len)?;
@@ -171,7 +204,12 @@ pub fn latest(dir: &Path) -> io::Result<Option<PathBuf>> {
     Ok(names.pop())
 }
 
-/// Removes every snapshot file in `dir` except `keep` (and temporaries).
+/// Name of the file a snapshot from the leader is received into (never a `.snap` or `.tmp`
+/// name, so [`remove_others`] run by a concurrent snapshot build cannot delete it).
+pub const RECEIVING: &str = "receiving.part";
+
+/// Removes every snapshot file in `dir` except `keep`, and stale export temporaries
+/// (`*.tmp`). The file being received ([`RECEIVING`]) is kept.
 pub fn remove_others(dir: &Path, keep: &Path) -> io::Result<()> {
     for e in fs::read_dir(dir)? {
         let p = e?.path();
@@ -206,7 +244,10 @@ mod tests {
 
     fn meta() -> Meta {
         SnapshotMeta {
-            last_log_id: Some(openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 40)),
+            last_log_id: Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(3, 1),
+                40,
+            )),
             last_membership: Default::default(),
             snapshot_id: "s1".into(),
         }

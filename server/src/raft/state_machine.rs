@@ -1,6 +1,15 @@
 //! openraft state machine: applies committed entries through [`crate::apply::Applier`] and
 //! builds/installs snapshots ([`super::snapshot`]).
 //!
+//! Snapshots are revision-bounded exports ([`super::export`]): captured on the apply task,
+//! written on a blocking thread while apply continues. Compaction entries and snapshot
+//! installs take the export lock exclusively, so they wait for a running export.
+//!
+//! Installing a snapshot is crash-safe: the received file is verified (CRC) and renamed to
+//! its snapshot name, an `INSTALLING` marker naming it is written, the tree is replaced, and
+//! the marker is removed. A member that crashed in between finishes the install from the
+//! marker's file when it starts (on openraft's first `applied_state` call).
+//!
 //! Snapshot policy and durability: building a snapshot first flushes sled, so every entry
 //! at or below the snapshot's last log id is durable in the store before openraft may purge
 //! the raft log up to it (DESIGN.md invariant "the raft log is purged only up to an index
@@ -13,6 +22,7 @@ use std::sync::{Arc, RwLock};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership};
 
+use super::export::{ExportHook, ExportJob, ExportLock};
 use super::snapshot;
 use super::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError, TypeConfig};
 use crate::apply::Applier;
@@ -51,7 +61,14 @@ pub struct StateMachine {
     snap_dir: PathBuf,
     receiving: Option<PathBuf>,
     snapshot_seq: u64,
+    export_lock: ExportLock,
+    export_hook: Option<ExportHook>,
+    startup_checked: bool,
 }
+
+/// Marker file in the snapshot dir while an install replaces the store; holds the name of
+/// the snapshot file being installed.
+const INSTALL_MARKER: &str = "INSTALLING";
 
 impl StateMachine {
     /// Creates the state machine over an opened applier; snapshots live in `snap_dir`.
@@ -68,14 +85,22 @@ impl StateMachine {
             snap_dir,
             receiving: None,
             snapshot_seq: 0,
+            export_lock: ExportLock::default(),
+            export_hook: None,
+            startup_checked: false,
         }
     }
 
-    fn build_now(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+    /// Test hook: `hook` runs inside every export once it holds the export lock and has
+    /// started writing (tests hold an export open with it).
+    #[cfg(test)]
+    pub(crate) fn set_export_hook(&mut self, hook: ExportHook) {
+        self.export_hook = Some(hook);
+    }
+
+    /// Captures a snapshot of the applied state (see [`super::export`]).
+    async fn capture(&mut self) -> Result<ExportJob, StorageError> {
         let last = self.applier.last_applied();
-        let err = |e: &dyn std::error::Error| -> StorageError { StorageIOError::write_snapshot(None, AnyErr::from(e)).into() };
-        // Durable store first: the log may be purged up to `last` once this returns.
-        self.applier.tree().flush().map_err(|e| err(&e))?;
         self.snapshot_seq += 1;
         let meta = SnapshotMeta {
             last_log_id: last,
@@ -87,68 +112,153 @@ impl StateMachine {
                 self.snapshot_seq
             ),
         };
-        let path = snapshot::file_name(&self.snap_dir, &meta);
-        tokio::task::block_in_place(|| snapshot::write(&path, &meta, self.applier.tree()))
-            .map_err(|e| err(&e))?;
-        snapshot::remove_others(&self.snap_dir, &path).map_err(|e| err(&e))?;
-        let file = std::fs::File::open(&path).map_err(|e| err(&e))?;
-        Ok(Snapshot {
+        let revision = self.applier.store().current_revision();
+        ExportJob::capture(
+            &self.export_lock,
+            self.applier.tree(),
             meta,
-            snapshot: Box::new(tokio::fs::File::from_std(file)),
-        })
+            revision,
+            &self.snap_dir,
+            self.export_hook.clone(),
+        )
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(None, &e).into())
     }
 
     /// Replaces the store with the snapshot in `file` (already complete and synced).
-    fn install(&mut self, meta: &snapshot::Meta, mut file: std::fs::File) -> Result<(), StorageError> {
+    fn install(
+        &mut self,
+        meta: &snapshot::Meta,
+        mut file: std::fs::File,
+    ) -> Result<(), StorageError> {
         let err = |e: &dyn std::error::Error| -> StorageError {
             StorageIOError::read_snapshot(Some(meta.signature()), AnyErr::from(e)).into()
         };
+        // Verify before anything changes: a corrupt snapshot leaves the store as it was.
+        tokio::task::block_in_place(|| snapshot::verify(&mut file)).map_err(|e| err(&e))?;
+        // Keep it as this member's current snapshot; the install marker names that file.
+        let path = snapshot::file_name(&self.snap_dir, meta);
+        self.keep_as_current(&mut file, &path)
+            .map_err(|e| err(&e))?;
+        let marker = self.snap_dir.join(INSTALL_MARKER);
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        write_synced(&marker, name.as_bytes()).map_err(|e| err(&e))?;
+        self.replace_store(&path).map_err(|e| err(&e))?;
+        std::fs::remove_file(&marker).map_err(|e| err(&e))?;
+        snapshot::sync_dir(&self.snap_dir).map_err(|e| err(&e))?;
+        snapshot::remove_others(&self.snap_dir, &path).map_err(|e| err(&e))?;
+        tracing::info!(
+            snapshot_id = %meta.snapshot_id,
+            last_log_index = meta.last_log_id.map_or(0, |l| l.index),
+            "installed a snapshot"
+        );
+        Ok(())
+    }
+
+    /// Makes the verified snapshot in `file` this member's snapshot file `path`: renames the
+    /// received file when `file` is it (the usual case), copies it otherwise.
+    fn keep_as_current(
+        &mut self,
+        file: &mut std::fs::File,
+        path: &std::path::Path,
+    ) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let received = self.receiving.take();
+        let same = |p: &std::path::Path| -> io::Result<bool> {
+            let (a, b) = (file.metadata()?, std::fs::metadata(p)?);
+            Ok(a.dev() == b.dev() && a.ino() == b.ino())
+        };
+        match received {
+            Some(r) if same(&r).unwrap_or(false) => std::fs::rename(&r, path)?,
+            other => {
+                let tmp = path.with_extension("tmp");
+                file.seek(io::SeekFrom::Start(0))?;
+                let mut out = std::fs::File::create(&tmp)?;
+                io::copy(file, &mut out)?;
+                out.sync_all()?;
+                std::fs::rename(&tmp, path)?;
+                if let Some(r) = other {
+                    let _ = std::fs::remove_file(r);
+                }
+            }
+        }
+        snapshot::sync_dir(&self.snap_dir)
+    }
+
+    /// Replaces the whole tree with the (verified) snapshot file at `path`, flushes it, and
+    /// reopens the MVCC store, the attributes and the applier on it.
+    fn replace_store(&mut self, path: &std::path::Path) -> io::Result<()> {
+        let watch = self.applier.watch_hub().cloned();
+        if let Some(hub) = &watch {
+            // History reads from here on would see a half-replaced store.
+            hub.begin_install();
+        }
         let tree = self.applier.tree().clone();
-        tokio::task::block_in_place(|| -> io::Result<()> {
-            // Verify the whole file before touching the store.
-            snapshot::verify(&mut file)?;
+        let mut file = std::fs::File::open(path)?;
+        let meta = tokio::task::block_in_place(|| -> io::Result<snapshot::Meta> {
             tree.clear().map_err(io::Error::other)?;
             let mut batch = sled::Batch::default();
             let mut n = 0usize;
-            snapshot::read_records(&mut file, |k, v| {
+            let meta = snapshot::read_records(&mut file, |k, v| {
                 batch.insert(k, v);
                 n += 1;
-                if n % 10_000 == 0 {
-                    tree.apply_batch(std::mem::take(&mut batch)).map_err(io::Error::other)?;
+                if n.is_multiple_of(10_000) {
+                    tree.apply_batch(std::mem::take(&mut batch))
+                        .map_err(io::Error::other)?;
                 }
                 Ok(())
             })?;
             tree.apply_batch(batch).map_err(io::Error::other)?;
             tree.flush().map_err(io::Error::other)?;
-            Ok(())
-        })
-        .map_err(|e| err(&e))?;
-        // Keep the installed snapshot as this member's current snapshot.
-        let path = snapshot::file_name(&self.snap_dir, meta);
-        let tmp = path.with_extension("tmp");
-        file.seek(io::SeekFrom::Start(0)).map_err(|e| err(&e))?;
-        let mut out = std::fs::File::create(&tmp).map_err(|e| err(&e))?;
-        io::copy(&mut file, &mut out).map_err(|e| err(&e))?;
-        out.sync_all().map_err(|e| err(&e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| err(&e))?;
-        snapshot::remove_others(&self.snap_dir, &path).map_err(|e| err(&e))?;
-        if let Some(r) = self.receiving.take() {
-            let _ = std::fs::remove_file(r);
-        }
-
-        let store = Arc::new(MvccStore::open(tree.clone()).map_err(|e| err(&io::Error::other(e.to_string())))?);
-        let attributes = Attributes::load(&tree).map_err(|e| err(&io::Error::other(e)))?;
+            Ok(meta)
+        })?;
+        let store =
+            Arc::new(MvccStore::open(tree.clone()).map_err(|e| io::Error::other(e.to_string()))?);
+        let attributes = Attributes::load(&tree).map_err(io::Error::other)?;
         for id in meta.last_membership.membership().nodes().map(|(id, _)| *id) {
             if let Some(a) = attributes.get(id) {
                 self.attributes.publish(a);
             }
         }
         let lessor = self.applier.lessor().clone();
-        self.applier = Applier::open_with_lessor(tree, store.clone(), self.attributes.clone(), lessor)
-            .map_err(|e| err(&io::Error::other(e)))?;
+        self.applier =
+            Applier::open_with_lessor(tree, store.clone(), self.attributes.clone(), lessor)
+                .map_err(io::Error::other)?;
         self.shared.set(store);
+        if let Some(hub) = watch {
+            // Every watcher catches up from the new store (or is canceled as compacted).
+            hub.finish_install();
+            self.applier.set_watch_hub(hub);
+        }
         Ok(())
     }
+
+    /// Finishes an install that a crash interrupted (the marker is still there).
+    fn finish_interrupted_install(&mut self) -> io::Result<()> {
+        let marker = self.snap_dir.join(INSTALL_MARKER);
+        let name = match std::fs::read_to_string(&marker) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let path = self.snap_dir.join(name.trim());
+        tracing::warn!(snapshot = %path.display(), "finishing a snapshot install interrupted by a crash");
+        self.replace_store(&path)?;
+        std::fs::remove_file(&marker)?;
+        snapshot::sync_dir(&self.snap_dir)
+    }
+}
+
+/// Writes `bytes` to `path` and fsyncs the file and its directory.
+fn write_synced(path: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    snapshot::sync_dir(path.parent().unwrap_or(std::path::Path::new(".")))
 }
 
 /// Adapts `&dyn Error` to openraft's `AnyError`.
@@ -166,17 +276,40 @@ impl From<AnyErr> for openraft::AnyError {
     }
 }
 
-/// A snapshot built on the apply task (so it is consistent), handed to openraft.
+/// A snapshot captured on the apply task and written by `build_snapshot` on a blocking
+/// thread while apply goes on (see [`super::export`]).
 pub struct SnapshotBuilder {
-    built: Option<Result<Snapshot<TypeConfig>, StorageError>>,
+    job: Option<Result<ExportJob, StorageError>>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        self.built
-            .take()
-            .unwrap_or_else(|| Err(StorageIOError::write_snapshot(None, openraft::AnyError::error("snapshot already taken")).into()))
+        let Some(job) = self.job.take() else {
+            return Err(StorageIOError::write_snapshot(
+                None,
+                openraft::AnyError::error("snapshot already taken"),
+            )
+            .into());
+        };
+        let job = job?;
+        let written = tokio::task::spawn_blocking(move || job.write())
+            .await
+            .map_err(|e| io::Error::other(e.to_string()))
+            .and_then(|r| r);
+        let (meta, path) = written.map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        let file = std::fs::File::open(&path)
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
+        })
     }
+}
+
+/// Whether an entry is a compaction (which must not run during a snapshot export).
+fn is_compaction(entry: &Entry) -> bool {
+    use keel_proto::keelpb::raft_request::Request as Rq;
+    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if matches!(r.0.request, Some(Rq::Compaction(_))))
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
@@ -185,7 +318,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn applied_state(
         &mut self,
     ) -> Result<(Option<LogId>, StoredMembership<NodeId, MemberNode>), StorageError> {
-        Ok((self.applier.last_applied(), self.applier.membership().clone()))
+        if !self.startup_checked {
+            self.startup_checked = true;
+            self.finish_interrupted_install()
+                .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        }
+        Ok((
+            self.applier.last_applied(),
+            self.applier.membership().clone(),
+        ))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
@@ -193,20 +334,36 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + openraft::OptionalSend,
         I::IntoIter: openraft::OptionalSend,
     {
-        entries.into_iter().map(|e| self.applier.apply(&e)).collect()
+        let mut responses = Vec::new();
+        for entry in entries {
+            // Compaction deletes records a running export may still need: wait for it.
+            let _exclusive = if is_compaction(&entry) {
+                Some(self.export_lock.clone().write_owned().await)
+            } else {
+                None
+            };
+            responses.push(self.applier.apply(&entry)?);
+        }
+        Ok(responses)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        // openraft runs build_snapshot concurrently with apply; exporting here, on the apply
-        // task, keeps the export consistent with its last log id.
+        // Captured here, on the apply task, so the export matches its last log id; written
+        // by build_snapshot, which openraft runs concurrently with apply.
         SnapshotBuilder {
-            built: Some(self.build_now()),
+            job: Some(self.capture().await),
         }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
-        let path = self.snap_dir.join("receiving.tmp");
-        let file = tokio::fs::File::create(&path)
+        let path = self.snap_dir.join(snapshot::RECEIVING);
+        // Read and write: install_snapshot verifies and copies from this same handle.
+        let file = tokio::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
             .await
             .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
         self.receiving = Some(path);
@@ -228,15 +385,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let file = snapshot.into_std().await;
+        // A running export must finish before the tree is replaced.
+        let _exclusive = self.export_lock.clone().write_owned().await;
         self.install(meta, file)
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let Some(path) = snapshot::latest(&self.snap_dir).map_err(|e| StorageIOError::read_snapshot(None, &e))? else {
+        let Some(path) = snapshot::latest(&self.snap_dir)
+            .map_err(|e| StorageIOError::read_snapshot(None, &e))?
+        else {
             return Ok(None);
         };
-        let mut file = std::fs::File::open(&path).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        let meta = snapshot::read_meta(&mut file).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        let mut file =
+            std::fs::File::open(&path).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        let meta =
+            snapshot::read_meta(&mut file).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         file.seek(io::SeekFrom::Start(0))
             .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         Ok(Some(Snapshot {

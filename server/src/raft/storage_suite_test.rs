@@ -24,12 +24,20 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Bui
         std::fs::create_dir_all(&wal_dir).unwrap();
         std::fs::create_dir_all(&snap_dir).unwrap();
         let wal = Arc::new(Wal::open(&wal_dir, WalOptions::default()).expect("wal"));
-        let db = sled::Config::new().path(dir.path().join("db")).open().expect("sled");
+        let db = sled::Config::new()
+            .path(dir.path().join("db"))
+            .open()
+            .expect("sled");
         let tree = db.open_tree("keel").expect("tree");
         let store = Arc::new(MvccStore::open(tree.clone()).expect("mvcc"));
         let attributes = Arc::new(Attributes::default());
         let applier = Applier::open(tree, store.clone(), attributes.clone()).expect("applier");
-        let sm = StateMachine::new(applier, Arc::new(SharedStore::new(store)), attributes, snap_dir);
+        let sm = StateMachine::new(
+            applier,
+            Arc::new(SharedStore::new(store)),
+            attributes,
+            snap_dir,
+        );
         Ok((dir, LogStore::new(wal), sm))
     }
 }
@@ -38,4 +46,3 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Bui
 fn openraft_storage_suite() {
     Suite::test_all(Builder).expect("openraft storage suite");
 }
-

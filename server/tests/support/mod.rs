@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod b64;
+pub mod cluster;
 pub mod etcdctl;
 pub mod grpc;
 pub mod ports;

@@ -1,0 +1,226 @@
+//! Connections to other members' peer URLs, shared by every peer RPC a member sends (raft
+//! replication, votes, snapshots, forwarded proposals, read index, leadership transfer,
+//! membership changes), plus the per-member connection health that etcd's strict
+//! reconfiguration checks read (etcd `rafthttp.Transport.ActiveSince`).
+//!
+//! One lazily connected HTTP/2 channel per peer URL carries all RPCs to that member (openraft
+//! creates a new network client for every heartbeat round and every read-index round, so
+//! without the pool each of them would open a TCP connection). A channel whose transport failed
+//! is dropped, so the next RPC reconnects (the member may have restarted).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use keel_proto::keelpb::peer_client::PeerClient;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::EtcdError;
+use crate::raft::types::NodeId;
+
+/// Time allowed to open a TCP connection to a peer.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// HTTP/2 ping interval on idle peer connections, so a vanished peer is noticed.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long an HTTP/2 ping may stay unanswered before the connection is dropped.
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The pool of peer channels and the health table. Cheap to share behind an `Arc`.
+#[derive(Default)]
+pub struct Peers {
+    channels: Mutex<HashMap<String, Channel>>,
+    health: Mutex<HashMap<NodeId, Health>>,
+    append_rpcs: AtomicU64,
+    append_entries: AtomicU64,
+}
+
+/// Counters of the AppendEntries RPCs this member sent (as leader), to show batching: many
+/// client writes share one AppendEntries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendStats {
+    /// AppendEntries RPCs that carried at least one entry.
+    pub rpcs: u64,
+    /// Entries those RPCs carried in total.
+    pub entries: u64,
+}
+
+/// Connection health of one member, as seen from this member.
+#[derive(Debug, Clone, Copy, Default)]
+struct Health {
+    /// Start of the current run of successful RPCs; `None` after a transport failure.
+    active_since: Option<Instant>,
+}
+
+impl Peers {
+    /// A client for the `keelpb.Peer` service at `url` (e.g. `http://127.0.0.1:2380`), on the
+    /// pooled channel for that URL. Message sizes are unlimited: snapshot chunks and append
+    /// batches are bounded by openraft's config, not by gRPC.
+    ///
+    /// Errors: `url` is not a valid URI.
+    pub fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
+        let channel = {
+            let mut channels = self.channels.lock().expect("peer channel lock");
+            match channels.get(url) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = Endpoint::from_shared(url.to_string())?
+                        .connect_timeout(CONNECT_TIMEOUT)
+                        .tcp_nodelay(true)
+                        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+                        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+                        .connect_lazy();
+                    channels.insert(url.to_string(), c.clone());
+                    c
+                }
+            }
+        };
+        Ok(PeerClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX))
+    }
+
+    /// Drops the pooled channel of `url` after a transport failure; the next
+    /// [`Peers::client`] call reconnects.
+    pub fn reset(&self, url: &str) {
+        self.channels.lock().expect("peer channel lock").remove(url);
+    }
+
+    /// Records the outcome of one RPC to member `id`: `true` when the member answered (with
+    /// any result), `false` on a transport failure.
+    pub fn record(&self, id: NodeId, reachable: bool) {
+        let mut health = self.health.lock().expect("peer health lock");
+        let h = health.entry(id).or_default();
+        match (reachable, h.active_since) {
+            (true, None) => h.active_since = Some(Instant::now()),
+            (true, Some(_)) => {}
+            (false, _) => h.active_since = None,
+        }
+    }
+
+    /// When the current run of successful RPCs to `id` began (etcd's `ActiveSince`); `None`
+    /// if the last RPC failed or none was sent.
+    pub fn active_since(&self, id: NodeId) -> Option<Instant> {
+        self.health
+            .lock()
+            .expect("peer health lock")
+            .get(&id)
+            .and_then(|h| h.active_since)
+    }
+
+    /// Counts one AppendEntries RPC carrying `entries` entries (heartbeats, with none, are
+    /// not counted).
+    pub fn count_append(&self, entries: usize) {
+        if entries > 0 {
+            self.append_rpcs.fetch_add(1, Ordering::Relaxed);
+            self.append_entries
+                .fetch_add(entries as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The AppendEntries counters so far.
+    pub fn append_stats(&self) -> AppendStats {
+        AppendStats {
+            rpcs: self.append_rpcs.load(Ordering::Relaxed),
+            entries: self.append_entries.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether `id` has answered continuously since `since` or earlier (etcd's
+    /// `isConnectedSince`).
+    pub fn connected_since(&self, id: NodeId, since: Instant) -> bool {
+        self.active_since(id).is_some_and(|t| t <= since)
+    }
+}
+
+/// What a failed peer RPC tells about the request it carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerFailure {
+    /// The connection could not be opened: the request never left this member, so sending it
+    /// again (to the same or a new leader) cannot duplicate it.
+    NotDelivered,
+    /// The connection broke or timed out after the request was sent: it may have been
+    /// applied. Reported to the client as etcd's "request timed out, possibly due to previous
+    /// leader failure".
+    Ambiguous,
+    /// The peer answered with this etcd error.
+    Answer(EtcdError),
+}
+
+/// Classifies a failed peer RPC (see [`PeerFailure`]).
+pub fn classify(status: &tonic::Status) -> PeerFailure {
+    if status.code() == tonic::Code::Unavailable && status.message().contains("connect") {
+        PeerFailure::NotDelivered
+    } else if is_transport_failure(status) && !is_etcd_error(status) {
+        PeerFailure::Ambiguous
+    } else {
+        PeerFailure::Answer(EtcdError::from_parts(
+            status.code() as i32,
+            status.message(),
+        ))
+    }
+}
+
+/// Whether `status` carries one of etcd's own error texts (an answer, not a transport fault).
+fn is_etcd_error(status: &tonic::Status) -> bool {
+    status.message().starts_with("etcdserver: ")
+}
+
+/// Whether a failed RPC means the connection itself is unusable (refused, reset, closed), as
+/// opposed to an answer or a deadline.
+pub fn is_transport_failure(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_tracks_runs_of_successes() {
+        let peers = Peers::default();
+        assert_eq!(peers.active_since(7), None);
+        peers.record(7, true);
+        let first = peers.active_since(7).expect("active after a success");
+        peers.record(7, true);
+        assert_eq!(peers.active_since(7), Some(first), "a run keeps its start");
+        assert!(peers.connected_since(7, Instant::now()));
+        assert!(!peers.connected_since(7, first - Duration::from_secs(1)));
+        peers.record(7, false);
+        assert_eq!(peers.active_since(7), None);
+        assert!(!peers.connected_since(7, Instant::now()));
+    }
+
+    #[test]
+    fn failures_are_classified_by_whether_the_request_left() {
+        let refused = tonic::Status::unavailable("tcp connect error");
+        assert_eq!(classify(&refused), PeerFailure::NotDelivered);
+        let reset = tonic::Status::unknown("transport error");
+        assert_eq!(classify(&reset), PeerFailure::Ambiguous);
+        let no_leader: tonic::Status = EtcdError::NoLeader.into();
+        assert_eq!(
+            classify(&no_leader),
+            PeerFailure::Answer(EtcdError::NoLeader)
+        );
+        let compacted: tonic::Status = EtcdError::Compacted.into();
+        assert_eq!(
+            classify(&compacted),
+            PeerFailure::Answer(EtcdError::Compacted)
+        );
+    }
+
+    #[tokio::test]
+    async fn channels_are_pooled_per_url_and_reset_on_demand() {
+        let peers = Peers::default();
+        peers.client("http://127.0.0.1:1").unwrap();
+        peers.client("http://127.0.0.1:1").unwrap();
+        peers.client("http://127.0.0.1:2").unwrap();
+        assert_eq!(peers.channels.lock().unwrap().len(), 2);
+        peers.reset("http://127.0.0.1:1");
+        assert_eq!(peers.channels.lock().unwrap().len(), 1);
+        assert!(peers.client("not a url").is_err());
+    }
+}

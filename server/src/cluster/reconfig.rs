@@ -1,0 +1,436 @@
+//! Membership changes (etcd `Cluster.MemberAdd/MemberRemove/MemberUpdate/MemberPromote`),
+//! run on the leader with etcd's strict reconfiguration checks and etcd's errors.
+//!
+//! A member that is not the leader forwards the request to the leader
+//! (`keelpb.Peer/Member*`), as etcd forwards `MemberPromote`; requests are retried only
+//! while no leader is known or the asked member is no longer the leader, i.e. before anything
+//! was proposed. Changes are serialized on the leader and proposed through openraft's joint
+//! consensus (`change_membership`): adding a voter first adds it as a learner, then promotes
+//! it.
+//!
+//! Checks, in etcd's order (`server/etcdserver/server.go` `mayAddMember`, `mayRemoveMember`,
+//! `mayPromoteMember`, and the apply-time `ValidateConfigurationChange`):
+//!
+//! | request | refused with |
+//! |---|---|
+//! | add/update with malformed peer URLs | `MemberBadUrls` |
+//! | add a voter when the started voters would not be a quorum | `MemberNotEnoughStarted` |
+//! | add while the leader is not connected to every voter for 5 s | `Unhealthy` |
+//! | add/update with a peer URL another member has | `PeerUrlExist` |
+//! | add a second learner | `TooManyLearners` |
+//! | remove/update/promote an unknown ID | `MemberNotFound` |
+//! | remove a voter so that the started voters are no quorum | `MemberNotEnoughStarted` |
+//! | remove a reachable voter while fewer than a quorum stays connected | `Unhealthy` |
+//! | promote a voter | `MemberNotLearner` |
+//! | promote a learner whose log is below 90 % of the leader's | `LearnerNotReady` |
+//!
+//! A refused request changes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use keel_proto::etcdserverpb::{
+    Member, MemberAddRequest, MemberAddResponse, MemberPromoteRequest, MemberPromoteResponse,
+    MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
+};
+use keel_proto::keelpb::peer_client::PeerClient;
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+use openraft::{ChangeMembers, Membership};
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+use super::members::{
+    added_member_id, member_list, ready_to_add_voter, ready_to_promote, ready_to_remove_voter,
+    to_member, validate_peer_urls,
+};
+use super::peers::{PeerFailure, classify, is_transport_failure};
+use crate::error::EtcdError;
+use crate::node::Node;
+use crate::raft::types::{MemberNode, NodeId};
+
+/// etcd's `HealthInterval`: a voter counts as connected if it answered continuously for this
+/// long.
+pub const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+/// etcd's default `--experimental-max-learners`.
+pub const MAX_LEARNERS: usize = 1;
+/// etcd's `readyPercent`: a learner may be promoted once its log reaches this share of the
+/// leader's.
+pub const LEARNER_READY_PERCENT: f64 = 0.9;
+/// Pause between retries while no leader is known or a change is still in progress.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+type Result<T> = std::result::Result<T, EtcdError>;
+
+/// `MemberAdd` on any member.
+pub async fn member_add(node: &Node, req: MemberAddRequest) -> Result<MemberAddResponse> {
+    validate_peer_urls(&req.peer_ur_ls)?;
+    route(
+        node,
+        || add_on_leader(node, req.clone()),
+        |mut c, t| {
+            let r = req.clone();
+            async move { c.member_add(timed(r, t)).await.map(|r| r.into_inner()) }
+        },
+    )
+    .await
+}
+
+/// `MemberRemove` on any member.
+pub async fn member_remove(node: &Node, req: MemberRemoveRequest) -> Result<MemberRemoveResponse> {
+    route(
+        node,
+        || remove_on_leader(node, req),
+        |mut c, t| {
+            let r = req;
+            async move { c.member_remove(timed(r, t)).await.map(|r| r.into_inner()) }
+        },
+    )
+    .await
+}
+
+/// `MemberUpdate` on any member.
+pub async fn member_update(node: &Node, req: MemberUpdateRequest) -> Result<MemberUpdateResponse> {
+    validate_peer_urls(&req.peer_ur_ls)?;
+    route(
+        node,
+        || update_on_leader(node, req.clone()),
+        |mut c, t| {
+            let r = req.clone();
+            async move { c.member_update(timed(r, t)).await.map(|r| r.into_inner()) }
+        },
+    )
+    .await
+}
+
+/// `MemberPromote` on any member.
+pub async fn member_promote(
+    node: &Node,
+    req: MemberPromoteRequest,
+) -> Result<MemberPromoteResponse> {
+    route(
+        node,
+        || promote_on_leader(node, req),
+        |mut c, t| {
+            let r = req;
+            async move { c.member_promote(timed(r, t)).await.map(|r| r.into_inner()) }
+        },
+    )
+    .await
+}
+
+/// `MemberAdd` on the leader. Errors: `NotLeader` on another member; see the module table.
+pub async fn add_on_leader(node: &Node, req: MemberAddRequest) -> Result<MemberAddResponse> {
+    let urls = validate_peer_urls(&req.peer_ur_ls)?;
+    let _serial = node.cluster.reconfig_lock().await;
+    let membership = leader_membership(node)?;
+    let voters: Vec<NodeId> = membership.voter_ids().collect();
+    if !req.is_learner {
+        let started = voters.iter().filter(|v| is_started(node, **v)).count();
+        if !ready_to_add_voter(voters.len(), started) {
+            return Err(EtcdError::MemberNotEnoughStarted);
+        }
+    }
+    if !connected_fully(node, &voters) {
+        return Err(EtcdError::Unhealthy);
+    }
+    if membership
+        .nodes()
+        .any(|(_, n)| n.peer_urls.iter().any(|u| urls.contains(u)))
+    {
+        return Err(EtcdError::PeerUrlExist);
+    }
+    if req.is_learner && membership.learner_ids().count() >= MAX_LEARNERS {
+        return Err(EtcdError::TooManyLearners);
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let id = added_member_id(&urls, now);
+    if membership.get_node(&id).is_some() {
+        return Err(EtcdError::MemberExist);
+    }
+    let new_node = MemberNode {
+        name: String::new(),
+        peer_urls: urls,
+    };
+    tracing::info!(member_id = format!("{id:x}"), learner = req.is_learner, urls = ?new_node.peer_urls, "adding member");
+    let mut after = change(
+        node,
+        ChangeMembers::AddNodes(BTreeMap::from([(id, new_node.clone())])),
+    )
+    .await?;
+    if !req.is_learner {
+        after = change(node, ChangeMembers::AddVoterIds(BTreeSet::from([id]))).await?;
+    }
+    Ok(MemberAddResponse {
+        header: Some(header(node)),
+        member: Some(to_member(id, &new_node, req.is_learner, &node.attributes)),
+        members: member_list(&after, &node.attributes),
+    })
+}
+
+/// `MemberRemove` on the leader. Errors: `NotLeader` on another member; see the module table.
+pub async fn remove_on_leader(
+    node: &Node,
+    req: MemberRemoveRequest,
+) -> Result<MemberRemoveResponse> {
+    let id = req.id;
+    let _serial = node.cluster.reconfig_lock().await;
+    let membership = leader_membership(node)?;
+    if membership.get_node(&id).is_none() {
+        return Err(EtcdError::MemberNotFound);
+    }
+    let is_learner = membership.learner_ids().any(|l| l == id);
+    if !is_learner {
+        let voters: Vec<NodeId> = membership.voter_ids().collect();
+        let remaining: Vec<NodeId> = voters.iter().copied().filter(|v| *v != id).collect();
+        let started = remaining.iter().filter(|v| is_started(node, **v)).count();
+        if !ready_to_remove_voter(remaining.len(), started) {
+            return Err(EtcdError::MemberNotEnoughStarted);
+        }
+        // A member that is down is not part of the active quorum: removing it is safe.
+        let down = id != node.id && node.cluster.peers.active_since(id).is_none();
+        if !down {
+            let since = health_since();
+            let active = voters
+                .iter()
+                .filter(|v| **v == node.id || node.cluster.peers.connected_since(**v, since))
+                .count();
+            if active < 1 + 1 + (voters.len() - 1) / 2 {
+                return Err(EtcdError::Unhealthy);
+            }
+        }
+    }
+    tracing::info!(
+        member_id = format!("{id:x}"),
+        learner = is_learner,
+        "removing member"
+    );
+    let changes = if is_learner {
+        ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+    } else {
+        ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+    };
+    let after = change(node, changes).await?;
+    Ok(MemberRemoveResponse {
+        header: Some(header(node)),
+        members: member_list(&after, &node.attributes),
+    })
+}
+
+/// `MemberUpdate` on the leader: new peer URLs for a member. Errors: `NotLeader` on another
+/// member; see the module table.
+pub async fn update_on_leader(
+    node: &Node,
+    req: MemberUpdateRequest,
+) -> Result<MemberUpdateResponse> {
+    let urls = validate_peer_urls(&req.peer_ur_ls)?;
+    let _serial = node.cluster.reconfig_lock().await;
+    let membership = leader_membership(node)?;
+    let Some(current) = membership.get_node(&req.id).cloned() else {
+        return Err(EtcdError::MemberNotFound);
+    };
+    if membership
+        .nodes()
+        .any(|(id, n)| *id != req.id && n.peer_urls.iter().any(|u| urls.contains(u)))
+    {
+        return Err(EtcdError::PeerUrlExist);
+    }
+    let updated = MemberNode {
+        name: current.name,
+        peer_urls: urls,
+    };
+    tracing::info!(member_id = format!("{:x}", req.id), urls = ?updated.peer_urls, "updating member");
+    let after = change(
+        node,
+        ChangeMembers::SetNodes(BTreeMap::from([(req.id, updated)])),
+    )
+    .await?;
+    Ok(MemberUpdateResponse {
+        header: Some(header(node)),
+        members: member_list(&after, &node.attributes),
+    })
+}
+
+/// `MemberPromote` on the leader. Errors: `NotLeader` on another member; see the module
+/// table.
+pub async fn promote_on_leader(
+    node: &Node,
+    req: MemberPromoteRequest,
+) -> Result<MemberPromoteResponse> {
+    let id = req.id;
+    let _serial = node.cluster.reconfig_lock().await;
+    let membership = leader_membership(node)?;
+    if membership.get_node(&id).is_none() {
+        return Err(EtcdError::MemberNotFound);
+    }
+    if !membership.learner_ids().any(|l| l == id) {
+        return Err(EtcdError::MemberNotLearner);
+    }
+    let (leader_index, learner_index) = {
+        let m = node.raft.metrics();
+        let m = m.borrow();
+        let matched = m
+            .replication
+            .as_ref()
+            .and_then(|r| r.get(&id).cloned().flatten())
+            .map_or(0, |l| l.index);
+        (m.last_log_index.unwrap_or(0), matched)
+    };
+    if (learner_index as f64) < (leader_index as f64) * LEARNER_READY_PERCENT {
+        return Err(EtcdError::LearnerNotReady);
+    }
+    let voters: Vec<NodeId> = membership.voter_ids().collect();
+    let started = voters.iter().filter(|v| is_started(node, **v)).count();
+    if !ready_to_promote(voters.len(), started) {
+        return Err(EtcdError::MemberNotEnoughStarted);
+    }
+    tracing::info!(member_id = format!("{id:x}"), "promoting learner");
+    let after = change(node, ChangeMembers::AddVoterIds(BTreeSet::from([id]))).await?;
+    Ok(MemberPromoteResponse {
+        header: Some(header(node)),
+        members: member_list(&after, &node.attributes),
+    })
+}
+
+/// Runs `local` if this member leads, else `remote` against the leader; retries (until the
+/// request timeout) only while no leader is known or the asked member does not lead.
+async fn route<T, L, LF, R, RF>(node: &Node, local: L, remote: R) -> Result<T>
+where
+    L: Fn() -> LF,
+    LF: Future<Output = Result<T>>,
+    R: Fn(PeerClient<Channel>, Duration) -> RF,
+    RF: Future<Output = std::result::Result<T, tonic::Status>>,
+{
+    let deadline = Instant::now() + node.request_timeout();
+    loop {
+        let (leader, url) = leader_url(node);
+        let attempt = match (leader, url) {
+            (Some(l), _) if l == node.id => local().await,
+            (Some(_), Some(url)) => match node.cluster.peers.client(&url) {
+                Ok(client) => remote(client, deadline.saturating_duration_since(Instant::now()))
+                    .await
+                    .map_err(|s| {
+                        if is_transport_failure(&s) {
+                            node.cluster.peers.reset(&url);
+                        }
+                        match classify(&s) {
+                            // Never sent: as good as asking while no leader is known.
+                            PeerFailure::NotDelivered => EtcdError::NoLeader,
+                            PeerFailure::Ambiguous => EtcdError::TimeoutDueToLeaderFail,
+                            PeerFailure::Answer(e) => e,
+                        }
+                    }),
+                Err(_) => Err(EtcdError::NoLeader),
+            },
+            _ => Err(EtcdError::NoLeader),
+        };
+        match attempt {
+            Err(EtcdError::NotLeader | EtcdError::NoLeader)
+                if Instant::now() + RETRY_PAUSE < deadline =>
+            {
+                let mut metrics = node.raft.metrics();
+                let _ = tokio::time::timeout(RETRY_PAUSE, metrics.changed()).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn leader_url(node: &Node) -> (Option<NodeId>, Option<String>) {
+    let m = node.raft.metrics();
+    let m = m.borrow();
+    let url = m.current_leader.and_then(|l| {
+        m.membership_config
+            .membership()
+            .get_node(&l)
+            .and_then(|n| n.peer_urls.first().cloned())
+    });
+    (m.current_leader, url)
+}
+
+fn timed<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(timeout);
+    r
+}
+
+/// The effective membership, if this member is the leader.
+fn leader_membership(node: &Node) -> Result<Membership<NodeId, MemberNode>> {
+    let m = node.raft.metrics();
+    let m = m.borrow();
+    if m.current_leader != Some(node.id) {
+        return Err(EtcdError::NotLeader);
+    }
+    Ok(m.membership_config.membership().clone())
+}
+
+/// etcd's `IsStarted`: the member published its name and client URLs.
+fn is_started(node: &Node, id: NodeId) -> bool {
+    node.attributes.get(id).is_some()
+}
+
+/// etcd's `isConnectedFullySince(now - HealthInterval)` over `voters` (self always counts).
+fn connected_fully(node: &Node, voters: &[NodeId]) -> bool {
+    let since = health_since();
+    voters
+        .iter()
+        .all(|v| *v == node.id || node.cluster.peers.connected_since(*v, since))
+}
+
+/// `now - HEALTH_INTERVAL` (or now, in the first seconds after boot).
+fn health_since() -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_sub(HEALTH_INTERVAL).unwrap_or(now)
+}
+
+/// Proposes one membership change and returns the membership it produced. Waits (bounded)
+/// while a previous change is still in progress.
+async fn change(
+    node: &Node,
+    changes: ChangeMembers<NodeId, MemberNode>,
+) -> Result<Membership<NodeId, MemberNode>> {
+    let deadline = Instant::now() + node.request_timeout();
+    loop {
+        match node.raft.change_membership(changes.clone(), false).await {
+            Ok(resp) => {
+                return Ok(resp.membership.unwrap_or_else(|| {
+                    node.raft
+                        .metrics()
+                        .borrow()
+                        .membership_config
+                        .membership()
+                        .clone()
+                }));
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                ChangeMembershipError::InProgress(_),
+            ))) if Instant::now() + RETRY_PAUSE < deadline => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                return Err(match e {
+                    ChangeMembershipError::InProgress(_) => EtcdError::Timeout,
+                    ChangeMembershipError::LearnerNotFound(_) => EtcdError::MemberNotFound,
+                    ChangeMembershipError::EmptyMembership(_) => EtcdError::MemberNotEnoughStarted,
+                });
+            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                return Err(EtcdError::NotLeader);
+            }
+            Err(RaftError::Fatal(_)) => return Err(EtcdError::Stopped),
+        }
+    }
+}
+
+fn header(node: &Node) -> keel_proto::etcdserverpb::ResponseHeader {
+    node.header(node.store.get().current_revision())
+}
+
+/// The etcd member list of this member's current (effective) membership.
+pub fn current_members(node: &Node) -> Vec<Member> {
+    let m = node.raft.metrics();
+    let membership = m.borrow().membership_config.membership().clone();
+    member_list(&membership, &node.attributes)
+}

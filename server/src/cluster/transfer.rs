@@ -1,0 +1,283 @@
+//! Leadership transfer (etcd `Maintenance.MoveLeader`), after the Raft thesis §3.10.
+//!
+//! openraft 0.9.25 has no transfer-leader API, and its followers reject votes while their
+//! leader lease (`election_timeout_max` since the last message from the leader) runs. So the
+//! leader hands over like this:
+//!
+//! 1. It checks that the target is a voter, and stops new client work: the [`TransferGate`]
+//!    holds proposals and read-index rounds, and heartbeats are switched off.
+//! 2. It waits until the target's replicated log matches its own last log index.
+//! 3. It waits out the followers' leader lease (counted from the last replication message),
+//!    so that they will grant a vote; their own election timers need another
+//!    `election_timeout_min` to fire, which leaves the target a clear head start.
+//! 4. It sends `keelpb.Peer/TimeoutNow`; the target calls `raft.trigger().elect()`.
+//! 5. It waits until the target is the leader it follows, then releases the gate and turns
+//!    heartbeats back on (also when the transfer fails).
+//!
+//! Errors follow etcd: `NotLeader` when not asked on the leader, `BadLeaderTransferee` for a
+//! target that is not a voting member, `TimeoutLeaderTransfer` when leadership did not move in
+//! time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_proto::keelpb::{TimeoutNowRequest, TimeoutNowResponse};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::peers::Peers;
+use crate::error::EtcdError;
+use crate::raft::types::{NodeId, Raft};
+
+/// Holds client proposals and read-index rounds on the leader while a transfer runs.
+/// Cheap to clone; clones share the state.
+#[derive(Clone)]
+pub struct TransferGate {
+    busy: Arc<watch::Sender<bool>>,
+}
+
+impl Default for TransferGate {
+    fn default() -> TransferGate {
+        TransferGate {
+            busy: Arc::new(watch::Sender::new(false)),
+        }
+    }
+}
+
+impl TransferGate {
+    /// Waits until no transfer runs; `false` if `deadline` passed first.
+    pub async fn wait_idle(&self, deadline: Instant) -> bool {
+        let mut rx = self.busy.subscribe();
+        matches!(
+            tokio::time::timeout_at(deadline, rx.wait_for(|busy| !*busy)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Closes the gate; `None` if a transfer already holds it.
+    fn begin(&self, raft: &Raft) -> Option<TransferGuard> {
+        let took = self
+            .busy
+            .send_if_modified(|busy| !std::mem::replace(busy, true));
+        took.then(|| {
+            raft.runtime_config().heartbeat(false);
+            TransferGuard {
+                gate: self.clone(),
+                raft: raft.clone(),
+            }
+        })
+    }
+
+    /// Whether a transfer runs now.
+    pub fn is_busy(&self) -> bool {
+        *self.busy.borrow()
+    }
+}
+
+/// Reopens the gate and turns heartbeats back on when dropped.
+struct TransferGuard {
+    gate: TransferGate,
+    raft: Raft,
+}
+
+impl Drop for TransferGuard {
+    fn drop(&mut self) {
+        self.raft.runtime_config().heartbeat(true);
+        self.gate.busy.send_replace(false);
+    }
+}
+
+/// What a transfer needs to know about this member and its timers.
+pub struct Transfer<'a> {
+    /// This member.
+    pub id: NodeId,
+    /// Its raft handle.
+    pub raft: &'a Raft,
+    /// Its peer connections.
+    pub peers: &'a Peers,
+    /// Its gate.
+    pub gate: &'a TransferGate,
+    /// openraft's leader lease (`election_timeout_max`).
+    pub lease: Duration,
+    /// Head start of the target over the followers' own election timers.
+    pub margin: Duration,
+    /// Bound on the whole transfer (etcd's request timeout).
+    pub timeout: Duration,
+}
+
+impl Transfer<'_> {
+    /// Moves leadership to `target`. See the module docs.
+    pub async fn run(&self, target: NodeId) -> Result<(), EtcdError> {
+        let deadline = Instant::now() + self.timeout;
+        let (leader, term, is_voter, target_url) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let membership = m.membership_config.membership();
+            let url = membership
+                .get_node(&target)
+                .and_then(|n| n.peer_urls.first().cloned());
+            (
+                m.current_leader,
+                m.current_term,
+                membership.voter_ids().any(|v| v == target),
+                url,
+            )
+        };
+        if leader != Some(self.id) {
+            return Err(EtcdError::NotLeader);
+        }
+        let (true, Some(url)) = (is_voter, target_url) else {
+            return Err(EtcdError::BadLeaderTransferee);
+        };
+        if target == self.id {
+            return Ok(());
+        }
+        let _guard = loop {
+            if let Some(g) = self.gate.begin(self.raft) {
+                break g;
+            }
+            if !self.gate.wait_idle(deadline).await {
+                return Err(EtcdError::TimeoutLeaderTransfer);
+            }
+        };
+
+        // 2. The target must hold every entry we have, or the followers refuse to vote for it.
+        let caught_up = self
+            .raft
+            .wait(Some(deadline.saturating_duration_since(Instant::now())))
+            .metrics(
+                |m| {
+                    let matched = m
+                        .replication
+                        .as_ref()
+                        .and_then(|r| r.get(&target).cloned().flatten())
+                        .map(|l| l.index);
+                    m.current_leader == Some(self.id) && matched >= m.last_log_index
+                },
+                "transferee caught up",
+            )
+            .await;
+        if caught_up.is_err() {
+            return Err(EtcdError::TimeoutLeaderTransfer);
+        }
+
+        // 3. Let the followers' leader lease lapse (no message has gone out since).
+        tokio::time::sleep_until((Instant::now() + self.lease + self.margin).min(deadline)).await;
+
+        // 4. TimeoutNow.
+        let mut client = self
+            .peers
+            .client(&url)
+            .map_err(|_| EtcdError::TimeoutLeaderTransfer)?;
+        let mut request = tonic::Request::new(TimeoutNowRequest {
+            leader_id: self.id,
+            term,
+        });
+        request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        if let Err(status) = client.timeout_now(request).await {
+            tracing::warn!(target = format!("{target:x}"), %status, "leadership transfer: TimeoutNow failed");
+            return Err(EtcdError::TimeoutLeaderTransfer);
+        }
+
+        // 5. Done once we follow the target.
+        self.raft
+            .wait(Some(deadline.saturating_duration_since(Instant::now())))
+            .metrics(|m| m.current_leader == Some(target), "leadership moved")
+            .await
+            .map(|_| ())
+            .map_err(|_| EtcdError::TimeoutLeaderTransfer)
+    }
+}
+
+/// etcd `MoveLeader` on `node`: moves leadership to `target` (see the module docs).
+///
+/// Errors: `NotLeader`, `BadLeaderTransferee`, `TimeoutLeaderTransfer`.
+pub async fn move_leader(node: &crate::node::Node, target: NodeId) -> Result<(), EtcdError> {
+    let timers =
+        super::timing::raft_timers(node.config.heartbeat_interval, node.config.election_timeout);
+    let transfer = Transfer {
+        id: node.id,
+        raft: &node.raft,
+        peers: &node.cluster.peers,
+        gate: &node.cluster.gate,
+        lease: Duration::from_millis(timers.election_timeout_max),
+        margin: Duration::from_millis(
+            timers
+                .heartbeat_interval
+                .min(timers.election_timeout_min / 4),
+        ),
+        timeout: node.request_timeout(),
+    };
+    let started = Instant::now();
+    let result = transfer.run(target).await;
+    tracing::info!(
+        target = format!("{target:x}"),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        ok = result.is_ok(),
+        "leadership transfer finished"
+    );
+    result
+}
+
+/// Handles `TimeoutNow` on the target: starts an election at once if the request comes from
+/// the leader this member follows, in its current term, and this member is a voter.
+///
+/// Errors: `FailedPrecondition` status for a stale or misdirected request.
+pub async fn on_timeout_now(
+    raft: &Raft,
+    me: NodeId,
+    req: &TimeoutNowRequest,
+) -> Result<TimeoutNowResponse, tonic::Status> {
+    let (leader, term, is_voter) = {
+        let m = raft.metrics();
+        let m = m.borrow();
+        let is_voter = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|v| v == me);
+        (m.current_leader, m.current_term, is_voter)
+    };
+    if !is_voter || leader != Some(req.leader_id) || term != req.term {
+        return Err(tonic::Status::failed_precondition(format!(
+            "keel: TimeoutNow from {:x} in term {} does not match this member (voter: {is_voter}, leader: {:x?}, term {term})",
+            req.leader_id, req.term, leader
+        )));
+    }
+    tracing::info!(
+        from = format!("{:x}", req.leader_id),
+        term,
+        "leadership transfer: starting an election"
+    );
+    raft.trigger()
+        .elect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    Ok(TimeoutNowResponse {})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn gate_waits_until_released() {
+        let gate = TransferGate::default();
+        assert!(
+            gate.wait_idle(Instant::now()).await,
+            "an idle gate never waits"
+        );
+        gate.busy.send_replace(true);
+        assert!(gate.is_busy());
+        let soon = Instant::now() + Duration::from_millis(30);
+        assert!(!gate.wait_idle(soon).await, "a busy gate times out");
+        let g2 = gate.clone();
+        let waiter =
+            tokio::spawn(
+                async move { g2.wait_idle(Instant::now() + Duration::from_secs(5)).await },
+            );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        gate.busy.send_replace(false);
+        assert!(waiter.await.unwrap());
+    }
+}

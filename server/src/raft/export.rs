@@ -1,0 +1,118 @@
+//! Revision-bounded snapshot export: a consistent MVCC export that does not stop apply.
+//!
+//! MVCC records are keyed by revision (`k` + main + sub) and never change once written; only
+//! compaction (and a snapshot install) deletes them. So a snapshot at log id `L` (store
+//! revision `R`) is:
+//!
+//! - captured on the apply task, in microseconds to milliseconds: the metadata, `R`, and a copy
+//!   of every key outside the `k` record space (MVCC meta, consistent index, membership,
+//!   member attributes, and what lease/auth keep: small tables);
+//! - written on a blocking thread while apply goes on: the captured keys, then every record
+//!   with main revision `<= R` read from the live tree. Records above `R`, written by entries
+//!   applied meanwhile, are outside the bound.
+//!
+//! The only writers that could remove records `<= R` during the export are compaction and
+//! snapshot install. Both take the **export lock** ([`ExportLock`]) exclusively, the export
+//! holds it shared: a compaction entry waits for a running export, and so does an install.
+//!
+//! Lock order (DESIGN.md "Snapshot install and compaction take locks in one documented
+//! order"): the export lock first, then sled/MVCC internals. The export never waits for the
+//! apply task, so apply waiting for the export cannot deadlock.
+//!
+//! Before the file is complete, sled is flushed: openraft may purge the raft log up to `L`
+//! once the snapshot is returned, so the store must hold everything up to `L` durably.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::SnapshotMeta;
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+
+use super::snapshot::{self, Meta};
+use crate::mvcc::revision::{RECORD_PREFIX, record_key_lower_bound};
+
+/// Shared by export (read) and by compaction and install (write). See the module docs.
+pub type ExportLock = Arc<RwLock<()>>;
+
+/// Called inside a running export (tests use it to hold an export open).
+pub type ExportHook = Arc<dyn Fn() + Send + Sync>;
+
+/// Everything an export needs, captured on the apply task.
+pub struct ExportJob {
+    meta: Meta,
+    path: PathBuf,
+    snap_dir: PathBuf,
+    tree: sled::Tree,
+    revision: i64,
+    captured: Vec<(sled::IVec, sled::IVec)>,
+    _guard: OwnedRwLockReadGuard<()>,
+    hook: Option<ExportHook>,
+}
+
+impl ExportJob {
+    /// Captures a snapshot of `tree` at `meta.last_log_id`, whose store revision is
+    /// `revision`. Must run on the apply task (nothing is applied while it runs); holds the
+    /// export lock shared from here until the job finishes.
+    ///
+    /// Errors: sled I/O while copying the non-record keys.
+    pub async fn capture(
+        lock: &ExportLock,
+        tree: &sled::Tree,
+        meta: SnapshotMeta<u64, super::types::MemberNode>,
+        revision: i64,
+        snap_dir: &Path,
+        hook: Option<ExportHook>,
+    ) -> io::Result<ExportJob> {
+        let guard = lock.clone().read_owned().await;
+        let captured = tree
+            .iter()
+            .filter(|kv| !matches!(kv, Ok((k, _)) if k.first() == Some(&RECORD_PREFIX)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(io::Error::other)?;
+        Ok(ExportJob {
+            path: snapshot::file_name(snap_dir, &meta),
+            meta,
+            snap_dir: snap_dir.to_path_buf(),
+            tree: tree.clone(),
+            revision,
+            captured,
+            _guard: guard,
+            hook,
+        })
+    }
+
+    /// Writes the snapshot file (blocking I/O: call from a blocking thread) and returns its
+    /// metadata and path. Other snapshot files are removed afterwards.
+    ///
+    /// Errors: sled or file I/O.
+    pub fn write(self) -> io::Result<(Meta, PathBuf)> {
+        // Durable store first: the raft log may be purged up to the snapshot once it exists.
+        self.tree.flush().map_err(io::Error::other)?;
+        let records = self
+            .tree
+            .range(
+                record_key_lower_bound(0)..record_key_lower_bound(self.revision.saturating_add(1)),
+            )
+            .map(|kv| kv.map_err(io::Error::other));
+        let hook = self.hook.clone();
+        let mut hooked = false;
+        let all = self
+            .captured
+            .iter()
+            .cloned()
+            .map(Ok)
+            .chain(records)
+            .inspect(|_| {
+                if !hooked {
+                    hooked = true;
+                    if let Some(h) = &hook {
+                        h();
+                    }
+                }
+            });
+        snapshot::write_records(&self.path, &self.meta, all)?;
+        snapshot::remove_others(&self.snap_dir, &self.path)?;
+        Ok((self.meta, self.path))
+    }
+}

@@ -1,0 +1,297 @@
+//! A 3-member cluster of real `keel` processes driven by the real etcdctl: every member
+//! serves writes (followers forward them), linearizable reads (ReadIndex from the leader) and
+//! txns; response headers carry the cluster and member IDs; member list shows all three;
+//! concurrent writes share AppendEntries RPCs.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
+use support::cluster::TestCluster;
+use support::etcdctl::{etcdctl, etcdctl_stdin};
+use support::grpc;
+
+/// Tests in this file each start a cluster; one at a time keeps elections calm on a small box.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
+    let _serial = serial();
+    let cluster = TestCluster::start(3, &[]);
+    let all = cluster.endpoints();
+
+    // Writes through each member, each read back (linearizably) through every member.
+    for (i, m) in cluster.members.iter().enumerate() {
+        etcdctl(
+            &m.endpoint(),
+            &["put", &format!("key{i}"), &format!("from-{}", m.name)],
+        )
+        .ok();
+        for reader in &cluster.members {
+            let out = etcdctl(
+                &reader.endpoint(),
+                &["get", &format!("key{i}"), "--print-value-only"],
+            );
+            assert_eq!(
+                out.ok().lines(),
+                vec![format!("from-{}", m.name)],
+                "read via {}",
+                reader.name
+            );
+        }
+    }
+    let out = etcdctl(
+        &cluster.members[2].endpoint(),
+        &["get", "key", "--prefix", "--keys-only"],
+    );
+    assert_eq!(
+        out.ok()
+            .lines()
+            .into_iter()
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>(),
+        ["key0", "key1", "key2"]
+    );
+
+    // A txn through each member; compare and write are atomic on the leader.
+    for (i, m) in cluster.members.iter().enumerate() {
+        let script = format!(
+            "value(\"key{i}\") = \"from-{}\"\n\nput txn{i} yes\n\nput txn{i} no\n\n",
+            m.name
+        );
+        let out = etcdctl_stdin(&m.endpoint(), &["txn"], &script);
+        assert_eq!(
+            out.ok().lines(),
+            ["SUCCESS", "", "OK"],
+            "txn via {}",
+            m.name
+        );
+    }
+    let out = etcdctl(&all, &["get", "txn", "--prefix", "--print-value-only"]);
+    assert_eq!(out.ok().lines(), ["yes", "yes", "yes"]);
+
+    // member list: three started members with their names and URLs, no learners.
+    let list = etcdctl(&all, &["member", "list", "-w", "json"]).json();
+    let members = list["members"].as_array().expect("members");
+    assert_eq!(members.len(), 3, "{list}");
+    let names: BTreeSet<&str> = members
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, BTreeSet::from(["m1", "m2", "m3"]));
+    for m in members {
+        assert_eq!(m["clientURLs"].as_array().map(Vec::len), Some(1), "{m}");
+        assert!(m.get("isLearner").is_none_or(|v| v == false), "{m}");
+    }
+
+    // Headers: one cluster ID everywhere, each member its own ID, the same term and revision.
+    let mut member_ids = BTreeSet::new();
+    let mut cluster_ids = BTreeSet::new();
+    let mut revisions = BTreeSet::new();
+    for m in &cluster.members {
+        let h = etcdctl(&m.endpoint(), &["get", "key0", "-w", "json"]).json()["header"].clone();
+        cluster_ids.insert(h["cluster_id"].as_u64().expect("cluster_id"));
+        member_ids.insert(h["member_id"].as_u64().expect("member_id"));
+        revisions.insert(h["revision"].as_i64().expect("revision"));
+        assert!(h["raft_term"].as_u64().expect("raft_term") >= 1);
+    }
+    assert_eq!(cluster_ids.len(), 1);
+    assert_eq!(member_ids.len(), 3);
+    assert_eq!(
+        revisions.len(),
+        1,
+        "linearizable reads see one revision: {revisions:?}"
+    );
+    let listed: BTreeSet<u64> = members.iter().map(|m| m["ID"].as_u64().unwrap()).collect();
+    assert_eq!(listed, member_ids);
+
+    // HashKV agrees at the same revision.
+    let rev = *revisions.iter().next().unwrap();
+    let hashes: BTreeSet<String> = cluster
+        .members
+        .iter()
+        .map(|m| {
+            let out = etcdctl(
+                &m.endpoint(),
+                &[
+                    "endpoint",
+                    "hashkv",
+                    "--rev",
+                    &rev.to_string(),
+                    "-w",
+                    "json",
+                ],
+            )
+            .json();
+            out[0]["HashKV"]["hash"].to_string()
+        })
+        .collect();
+    assert_eq!(hashes.len(), 1, "{hashes:?}");
+}
+
+#[test]
+fn reads_on_followers_see_every_acknowledged_write() {
+    let _serial = serial();
+    let cluster = TestCluster::start(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(10));
+    let followers: Vec<String> = (0..3)
+        .filter(|i| *i != leader)
+        .map(|i| cluster.members[i].endpoint())
+        .collect();
+    let leader_ep = cluster.members[leader].endpoint();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut writer = grpc::kv(&leader_ep).await;
+        let mut readers = Vec::new();
+        for f in &followers {
+            readers.push(grpc::kv(f).await);
+        }
+        for i in 0..60 {
+            let rev = grpc::put(&mut writer, "ryw", &i.to_string()).await;
+            // Right after the ack, a linearizable read on a follower must return it.
+            let n = readers.len();
+            let r = &mut readers[i % n];
+            let resp = grpc::range(r, b"ryw", b"").await;
+            assert_eq!(resp.kvs.len(), 1);
+            assert_eq!(
+                resp.kvs[0].value,
+                i.to_string().into_bytes(),
+                "write {i} not visible on a follower"
+            );
+            assert!(resp.header.unwrap().revision >= rev);
+        }
+        // A write through a follower is visible on that follower at once, also to reads
+        // that skip the read index (etcd waits for the local apply too).
+        for i in 0..30 {
+            let r = &mut readers[i % 2];
+            let rev = grpc::put(r, "ryw-local", &i.to_string()).await;
+            let resp = r
+                .range(RangeRequest {
+                    key: b"ryw-local".to_vec(),
+                    serializable: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(
+                resp.kvs.first().map(|kv| kv.value.clone()),
+                Some(i.to_string().into_bytes())
+            );
+            assert!(resp.header.unwrap().revision >= rev);
+        }
+        // Serializable reads are served locally and converge.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let resp = readers[0]
+                .range(RangeRequest {
+                    key: b"ryw".to_vec(),
+                    serializable: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if resp.kvs.first().map(|kv| kv.value.clone()) == Some(b"59".to_vec()) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "serializable read never caught up"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+#[test]
+fn concurrent_writes_share_append_entries_rpcs() {
+    let _serial = serial();
+    let mut cluster = TestCluster::start(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(10));
+    let endpoint = cluster.members[leader].endpoint();
+    const WRITERS: usize = 32;
+    const PER_WRITER: usize = 20;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for w in 0..WRITERS {
+            let endpoint = endpoint.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut kv = grpc::kv(&endpoint).await;
+                for i in 0..PER_WRITER {
+                    kv.put(PutRequest {
+                        key: format!("w{w}/{i}").into_bytes(),
+                        value: b"x".to_vec(),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("put");
+                }
+            }));
+        }
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("writers finish")
+                .unwrap();
+        }
+    });
+    // The leader logs its AppendEntries totals on a graceful shutdown.
+    assert!(cluster.members[leader].terminate().success());
+    let log = cluster.members[leader].log();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("peer transport totals"))
+        .expect("totals line");
+    let line = strip_ansi(line);
+    let field = |name: &str| -> u64 {
+        let at = line
+            .find(&format!("{name}="))
+            .unwrap_or_else(|| panic!("{name} in {line}"))
+            + name.len()
+            + 1;
+        line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap()
+    };
+    let (rpcs, entries) = (field("append_rpcs"), field("appended_entries"));
+    // Every write reaches both followers, but concurrent writes share log entries (the
+    // proposer batches them) and entries share AppendEntries RPCs: far fewer than one RPC
+    // per write and follower.
+    let writes = (WRITERS * PER_WRITER) as u64;
+    assert!(entries > 0 && rpcs > 0, "{line}");
+    let writes_per_rpc = 2.0 * writes as f64 / rpcs as f64;
+    eprintln!(
+        "batching: {writes} writes to 2 followers in {entries} entries and {rpcs} AppendEntries RPCs ({writes_per_rpc:.1} writes per RPC)"
+    );
+    assert!(writes_per_rpc >= 2.0, "writes were not batched: {line}");
+}
+
+/// The log line without terminal colour codes (`ESC [ ... m`).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

@@ -1,0 +1,103 @@
+//! A 5-member cluster of real `keel` processes keeps serving writes and linearizable reads
+//! with two members down (one of them the leader), and the two catch up when restarted.
+
+mod support;
+
+use std::time::Duration;
+
+use support::cluster::TestCluster;
+use support::etcdctl::etcdctl;
+
+#[test]
+fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
+    let mut cluster = TestCluster::start(5, &[]);
+    etcdctl(&cluster.endpoints(), &["put", "before", "1"]).ok();
+
+    // Take down the leader and one follower.
+    let leader = cluster.leader(Duration::from_secs(15));
+    let follower = (0..5).find(|i| *i != leader).unwrap();
+    cluster.members[leader].kill9();
+    cluster.members[follower].kill9();
+    let survivors = cluster.running();
+    assert_eq!(survivors.len(), 3);
+
+    // Every survivor serves writes and linearizable reads.
+    for (n, &i) in survivors.iter().enumerate() {
+        let ep = cluster.members[i].endpoint();
+        let out = etcdctl(
+            &ep,
+            &["put", &format!("down2/{n}"), &cluster.members[i].name],
+        );
+        out.ok();
+    }
+    for &i in &survivors {
+        let out = etcdctl(
+            &cluster.members[i].endpoint(),
+            &["get", "down2/", "--prefix", "--print-value-only"],
+        );
+        assert_eq!(
+            out.ok().lines().len(),
+            3,
+            "via {}: {out:?}",
+            cluster.members[i].name
+        );
+        let out = etcdctl(
+            &cluster.members[i].endpoint(),
+            &["get", "before", "--print-value-only"],
+        );
+        assert_eq!(out.ok().lines(), ["1"]);
+    }
+    // The membership is unchanged: five members, two of them down.
+    let list = etcdctl(&cluster.endpoints(), &["member", "list", "-w", "json"]).json();
+    assert_eq!(list["members"].as_array().map(Vec::len), Some(5));
+
+    // The two come back and catch up.
+    cluster.members[leader].respawn();
+    cluster.members[follower].respawn();
+    cluster.wait_ready(&[leader, follower]);
+    let new_leader = cluster.leader(Duration::from_secs(15));
+    let committed = cluster.status(new_leader).unwrap().raft_index;
+    cluster.wait_applied(committed, Duration::from_secs(20));
+    for i in [leader, follower] {
+        let out = etcdctl(
+            &cluster.members[i].endpoint(),
+            &[
+                "get",
+                "down2/",
+                "--prefix",
+                "--print-value-only",
+                "--consistency=s",
+            ],
+        );
+        assert_eq!(
+            out.ok().lines().len(),
+            3,
+            "{} caught up",
+            cluster.members[i].name
+        );
+    }
+    let rev = etcdctl(&cluster.endpoints(), &["get", "before", "-w", "json"]).json()["header"]["revision"]
+        .as_i64()
+        .unwrap();
+    let hashes: Vec<u64> = cluster
+        .members
+        .iter()
+        .map(|m| {
+            etcdctl(
+                &m.endpoint(),
+                &[
+                    "endpoint",
+                    "hashkv",
+                    "--rev",
+                    &rev.to_string(),
+                    "-w",
+                    "json",
+                ],
+            )
+            .json()[0]["HashKV"]["hash"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert!(hashes.iter().all(|h| *h == hashes[0]), "{hashes:?}");
+}

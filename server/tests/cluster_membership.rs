@@ -1,0 +1,416 @@
+//! Membership changes and leadership transfer on real `keel` processes, driven by etcdctl:
+//! a learner is added, catches up from a snapshot (while compactions run), is promoted and
+//! removed again (and stops by itself); bad requests get etcd's errors and change nothing;
+//! MoveLeader moves leadership.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use keel_proto::etcdserverpb::cluster_client::ClusterClient;
+use keel_proto::etcdserverpb::maintenance_client::MaintenanceClient;
+use keel_proto::etcdserverpb::{MemberAddRequest, MoveLeaderRequest, PutRequest, RangeRequest};
+use support::cluster::TestCluster;
+use support::etcdctl::{CtlOutput, etcdctl};
+use support::grpc;
+
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Member ID → (name, is learner), from `etcdctl member list`.
+fn members(endpoints: &str) -> BTreeMap<u64, (String, bool)> {
+    let list = etcdctl(endpoints, &["member", "list", "-w", "json"]).json();
+    list["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| {
+            let id = m["ID"].as_u64().expect("ID");
+            let name = m["name"].as_str().unwrap_or("").to_string();
+            (id, (name, m["isLearner"].as_bool().unwrap_or(false)))
+        })
+        .collect()
+}
+
+/// Runs a membership command, retrying while the leader reports an unhealthy cluster (etcd
+/// counts a peer as connected only after 5 s of contact).
+fn member_cmd(endpoints: &str, args: &[&str]) -> CtlOutput {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = etcdctl(endpoints, args);
+        if !out.stderr.contains("etcdserver: unhealthy cluster") || Instant::now() > deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed() {
+    let _serial = serial();
+    let mut cluster = TestCluster::start(
+        3,
+        &[
+            "--snapshot-count",
+            "40",
+            "--experimental-snapshot-catchup-entries",
+            "5",
+        ],
+    );
+    let all = cluster.endpoints();
+    let leader = cluster.leader(Duration::from_secs(15));
+    let leader_ep = cluster.members[leader].endpoint();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // 240 writes: the leader snapshots every 40 entries and keeps only 5 behind a snapshot, so
+    // a new member cannot catch up from the log.
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for w in 0..8 {
+            let ep = leader_ep.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut kv = grpc::kv(&ep).await;
+                for i in 0..30 {
+                    grpc::put(&mut kv, &format!("k/{w}/{i:03}"), &format!("value-{w}-{i}")).await;
+                }
+            }));
+        }
+        for t in tasks {
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("writes finish")
+                .unwrap();
+        }
+    });
+
+    let ports = TestCluster::reserve_ports();
+    let peer = format!("http://127.0.0.1:{}", ports.1);
+    let out = member_cmd(
+        &all,
+        &[
+            "member",
+            "add",
+            "m4",
+            "--learner",
+            &format!("--peer-urls={peer}"),
+            "-w",
+            "json",
+        ],
+    );
+    let learner_id = out.json()["member"]["ID"]
+        .as_u64()
+        .expect("added member ID");
+    assert_eq!(members(&all).get(&learner_id), Some(&(String::new(), true)));
+    let m4 = cluster.join("m4", ports);
+
+    // Compactions keep arriving while the learner receives and installs its snapshot.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut compacted = 0;
+    loop {
+        let rev = etcdctl(
+            &all,
+            &[
+                "get",
+                "k/",
+                "--prefix",
+                "--keys-only",
+                "--limit=1",
+                "-w",
+                "json",
+            ],
+        )
+        .json()["header"]["revision"]
+            .as_i64()
+            .unwrap();
+        if compacted < rev - 1 {
+            etcdctl(&all, &["put", "compaction-tick", &rev.to_string()]).ok();
+            etcdctl(&all, &["compact", &rev.to_string()]).ok();
+            compacted = rev;
+        }
+        let committed = cluster.status(leader).unwrap().raft_index;
+        if cluster
+            .status(m4)
+            .is_ok_and(|s| s.raft_applied_index >= committed && s.is_learner)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the learner did not catch up\n{}",
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        cluster.members[m4].log().contains("installed a snapshot"),
+        "{}",
+        cluster.members[m4].log_tail()
+    );
+    assert_eq!(
+        members(&all).get(&learner_id),
+        Some(&("m4".to_string(), true)),
+        "the learner published its name"
+    );
+
+    // A learner serves serializable reads only (etcd).
+    let m4_ep = cluster.members[m4].endpoint();
+    let count = etcdctl(
+        &m4_ep,
+        &[
+            "get",
+            "k/",
+            "--prefix",
+            "--keys-only",
+            "--consistency=s",
+            "-w",
+            "json",
+        ],
+    )
+    .json()["count"]
+        .as_u64();
+    assert_eq!(count, Some(240));
+    let status = rt.block_on(async {
+        grpc::kv(&m4_ep)
+            .await
+            .range(RangeRequest {
+                key: b"k/".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err()
+    });
+    assert_eq!(
+        status.message(),
+        "etcdserver: rpc not supported for learner"
+    );
+
+    // Promote: now a voter that serves linearizable reads and writes.
+    let out = member_cmd(&all, &["member", "promote", &format!("{learner_id:x}")]);
+    assert!(out.ok().stdout.contains("promoted in cluster"), "{out:?}");
+    assert_eq!(
+        members(&all).get(&learner_id),
+        Some(&("m4".to_string(), false))
+    );
+    etcdctl(&m4_ep, &["put", "via-m4", "yes"]).ok();
+    assert_eq!(
+        etcdctl(&m4_ep, &["get", "via-m4", "--print-value-only"])
+            .ok()
+            .lines(),
+        ["yes"]
+    );
+
+    // Remove it again: the cluster is back to three and m4 stops by itself.
+    let out = member_cmd(&all, &["member", "remove", &format!("{learner_id:x}")]);
+    assert!(out.ok().stdout.contains("removed from cluster"), "{out:?}");
+    let others: String = (0..3)
+        .map(|i| cluster.members[i].endpoint())
+        .collect::<Vec<_>>()
+        .join(",");
+    assert_eq!(members(&others).len(), 3);
+    let exit = cluster.members[m4].wait_exit(Duration::from_secs(20));
+    assert!(
+        exit.is_some(),
+        "the removed member keeps running\n{}",
+        cluster.members[m4].log_tail()
+    );
+    assert!(cluster.members[m4].log().contains("permanently removed"));
+    etcdctl(&others, &["put", "after-removal", "ok"]).ok();
+}
+
+#[test]
+fn bad_membership_requests_get_etcd_errors_and_change_nothing() {
+    let _serial = serial();
+    let mut cluster = TestCluster::start(3, &[]);
+    let all = cluster.endpoints();
+    let before = members(&all);
+    let voter = cluster.member_id(0).unwrap();
+    let check_unchanged = |what: &str, endpoints: &str| {
+        assert_eq!(
+            members(endpoints),
+            before,
+            "membership changed after {what}"
+        );
+    };
+
+    // Unknown member IDs.
+    member_cmd(&all, &["member", "remove", "1234"])
+        .fails_with("Error: etcdserver: member not found");
+    check_unchanged("remove unknown", &all);
+    member_cmd(
+        &all,
+        &["member", "update", "1234", "--peer-urls=http://127.0.0.1:1"],
+    )
+    .fails_with("Error: etcdserver: member not found");
+    member_cmd(&all, &["member", "promote", "1234"])
+        .fails_with("Error: etcdserver: member not found");
+    check_unchanged("update/promote unknown", &all);
+
+    // A peer URL another member has.
+    let taken = format!("--peer-urls={}", cluster.members[0].peer_url());
+    member_cmd(&all, &["member", "add", "dup", &taken])
+        .fails_with("Error: etcdserver: Peer URLs already exists");
+    member_cmd(
+        &all,
+        &[
+            "member",
+            "update",
+            &format!("{voter:x}"),
+            &format!("--peer-urls={}", cluster.members[1].peer_url()),
+        ],
+    )
+    .fails_with("Error: etcdserver: Peer URLs already exists");
+    check_unchanged("duplicate peer URL", &all);
+
+    // Malformed URLs (etcdctl checks them itself, so ask over gRPC).
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let status = rt.block_on(async {
+        let channel = grpc::channel(&cluster.members[0].endpoint(), grpc::RPC_TIMEOUT)
+            .await
+            .unwrap();
+        ClusterClient::new(channel)
+            .member_add(MemberAddRequest {
+                peer_ur_ls: vec!["http://no-port".into()],
+                is_learner: false,
+            })
+            .await
+            .unwrap_err()
+    });
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            tonic::Code::InvalidArgument,
+            "etcdserver: given member URLs are invalid"
+        )
+    );
+
+    // Promoting a voter.
+    member_cmd(&all, &["member", "promote", &format!("{voter:x}")])
+        .fails_with("Error: etcdserver: can only promote a learner member");
+    check_unchanged("promote a voter", &all);
+
+    // An unreachable learner promoted too early; then removed (learners need no quorum check).
+    let out = member_cmd(
+        &all,
+        &[
+            "member",
+            "add",
+            "ghost",
+            "--learner",
+            "--peer-urls=http://127.0.0.1:9",
+            "-w",
+            "json",
+        ],
+    );
+    let ghost = out.json()["member"]["ID"].as_u64().unwrap();
+    member_cmd(&all, &["member", "promote", &format!("{ghost:x}")]).fails_with(
+        "Error: etcdserver: can only promote a learner member which is in sync with leader",
+    );
+    assert_eq!(
+        members(&all).get(&ghost),
+        Some(&(String::new(), true)),
+        "still a learner"
+    );
+    member_cmd(
+        &all,
+        &[
+            "member",
+            "add",
+            "ghost2",
+            "--learner",
+            "--peer-urls=http://127.0.0.1:10",
+        ],
+    )
+    .fails_with("Error: etcdserver: too many learner members in cluster");
+    member_cmd(&all, &["member", "remove", &format!("{ghost:x}")]).ok();
+    check_unchanged("adding and removing a learner", &all);
+
+    // A removal that would lose quorum: with one member down, removing a reachable voter
+    // would leave one of two voters connected.
+    let leader = cluster.leader(Duration::from_secs(15));
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let down_id = cluster.member_id(followers[0]).unwrap();
+    let target_id = cluster.member_id(followers[1]).unwrap();
+    cluster.members[followers[0]].kill9();
+    // Let the leader's heartbeats notice the crash (they run every 100 ms).
+    std::thread::sleep(Duration::from_secs(1));
+    let alive = cluster.endpoints();
+    etcdctl(&alive, &["member", "remove", &format!("{target_id:x}")])
+        .fails_with("Error: etcdserver: unhealthy cluster");
+    check_unchanged("a removal that would lose quorum", &alive);
+    assert!(members(&alive).contains_key(&down_id));
+}
+
+#[test]
+fn move_leader_moves_leadership_and_refuses_bad_targets() {
+    let _serial = serial();
+    let cluster = TestCluster::start(3, &[]);
+    let all = cluster.endpoints();
+    let leader = cluster.leader(Duration::from_secs(15));
+    let target = (0..3).find(|i| *i != leader).unwrap();
+    let (leader_id, target_id) = (
+        cluster.member_id(leader).unwrap(),
+        cluster.member_id(target).unwrap(),
+    );
+
+    let started = Instant::now();
+    let out = etcdctl(&all, &["move-leader", &format!("{target_id:x}")]);
+    let took = started.elapsed();
+    assert_eq!(
+        out.ok().lines(),
+        [format!(
+            "Leadership transferred from {leader_id:x} to {target_id:x}"
+        )]
+    );
+    eprintln!("move-leader took {took:?} (etcdctl round trip included)");
+    assert_eq!(
+        cluster.leader(Duration::from_secs(5)),
+        target,
+        "every member follows the new leader"
+    );
+    etcdctl(&all, &["put", "after-move", "1"]).ok();
+
+    // Back again, through the new leader's own endpoint.
+    let out = etcdctl(
+        &cluster.members[target].endpoint(),
+        &["move-leader", &format!("{leader_id:x}")],
+    );
+    out.ok();
+    assert_eq!(cluster.leader(Duration::from_secs(5)), leader);
+
+    // etcd's errors: an unknown transferee; asking a member that is not the leader.
+    etcdctl(&all, &["move-leader", "1234"]).fails_with("Error: etcdserver: bad leader transferee");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let status = rt.block_on(async {
+        let channel = grpc::channel(&cluster.members[target].endpoint(), grpc::RPC_TIMEOUT)
+            .await
+            .unwrap();
+        MaintenanceClient::new(channel)
+            .move_leader(MoveLeaderRequest {
+                target_id: leader_id,
+            })
+            .await
+            .unwrap_err()
+    });
+    assert_eq!(
+        (status.code(), status.message()),
+        (tonic::Code::FailedPrecondition, "etcdserver: not leader")
+    );
+    assert_eq!(
+        cluster.leader(Duration::from_secs(5)),
+        leader,
+        "a refused transfer changes nothing"
+    );
+    rt.block_on(async {
+        let mut kv = grpc::kv(&cluster.members[target].endpoint()).await;
+        kv.put(PutRequest {
+            key: b"after-refusal".to_vec(),
+            value: b"1".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    });
+}
