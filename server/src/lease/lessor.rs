@@ -538,6 +538,7 @@ impl Lessor {
         LessorStats {
             leases: st.leases.len(),
             attached_keys: st.owners.len(),
+            slots: st.leases.capacity() + st.owners.capacity(),
             primary_expiry: primary.map(|s| s.0),
             primary_checkpoints: primary.map(|s| s.1),
             primary_revoking: primary.map(|s| s.2),
@@ -563,6 +564,9 @@ pub struct LessorStats {
     pub leases: usize,
     /// Keys attached to them.
     pub attached_keys: usize,
+    /// Allocated slots of the lease and attachment maps (capacity, not length): what the
+    /// maps hold on to after a storm.
+    pub slots: usize,
     /// Scheduled expiries (leader only).
     pub primary_expiry: Option<usize>,
     /// Scheduled checkpoints (leader only).

@@ -143,7 +143,11 @@ pub async fn run<P: Proposer>(
     config: RunnerConfig,
 ) {
     loop {
-        // Follower: wait without any timer.
+        // Follower: no schedule, and wait without any timer.
+        assert!(
+            !lessor.is_primary(),
+            "a follower holds no lease expiry schedule"
+        );
         if leader.wait_for(|l| *l).await.is_err() {
             return;
         }

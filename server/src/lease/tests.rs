@@ -381,6 +381,22 @@ fn follower_holds_no_schedule_or_memory_under_churn() {
     assert!(!l.is_primary());
     assert!(l.is_empty());
     assert_eq!(l.stats().attached_keys, 0);
+    // A storm of 20,000 live leases, then all expire: the maps give their memory back.
+    for id in 1..=20_000 {
+        m.grant(id, 5);
+    }
+    let full = l.stats().slots;
+    assert!(full >= 20_000, "{full} slots for 20,000 leases");
+    m.apply_ok(Rq::LeaseExpire(LeaseExpire {
+        ids: (1..=20_000).collect(),
+    }));
+    let after = l.stats();
+    assert_eq!((after.leases, after.primary_expiry), (0, None));
+    assert!(
+        after.slots < 4096,
+        "lease maps kept {} of {full} slots",
+        after.slots
+    );
     assert_eq!(
         l.renew(1),
         Renewal::NotPrimary,
