@@ -15,6 +15,8 @@ mod recovery_test;
 mod snapshot_race_test;
 #[cfg(test)]
 mod storage_suite_test;
+#[cfg(test)]
+mod test_support;
 
 pub use log_store::LogStore;
 pub use network::PeerNetwork;

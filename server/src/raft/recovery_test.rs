@@ -11,10 +11,7 @@ use openraft::{CommittedLeaderId, EntryPayload, Membership, Vote};
 
 use super::log_store::{META_COMMITTED, META_VOTE};
 use super::types::{Entry, LogId, MemberNode, Raft, Request};
-use super::{LogStore, PeerNetwork, SharedStore, StateMachine};
-use crate::apply::Applier;
-use crate::membership::Attributes;
-use crate::mvcc::MvccStore;
+use super::{LogStore, PeerNetwork};
 use crate::wal::{Wal, WalOptions};
 
 fn log_id(index: u64) -> LogId {
@@ -80,16 +77,7 @@ async fn committed_entries_missing_from_the_store_are_applied_on_restart() {
     }
 
     let wal = Arc::new(Wal::open(&wal_dir, WalOptions::default()).unwrap());
-    let db = sled::Config::new()
-        .path(dir.path().join("db"))
-        .open()
-        .unwrap();
-    let tree = db.open_tree("keel").unwrap();
-    let store = Arc::new(MvccStore::open(tree.clone()).unwrap());
-    let attributes = Arc::new(Attributes::default());
-    let applier = Applier::open(tree, store.clone(), attributes.clone()).unwrap();
-    let shared = Arc::new(SharedStore::new(store));
-    let sm = StateMachine::new(applier, shared.clone(), attributes, snap_dir);
+    let (sm, shared) = super::test_support::state_machine(dir.path());
     let config = Arc::new(openraft::Config::default().validate().unwrap());
     let raft = Raft::new(1, config, PeerNetwork::default(), LogStore::new(wal), sm)
         .await

@@ -14,9 +14,6 @@ use tokio::io::AsyncWriteExt;
 
 use super::state_machine::{SharedStore, StateMachine};
 use super::types::{Entry, LogId, Request, TypeConfig};
-use crate::apply::Applier;
-use crate::membership::Attributes;
-use crate::mvcc::MvccStore;
 
 /// Bound on any single step; a step that takes longer is a deadlock.
 const STEP: Duration = Duration::from_secs(20);
@@ -33,18 +30,7 @@ struct Member {
 impl Member {
     fn new() -> Member {
         let dir = tempfile::tempdir().unwrap();
-        let snap_dir = dir.path().join("snap");
-        std::fs::create_dir_all(&snap_dir).unwrap();
-        let db = sled::Config::new()
-            .path(dir.path().join("db"))
-            .open()
-            .unwrap();
-        let tree = db.open_tree("keel").unwrap();
-        let store = Arc::new(MvccStore::open(tree.clone()).unwrap());
-        let attributes = Arc::new(Attributes::default());
-        let applier = Applier::open(tree, store.clone(), attributes.clone()).unwrap();
-        let shared = Arc::new(SharedStore::new(store));
-        let sm = StateMachine::new(applier, shared.clone(), attributes, snap_dir);
+        let (sm, shared) = super::test_support::state_machine(dir.path());
         Member {
             _dir: dir,
             sm,
