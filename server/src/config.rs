@@ -111,10 +111,39 @@ impl Config {
     /// Errors: an unreadable or invalid YAML file (message names the file).
     pub fn load() -> Result<Config, String> {
         let cli = Config::parse();
-        match &cli.config_file {
-            None => Ok(cli),
-            Some(path) => Config::from_yaml_file(path),
+        let mut cfg = match &cli.config_file {
+            None => cli,
+            Some(path) => Config::from_yaml_file(path)?,
+        };
+        cfg.normalize()?;
+        Ok(cfg)
+    }
+
+    /// etcd's start-up adjustments and checks:
+    /// - with only `--name` given (the initial cluster left at its default, or empty), the
+    ///   initial cluster becomes `<name>=<each advertised peer URL>` (etcd's
+    ///   `UpdateDefaultClusterFromName`);
+    /// - the election timeout must be at least 5 heartbeat intervals.
+    ///
+    /// Errors: etcd's message for a too-short election timeout.
+    pub fn normalize(&mut self) -> Result<(), String> {
+        let default_cluster = "default=http://localhost:2380";
+        if self.initial_cluster.trim().is_empty()
+            || (self.initial_cluster == default_cluster && self.name != "default")
+        {
+            self.initial_cluster = split_urls(&self.initial_advertise_peer_urls)
+                .iter()
+                .map(|u| format!("{}={u}", self.name))
+                .collect::<Vec<_>>()
+                .join(",");
         }
+        if self.election_timeout < 5 * self.heartbeat_interval {
+            return Err(format!(
+                "--election-timeout[{}ms] should be at least as 5 times as --heartbeat-interval[{}ms]",
+                self.election_timeout, self.heartbeat_interval
+            ));
+        }
+        Ok(())
     }
 
     /// Loads a YAML config file with etcd's keys (`name`, `data-dir`, `listen-client-urls`,
@@ -210,6 +239,49 @@ mod tests {
             Config::from_yaml_file(&p)
                 .unwrap_err()
                 .contains("invalid --config-file")
+        );
+    }
+
+    #[test]
+    fn name_alone_derives_the_initial_cluster_like_etcd() {
+        let mut c = Config::parse_from([
+            "keel",
+            "--name",
+            "foo",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:9",
+        ]);
+        c.normalize().unwrap();
+        assert_eq!(c.initial_cluster, "foo=http://127.0.0.1:9");
+        let mut c = Config::parse_from([
+            "keel",
+            "--name",
+            "foo",
+            "--initial-cluster",
+            "a=http://1:2,foo=http://3:4",
+        ]);
+        c.normalize().unwrap();
+        assert_eq!(
+            c.initial_cluster, "a=http://1:2,foo=http://3:4",
+            "an explicit cluster is kept"
+        );
+        let mut c = Config::default();
+        c.normalize().unwrap();
+        assert_eq!(c.initial_cluster, "default=http://localhost:2380");
+    }
+
+    #[test]
+    fn election_timeout_must_cover_five_heartbeats() {
+        let mut c = Config::parse_from([
+            "keel",
+            "--heartbeat-interval",
+            "500",
+            "--election-timeout",
+            "100",
+        ]);
+        assert_eq!(
+            c.normalize().unwrap_err(),
+            "--election-timeout[100ms] should be at least as 5 times as --heartbeat-interval[500ms]"
         );
     }
 

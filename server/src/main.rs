@@ -55,6 +55,16 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(anyhow::Error::msg)?;
 
+    // Listen first: a busy port must fail the start before the data dir is bootstrapped.
+    let mut peer_listeners = Vec::new();
+    for addr in peer_addrs {
+        peer_listeners.push(api::bind(addr).await?);
+    }
+    let mut client_listeners = Vec::new();
+    for addr in client_addrs {
+        client_listeners.push((addr, api::bind(addr).await?));
+    }
+
     let node = Node::start(config).await?;
     tracing::info!(
         member_id = format!("{:x}", node.id),
@@ -68,18 +78,18 @@ async fn run(config: Config) -> anyhow::Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
     let mut servers = tokio::task::JoinSet::new();
-    for addr in peer_addrs {
+    for listener in peer_listeners {
         servers.spawn(api::serve_peers(
             node.clone(),
-            addr,
+            listener,
             stopped(stop_rx.clone()),
         ));
     }
-    for addr in client_addrs {
+    for (addr, listener) in client_listeners {
         tracing::info!(%addr, "serving etcd v3 API");
         servers.spawn(api::serve_clients(
             node.clone(),
-            addr,
+            listener,
             stopped(stop_rx.clone()),
         ));
     }

@@ -26,6 +26,7 @@ use keel_proto::etcdserverpb::{
 use keel_proto::keelpb::peer_server::PeerServer;
 use keel_proto::v3electionpb::election_server::ElectionServer;
 use keel_proto::v3lockpb::lock_server::LockServer;
+use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
@@ -44,11 +45,11 @@ use crate::node::Node;
 /// Errors: the address cannot be bound, or the transport fails.
 pub async fn serve_clients(
     node: Arc<Node>,
-    addr: SocketAddr,
+    listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let max = node.config.max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
-    let incoming = incoming(addr).await?;
+    let incoming = incoming(listener);
     Server::builder()
         .add_service(KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max))
         .add_service(
@@ -77,10 +78,10 @@ pub async fn serve_clients(
 /// Errors: the address cannot be bound, or the transport fails.
 pub async fn serve_peers(
     node: Arc<Node>,
-    addr: SocketAddr,
+    listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let incoming = incoming(addr).await?;
+    let incoming = incoming(listener);
     Server::builder()
         .add_service(
             PeerServer::new(PeerService::new(node))
@@ -92,10 +93,18 @@ pub async fn serve_peers(
     Ok(())
 }
 
-/// Binds `addr` with TCP_NODELAY on every accepted connection. (`Server::tcp_nodelay` only
-/// applies to listeners tonic binds itself; without it, Nagle's algorithm and the client's
-/// delayed ACK add ~40 ms to many small responses.)
-async fn incoming(addr: SocketAddr) -> std::io::Result<TcpIncoming> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    Ok(TcpIncoming::from(listener).with_nodelay(Some(true)))
+/// Binds `addr` (before anything touches the data dir, so a busy port leaves no state).
+///
+/// Errors: the address cannot be bound; the message names it.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
+}
+
+/// TCP_NODELAY on every accepted connection. (`Server::tcp_nodelay` only applies to
+/// listeners tonic binds itself; without it, Nagle's algorithm and the client's delayed ACK
+/// add ~40 ms to many small responses.)
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
