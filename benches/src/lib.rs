@@ -1,1 +1,3 @@
 //! Keel benchmarks.
+
+pub mod local_cluster;

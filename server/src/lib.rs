@@ -9,6 +9,7 @@ pub mod apply;
 pub mod cindex;
 pub mod config;
 pub mod error;
+pub mod lease;
 pub mod membership;
 pub mod mvcc;
 pub mod node;

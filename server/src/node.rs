@@ -18,6 +18,7 @@ use prost::Message;
 use crate::apply::Applier;
 use crate::config::{split_urls, Config};
 use crate::error::EtcdError;
+use crate::lease::{self, id::LeaseIdGenerator, Lessor};
 use crate::membership::{self, Attributes};
 use crate::mvcc::MvccStore;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
@@ -45,6 +46,10 @@ pub struct Node {
     pub attributes: Arc<Attributes>,
     /// The configuration this member runs with.
     pub config: Config,
+    /// Lease state (every member) and, on the leader, the expiry schedule.
+    pub lessor: Arc<Lessor>,
+    /// Lease IDs for grants proposed by this member without a client-chosen ID.
+    pub lease_ids: LeaseIdGenerator,
     /// The watchable store: every watcher of every stream on this member.
     pub watch: Arc<WatchHub>,
     db: sled::Db,
@@ -124,7 +129,9 @@ impl Node {
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,
         );
         let attributes = Arc::new(Attributes::load(&tree).map_err(anyhow::Error::msg)?);
-        let mut applier = Applier::open(tree.clone(), store.clone(), attributes.clone()).map_err(anyhow::Error::msg)?;
+        let lessor = Arc::new(Lessor::new());
+        let mut applier = Applier::open_with_lessor(tree.clone(), store.clone(), attributes.clone(), lessor.clone())
+            .map_err(anyhow::Error::msg)?;
         let shared = Arc::new(SharedStore::new(store));
         let watch = WatchHub::new(Arc::new(StoreHistory(shared.clone())), WatchConfig::from_config(&config));
         watch.spawn_sync_thread().context("cannot start the watch sync thread")?;
@@ -161,6 +168,8 @@ impl Node {
             store: shared,
             attributes,
             config,
+            lessor,
+            lease_ids: LeaseIdGenerator::new(id),
             watch,
             db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
             db,
@@ -179,6 +188,7 @@ impl Node {
         })));
         node.clone().spawn_publish();
         node.clone().spawn_db_size_refresh();
+        lease::runner::spawn(&node, lease::runner::RunnerConfig::from_config(&node.config));
         Ok(node)
     }
 
@@ -294,7 +304,7 @@ impl Node {
     }
 
     /// etcd's request timeout: 5 s plus twice the election timeout.
-    fn request_timeout(&self) -> Duration {
+    pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(5000 + 2 * self.config.election_timeout)
     }
 

@@ -104,9 +104,21 @@ impl Kv for KvService {
     ) -> Result<Response<CompactionResponse>, Status> {
         let req = request.into_inner();
         kv_validate::check_compaction(&req)?;
-        // Compaction is applied synchronously, so `physical` is always honoured.
+        let (physical, revision) = (req.physical, req.revision);
         match self.write(Rq::Compaction(req)).await? {
             (rev, Some(Rs::Compaction(mut r))) => {
+                if physical {
+                    // etcd `physical`: answer only once the compacted records are removed
+                    // from the backend (Keel removes them in the background after apply).
+                    let store = self.node.store.get();
+                    let timeout = std::time::Duration::from_secs(60);
+                    let done = tokio::task::spawn_blocking(move || store.wait_physical_compaction(revision, timeout))
+                        .await
+                        .unwrap_or(false);
+                    if !done {
+                        return Err(EtcdError::Timeout.into());
+                    }
+                }
                 r.header = Some(self.node.header(rev));
                 Ok(Response::new(r))
             }

@@ -9,6 +9,8 @@
 mod cluster;
 mod kv;
 pub mod kv_validate;
+mod lease;
+mod lease_leader;
 mod maintenance;
 mod peer;
 mod unimplemented;
@@ -29,6 +31,7 @@ use tonic::transport::server::TcpIncoming;
 
 pub use cluster::ClusterService;
 pub use kv::KvService;
+pub use lease::LeaseService;
 pub use maintenance::MaintenanceService;
 pub use peer::PeerService;
 pub use watch::WatchService;
@@ -51,7 +54,7 @@ pub async fn serve_clients(
         .add_service(MaintenanceServer::new(MaintenanceService::new(node.clone())).max_decoding_message_size(max))
         .add_service(ClusterServer::new(ClusterService::new(node.clone())).max_decoding_message_size(max))
         .add_service(WatchServer::new(WatchService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(LeaseServer::new(unimplemented::NotYet))
+        .add_service(LeaseServer::new(LeaseService::new(node.clone())).max_decoding_message_size(max))
         .add_service(AuthServer::new(unimplemented::NotYet))
         .add_service(LockServer::new(unimplemented::NotYet))
         .add_service(ElectionServer::new(unimplemented::NotYet))

@@ -4,11 +4,15 @@
 use std::sync::Arc;
 
 use keel_proto::keelpb::peer_server::Peer;
+use keel_proto::etcdserverpb::{
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
 use keel_proto::keelpb::{RaftPayload, RaftRequest, RaftResponse};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use super::lease_leader;
 use crate::node::Node;
 
 /// Peer service of one member.
@@ -56,5 +60,21 @@ impl Peer for PeerService {
             return Err(Status::invalid_argument("forwarded raft request is empty"));
         }
         Ok(Response::new(self.node.propose_entry(req).await?))
+    }
+
+    async fn lease_renew(&self, r: Request<LeaseKeepAliveRequest>) -> Result<Response<LeaseKeepAliveResponse>, Status> {
+        let id = r.into_inner().id;
+        let deadline = tokio::time::Instant::now() + self.node.request_timeout();
+        let ttl = lease_leader::renew_local(&self.node, id, deadline).await?;
+        Ok(Response::new(LeaseKeepAliveResponse { id, ttl, ..Default::default() }))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        r: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let deadline = tokio::time::Instant::now() + self.node.request_timeout();
+        let resp = lease_leader::time_to_live_local(&self.node, r.get_ref(), deadline).await?;
+        Ok(Response::new(resp))
     }
 }

@@ -16,6 +16,7 @@ use openraft::{EntryPayload, StorageIOError, StoredMembership};
 
 use crate::cindex::{self, ConsistentIndex};
 use crate::error::EtcdError;
+use crate::lease::{ApplyOutcome, Lessor};
 use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
@@ -33,6 +34,7 @@ pub struct Applier {
     tree: sled::Tree,
     store: Arc<MvccStore>,
     attributes: Arc<Attributes>,
+    lessor: Arc<Lessor>,
     ci: ConsistentIndex,
     membership: StoredMembership<NodeId, MemberNode>,
     /// Receives the events of every committed revision (watchers on this member).
@@ -40,7 +42,9 @@ pub struct Applier {
 }
 
 impl Applier {
-    /// Loads the applied state (consistent index, membership) from `tree`.
+    /// Loads the applied state (consistent index, membership) from `tree`, with a lessor
+    /// of its own (tests and tools; a member shares its lessor through
+    /// [`Applier::open_with_lessor`]).
     ///
     /// Errors: sled I/O or an undecodable stored value.
     pub fn open(
@@ -48,19 +52,39 @@ impl Applier {
         store: Arc<MvccStore>,
         attributes: Arc<Attributes>,
     ) -> Result<Applier, String> {
+        Applier::open_with_lessor(tree, store, attributes, Arc::new(Lessor::new()))
+    }
+
+    /// Loads the applied state (consistent index, membership) from `tree` and (re)loads
+    /// `lessor` from the same tree and store, so it matches the consistent index.
+    ///
+    /// Errors: sled I/O or an undecodable stored value.
+    pub fn open_with_lessor(
+        tree: sled::Tree,
+        store: Arc<MvccStore>,
+        attributes: Arc<Attributes>,
+        lessor: Arc<Lessor>,
+    ) -> Result<Applier, String> {
         let ci = cindex::load(&tree)?;
         let membership = match tree.get(MEMBERSHIP_KEY).map_err(|e| e.to_string())? {
             Some(v) => bincode::deserialize(&v).map_err(|e| format!("membership: {e}"))?,
             None => StoredMembership::default(),
         };
+        lessor.load(&tree, store.leased_keys())?;
         Ok(Applier {
             tree,
             store,
             attributes,
+            lessor,
             ci,
             membership,
             watch: None,
         })
+    }
+
+    /// The lessor this applier keeps in step with the store.
+    pub fn lessor(&self) -> &Arc<Lessor> {
+        &self.lessor
     }
 
     /// The last log entry whose every request is applied (openraft's last applied).
@@ -182,18 +206,25 @@ impl Applier {
         use raft_response::Response as Rs;
         let log_id = next.applied.or(next.partial.map(|p| p.0)).expect("apply always advances the index");
         let mut w = self.store.write();
+        let lessor = self.lessor.clone();
+        let mut lease_outcome: Option<ApplyOutcome> = None;
         let outcome: Result<Option<Rs>, EtcdError> = match req {
-            Some(Rq::Put(r)) => w.put(r).map(|x| Some(Rs::Put(x))),
+            Some(Rq::Put(r)) => lessor.check_put(r).and_then(|()| w.put(r)).map(|x| Some(Rs::Put(x))),
             Some(Rq::DeleteRange(r)) => w.delete_range(r).map(|x| Some(Rs::DeleteRange(x))),
-            Some(Rq::Txn(r)) => w.txn(r).map(|x| Some(Rs::Txn(x))),
+            Some(Rq::Txn(r)) => w
+                .txn_with_lease_check(r, &|id| lessor.contains(id))
+                .map(|x| Some(Rs::Txn(x))),
             Some(Rq::Compaction(r)) => w.compact(r.revision).map(|x| Some(Rs::Compaction(x))),
             Some(Rq::MemberAttributes(a)) => {
                 Attributes::stage(w.batch_mut(), a);
                 Ok(None)
             }
-            Some(Rq::LeaseGrant(_)) | Some(Rq::LeaseRevoke(_)) => Err(EtcdError::Internal(
-                "keel: this member's version cannot apply lease requests".into(),
-            )),
+            Some(r @ (Rq::LeaseGrant(_) | Rq::LeaseRevoke(_) | Rq::LeaseCheckpoint(_) | Rq::LeaseExpire(_))) => {
+                lessor.apply_request(&mut w, r).map(|(resp, changed)| {
+                    lease_outcome = Some(changed);
+                    Some(resp)
+                })
+            }
             Some(Rq::Batch(_)) => Err(EtcdError::Internal("keel: nested request batches are not allowed".into())),
             None => Ok(None),
         };
@@ -202,6 +233,7 @@ impl Applier {
                 cindex::stage(w.batch_mut(), &next);
                 let committed = w.commit().map_err(|e| StorageIOError::apply(log_id, &e))?;
                 self.ci = next;
+                lessor.publish(lease_outcome, &committed.events);
                 let revision = committed.revision;
                 if let Some(hub) = &self.watch {
                     // Never blocks: slow watchers fall behind and catch up from the store.

@@ -16,7 +16,9 @@
 
 use std::sync::atomic::AtomicI64;
 
-use super::revision::{etcd_rev_bytes, record_key};
+use super::revision::{
+    Revision, etcd_rev_bytes, parse_record_key, record_key, record_key_lower_bound,
+};
 use super::store::View;
 use crate::error::EtcdError;
 
@@ -48,37 +50,73 @@ pub(super) fn hash_kv(
     }
     // etcd hashes nothing but the bucket name for a negative revision.
     let rev = if revision == 0 { view.rev } else { revision };
-    let mut visible: Vec<(i64, u32)> = view
+    let mut held = 0usize;
+    let mut visible: Vec<Revision> = view
         .index
         .iter_all()
-        .filter_map(|(_, h)| h.visible_at(rev).map(|r| (r.main, r.sub)))
+        .filter_map(|(_, h)| {
+            held += h.len();
+            h.visible_at(rev).map(|r| r.revision())
+        })
         .collect();
     visible.sort_unstable();
+    let missing = |r: Revision| {
+        if compact_floor.load(std::sync::atomic::Ordering::Acquire) > rev {
+            EtcdError::Compacted
+        } else {
+            EtcdError::Internal(format!("mvcc: hash: record {r} is missing"))
+        }
+    };
+    let io = |e: sled::Error| EtcdError::Internal(format!("mvcc: hash: {e}"));
     let mut crc = Crc32c::new();
     crc.update(b"key");
-    for (main, sub) in visible {
-        let rv = super::Revision::new(main, i64::from(sub));
-        let value = tree
-            .get(record_key(rv, false))
-            .map_err(|e| EtcdError::Internal(format!("mvcc: hash: {e}")))?;
-        let Some(value) = value else {
-            return Err(
-                if compact_floor.load(std::sync::atomic::Ordering::Acquire) > rev {
-                    EtcdError::Compacted
-                } else {
-                    EtcdError::Internal(format!("mvcc: hash: record {rv} is missing"))
-                },
-            );
+    let mut feed = |r: Revision, value: &[u8]| {
+        crc.update(&etcd_rev_bytes(r, false));
+        crc.update(value);
+    };
+    if visible.len() * 2 >= held {
+        // Dense (e.g. a compacted store): one sequential scan beats a lookup per record.
+        let (Some(first), Some(last)) = (visible.first(), visible.last()) else {
+            return Ok(done(view, rev, crc.finish()));
         };
-        crc.update(&etcd_rev_bytes(rv, false));
-        crc.update(&value);
+        let mut want = visible.iter().peekable();
+        let range = record_key_lower_bound(first.main)..record_key_lower_bound(last.main + 1);
+        for item in tree.range(range) {
+            let (k, v) = item.map_err(io)?;
+            let Some((r, tombstone)) = parse_record_key(&k) else {
+                continue;
+            };
+            let Some(&&w) = want.peek() else { break };
+            if w < r {
+                return Err(missing(w));
+            }
+            if w == r && !tombstone {
+                feed(r, &v);
+                want.next();
+            }
+        }
+        if let Some(&&w) = want.peek() {
+            return Err(missing(w));
+        }
+    } else {
+        for r in visible {
+            let value = tree
+                .get(record_key(r, false))
+                .map_err(io)?
+                .ok_or_else(|| missing(r))?;
+            feed(r, &value);
+        }
     }
-    Ok(HashKv {
-        hash: crc.finish(),
+    Ok(done(view, rev, crc.finish()))
+}
+
+fn done(view: &View, rev: i64, hash: u32) -> HashKv {
+    HashKv {
+        hash,
         compact_revision: view.compact_rev.max(0),
         hash_revision: rev,
         current_revision: view.rev,
-    })
+    }
 }
 
 /// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `data`; the checksum etcd's

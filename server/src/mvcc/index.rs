@@ -415,6 +415,22 @@ impl Index {
         index
     }
 
+    /// Appends `other`, whose keys all sort after this index's keys.
+    ///
+    /// Panics if they do not (a misordered index breaks every lookup).
+    pub fn append(&mut self, other: Index) {
+        if let (Some(a), Some(b)) = (self.chunks.last(), other.chunks.first()) {
+            let last = a.blocks.last().expect("non-empty chunk");
+            assert!(
+                last.key(last.len() - 1) < b.first_key(),
+                "mvcc index: append out of order"
+            );
+        }
+        self.keys += other.keys;
+        self.live += other.live;
+        self.chunks.extend(other.chunks);
+    }
+
     /// The history of `key`, if the index holds it.
     pub fn get(&self, key: &[u8]) -> Option<&KeyHistory> {
         let c = self.chunk_for(key)?;
@@ -653,7 +669,7 @@ impl Index {
                 let old = &chunk.blocks[b];
                 let mut fresh = Block::default();
                 for i in 0..old.len() {
-                    if let Some(kept) = old.history(i).clone().compact(at_rev, removed) {
+                    if let Some(kept) = old.history(i).compact(at_rev, removed) {
                         fresh.push(old.key(i), kept);
                     }
                 }

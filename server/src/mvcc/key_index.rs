@@ -177,13 +177,24 @@ impl KeyHistory {
     /// the open generation); inside it keep from the newest revision `<= at_rev` onwards;
     /// keep all later generations. A tombstone at exactly `at_rev` is therefore kept, so a
     /// watcher starting at the compact revision still sees that delete.
-    pub fn compact(self, at_rev: i64, removed: &mut Vec<RevInfo>) -> Option<KeyHistory> {
+    pub fn compact(&self, at_rev: i64, removed: &mut Vec<RevInfo>) -> Option<KeyHistory> {
         let keep_from = self.keep_from(at_rev);
-        let mut revs = self.older.map(Arc::unwrap_or_clone).unwrap_or_default();
-        revs.push(self.latest);
-        removed.extend_from_slice(&revs[..keep_from]);
-        revs.drain(..keep_from);
-        KeyHistory::from_revisions(revs)
+        if keep_from == 0 {
+            return Some(self.clone());
+        }
+        // Reads the (possibly shared) history; allocates only for what is kept.
+        let older: &[RevInfo] = self.older.as_deref().map_or(&[], |v| v.as_slice());
+        let len = older.len() + 1;
+        removed.extend_from_slice(&older[..keep_from.min(older.len())]);
+        if keep_from == len {
+            removed.push(self.latest);
+            return None;
+        }
+        let kept_older = &older[keep_from..];
+        Some(KeyHistory {
+            latest: self.latest,
+            older: (!kept_older.is_empty()).then(|| Arc::new(kept_older.to_vec())),
+        })
     }
 
     /// Whether [`KeyHistory::compact`] at `at_rev` would remove anything.

@@ -5,17 +5,21 @@
 //!    chunks from a shared counter (so one giant revision cannot leave a thread idle for
 //!    long), scan them from sled and decode each record's key, create revision, version and
 //!    lease without copying its value.
-//! 2. Each thread sorts its records by (key, revision).
-//! 3. The two sorted runs are merged, grouped per key into histories and packed into index
-//!    blocks.
+//! 2. Each thread sorts its records by (key, revision): it sorts `(8 key bytes after the
+//!    run's common prefix, position)` pairs, so most comparisons never touch the key arena,
+//!    then rewrites its run with the keys in sorted order, so later passes read memory
+//!    sequentially.
+//! 3. Both sorted runs are split at a pivot key; each thread merges one half, groups it per
+//!    key into histories and packs it into index blocks; the halves are concatenated.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use super::MvccError;
 use super::backend::decode_meta;
 use super::index::Index;
 use super::key_index::{KeyHistory, RevInfo};
-use super::revision::{RECORD_PREFIX, Revision, parse_record_key, record_key_lower_bound};
+use super::revision::{RECORD_PREFIX, parse_record_key, record_key_lower_bound};
 
 /// Threads used for the rebuild (the target machine class has 2 cores).
 const THREADS: usize = 2;
@@ -26,6 +30,10 @@ const CHUNKS: i64 = 64;
 pub(super) struct Rebuilt {
     pub index: Index,
     pub max_main: i64,
+    /// Records read.
+    pub records: usize,
+    /// Slowest thread's scan+decode time, slowest thread's sort time, merge+build time.
+    pub times: [Duration; 3],
 }
 
 /// Records read by one thread: keys packed in one arena.
@@ -35,6 +43,7 @@ struct Run {
     items: Vec<Item>,
 }
 
+#[derive(Clone, Copy)]
 struct Item {
     start: usize,
     len: u32,
@@ -61,47 +70,74 @@ pub(super) fn rebuild(tree: &sled::Tree) -> Result<Rebuilt, MvccError> {
         return Ok(Rebuilt {
             index: Index::new(),
             max_main: 0,
+            records: 0,
+            times: [Duration::ZERO; 3],
         });
     };
     let span = hi - lo + 1;
     let chunks = span.min(CHUNKS);
     let bound = |i: i64| lo + (span as i128 * i as i128 / chunks as i128) as i64;
     let next = AtomicUsize::new(0);
-    let runs: Vec<Run> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|_| {
-                s.spawn(|| -> Result<Run, MvccError> {
-                    let mut run = Run::default();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed) as i64;
-                        if i >= chunks {
-                            break;
-                        }
-                        scan(tree, bound(i), bound(i + 1), &mut run)?;
-                    }
-                    let arena = &run.arena;
-                    let key = |it: &Item| &arena[it.start..it.start + it.len as usize];
-                    run.items.sort_unstable_by(|a, b| {
-                        key(a)
-                            .cmp(key(b))
-                            .then(a.rev.revision().cmp(&b.rev.revision()))
-                    });
-                    Ok(run)
-                })
-            })
-            .collect();
+    let runs = on_threads(|| -> Result<(Run, Duration, Duration), MvccError> {
+        let started = Instant::now();
+        let mut run = Run::default();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed) as i64;
+            if i >= chunks {
+                break;
+            }
+            scan(tree, bound(i), bound(i + 1), &mut run)?;
+        }
+        let scanned = started.elapsed();
+        let run = sort_run(run);
+        Ok((run, scanned, started.elapsed() - scanned))
+    })?;
+    let scan_time = runs.iter().map(|r| r.1).max().unwrap_or_default();
+    let sort_time = runs.iter().map(|r| r.2).max().unwrap_or_default();
+    let runs: Vec<Run> = runs.into_iter().map(|r| r.0).collect();
+    let records = runs.iter().map(|r| r.items.len()).sum();
+
+    let built = Instant::now();
+    let halves = split_at_pivot(&runs);
+    let next = AtomicUsize::new(0);
+    let mut parts = on_threads(|| -> Result<Vec<(usize, Index)>, MvccError> {
+        let mut mine = Vec::new();
+        loop {
+            let h = next.fetch_add(1, Ordering::Relaxed);
+            let Some(half) = halves.get(h) else { break };
+            mine.push((h, Index::from_sorted(Histories::new(half.clone()))));
+        }
+        Ok(mine)
+    })?
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>();
+    parts.sort_by_key(|(h, _)| *h);
+    let mut index = Index::new();
+    for (_, part) in parts {
+        index.append(part);
+    }
+    Ok(Rebuilt {
+        index,
+        max_main: hi,
+        records,
+        times: [scan_time, sort_time, built.elapsed()],
+    })
+}
+
+/// Runs `work` on [`THREADS`] scoped threads and collects the results.
+fn on_threads<T: Send>(
+    work: impl Fn() -> Result<T, MvccError> + Sync,
+) -> Result<Vec<T>, MvccError> {
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS).map(|_| s.spawn(&work)).collect();
         workers
             .into_iter()
             .map(|w| {
                 w.join()
                     .map_err(|_| MvccError::Rebuild("rebuild thread panicked".into()))?
             })
-            .collect::<Result<Vec<_>, _>>()
-    })?;
-    let index = Index::from_sorted(Histories::new(&runs));
-    Ok(Rebuilt {
-        index,
-        max_main: hi,
+            .collect()
     })
 }
 
@@ -138,33 +174,117 @@ fn scan(tree: &sled::Tree, lo: i64, hi: i64, run: &mut Run) -> Result<(), MvccEr
     Ok(())
 }
 
+/// Sorts a run by (key, revision) and rewrites it with its keys in that order.
+fn sort_run(run: Run) -> Run {
+    let n = run.items.len();
+    if n == 0 {
+        return run;
+    }
+    // Every key shares the common prefix of the smallest and the largest key.
+    let (mut min, mut max) = (&run.items[0], &run.items[0]);
+    for it in &run.items[1..] {
+        if run.key(it) < run.key(min) {
+            min = it;
+        }
+        if run.key(it) > run.key(max) {
+            max = it;
+        }
+    }
+    let common = run
+        .key(min)
+        .iter()
+        .zip(run.key(max))
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut order: Vec<(u64, u32)> = run
+        .items
+        .iter()
+        .enumerate()
+        .map(|(i, it)| (prefix8(&run.key(it)[common..]), i as u32))
+        .collect();
+    order.sort_unstable_by(|a, b| {
+        a.0.cmp(&b.0).then_with(|| {
+            let (x, y) = (&run.items[a.1 as usize], &run.items[b.1 as usize]);
+            run.key(x)
+                .cmp(run.key(y))
+                .then(x.rev.revision().cmp(&y.rev.revision()))
+        })
+    });
+    let mut sorted = Run {
+        arena: Vec::with_capacity(run.arena.len()),
+        items: Vec::with_capacity(n),
+    };
+    for (_, i) in order {
+        let it = run.items[i as usize];
+        let start = sorted.arena.len();
+        sorted.arena.extend_from_slice(run.key(&it));
+        sorted.items.push(Item { start, ..it });
+    }
+    sorted
+}
+
+/// The first 8 bytes of `rest`, zero-padded, as a big-endian number: comparing these
+/// numbers orders keys with a common prefix like comparing the keys, up to ties.
+fn prefix8(rest: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = rest.len().min(8);
+    b[..n].copy_from_slice(&rest[..n]);
+    u64::from_be_bytes(b)
+}
+
+/// A sorted run, or a slice of one.
+type Part<'a> = Vec<(&'a Run, &'a [Item])>;
+
+/// Splits the sorted runs into two key-disjoint halves at a pivot key: the middle key of
+/// the largest run. Every record of a key lands in the same half.
+fn split_at_pivot(runs: &[Run]) -> [Part<'_>; 2] {
+    let Some(big) = runs
+        .iter()
+        .max_by_key(|r| r.items.len())
+        .filter(|r| !r.items.is_empty())
+    else {
+        return [Vec::new(), Vec::new()];
+    };
+    let pivot = big.key(&big.items[big.items.len() / 2]);
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    for run in runs {
+        let cut = run.items.partition_point(|it| run.key(it) < pivot);
+        low.push((run, &run.items[..cut]));
+        high.push((run, &run.items[cut..]));
+    }
+    [low, high]
+}
+
 /// Merges sorted runs into `(key, history)` in key order.
 struct Histories<'a> {
-    runs: &'a [Run],
+    runs: Part<'a>,
     pos: Vec<usize>,
+    revs: Vec<RevInfo>,
 }
 
 impl<'a> Histories<'a> {
-    fn new(runs: &'a [Run]) -> Histories<'a> {
+    fn new(runs: Part<'a>) -> Histories<'a> {
+        let pos = vec![0; runs.len()];
         Histories {
             runs,
-            pos: vec![0; runs.len()],
+            pos,
+            revs: Vec::new(),
         }
     }
 
-    /// The run whose next record is smallest by (key, revision).
-    fn smallest(&self) -> Option<usize> {
-        let mut best: Option<(usize, &[u8], Revision)> = None;
-        for (r, run) in self.runs.iter().enumerate() {
-            let Some(it) = run.items.get(self.pos[r]) else {
+    /// The run whose next record is smallest by (key, revision), with that record.
+    fn smallest(&self) -> Option<(usize, &'a [u8], RevInfo)> {
+        let mut best: Option<(usize, &'a [u8], RevInfo)> = None;
+        for (r, &(run, items)) in self.runs.iter().enumerate() {
+            let Some(it) = items.get(self.pos[r]) else {
                 continue;
             };
-            let cand = (run.key(it), it.rev.revision());
-            if best.is_none_or(|(_, k, rv)| cand < (k, rv)) {
-                best = Some((r, cand.0, cand.1));
+            let key = run.key(it);
+            if best.is_none_or(|(_, k, rv)| (key, it.rev.revision()) < (k, rv.revision())) {
+                best = Some((r, key, it.rev));
             }
         }
-        best.map(|(r, _, _)| r)
+        best
     }
 }
 
@@ -172,25 +292,27 @@ impl<'a> Iterator for Histories<'a> {
     type Item = (&'a [u8], KeyHistory);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let first = self.smallest()?;
-        let runs = self.runs;
-        let key = runs[first].key(&runs[first].items[self.pos[first]]);
-        let mut revs = Vec::new();
-        while let Some(r) = self.smallest() {
-            let it = &runs[r].items[self.pos[r]];
-            if runs[r].key(it) != key {
+        let (_, key, _) = self.smallest()?;
+        self.revs.clear();
+        while let Some((r, k, rev)) = self.smallest() {
+            if k != key {
                 break;
             }
-            revs.push(it.rev);
+            self.revs.push(rev);
             self.pos[r] += 1;
         }
-        KeyHistory::from_revisions(revs).map(|h| (key, h))
+        let history = match self.revs.as_slice() {
+            [only] => KeyHistory::new(*only),
+            revs => KeyHistory::from_revisions(revs.to_vec())?,
+        };
+        Some((key, history))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mvcc::Revision;
     use crate::mvcc::backend::{encode_put, encode_tombstone};
     use crate::mvcc::revision::record_key;
     use keel_proto::mvccpb::KeyValue;
@@ -286,6 +408,53 @@ mod tests {
             .map(|x| x.sub)
             .collect();
         assert_eq!(subs, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn sort_run_orders_keys_that_share_long_prefixes_or_prefix_each_other() {
+        let base = "/registry/very/long/common/prefix/";
+        let mut keys: Vec<Vec<u8>> = vec![
+            format!("{base}a").into_bytes(),
+            format!("{base}a\0").into_bytes(),
+            format!("{base}a\0\0").into_bytes(),
+            format!("{base}a\0\0\0\0\0\0\0\0\x01").into_bytes(),
+            format!("{base}a\0\0\0\0\0\0\0\0").into_bytes(),
+            format!("{base}ab").into_bytes(),
+            format!("{base}abcdefgh1").into_bytes(),
+            format!("{base}abcdefgh0").into_bytes(),
+            [base.as_bytes(), &[0xff]].concat(),
+            base.as_bytes().to_vec(),
+        ];
+        keys.extend((0..300).map(|i| format!("{base}k{:05}", (i * 37) % 300).into_bytes()));
+        let mut run = Run::default();
+        for (i, k) in keys.iter().enumerate() {
+            let start = run.arena.len();
+            run.arena.extend_from_slice(k);
+            let rev = RevInfo::put(Revision::new(2 + (i % 7) as i64, i as i64), 2, 1, 0);
+            run.items.push(Item {
+                start,
+                len: k.len() as u32,
+                rev,
+            });
+        }
+        // The same key twice, revisions out of order.
+        let start = run.arena.len();
+        run.arena.extend_from_slice(&keys[0]);
+        run.items.push(Item {
+            start,
+            len: keys[0].len() as u32,
+            rev: RevInfo::put(Revision::new(1, 0), 1, 1, 0),
+        });
+        let sorted = sort_run(run);
+        let got: Vec<(Vec<u8>, Revision)> = sorted
+            .items
+            .iter()
+            .map(|it| (sorted.key(it).to_vec(), it.rev.revision()))
+            .collect();
+        let mut want = got.clone();
+        want.sort();
+        assert_eq!(got, want);
+        assert_eq!(got.len(), keys.len() + 1);
     }
 
     #[test]

@@ -117,6 +117,10 @@ impl MvccStore {
         let physical = if records.is_empty() { compact_rev } else { -1 };
         let compactor = Compactor::start(tree.clone(), physical).map_err(MvccError::Thread)?;
         tracing::info!(
+            records = rebuilt.records,
+            scan_ms = rebuilt.times[0].as_millis() as u64,
+            sort_ms = rebuilt.times[1].as_millis() as u64,
+            build_ms = rebuilt.times[2].as_millis() as u64,
             keys = rebuilt.index.keys(),
             revision = rev,
             compact_revision = compact_rev,

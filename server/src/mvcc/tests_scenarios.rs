@@ -1643,3 +1643,51 @@ fn reopen_finishes_an_interrupted_compaction() {
     );
     assert_eq!(record_count(&f), all.len() - removed.len());
 }
+
+#[test]
+fn a_missing_record_is_compacted_only_if_a_compaction_passed_the_read_revision() {
+    use std::sync::atomic::Ordering;
+    let f = fixture();
+    f.put("a", "1"); // 2
+    f.put("b", "1"); // 3
+    f.put("a", "2"); // 4
+    let tree = f.db.open_tree("keel").unwrap();
+    // Simulate the record of b@3 vanishing under a reader.
+    let rkey = crate::mvcc::revision::record_key(crate::mvcc::Revision::new(3, 0), false);
+    let saved = tree.remove(&rkey).unwrap().unwrap();
+    let read_b = rq("b", "");
+    let internal = |e: EtcdError| matches!(e, EtcdError::Internal(_));
+    assert!(internal(f.get(read_b.clone()).unwrap_err()));
+    let mut keys_only = read_b.clone();
+    keys_only.keys_only = true;
+    assert_eq!(
+        f.get(keys_only).unwrap().count,
+        1,
+        "keys_only reads no record"
+    );
+    assert!(internal(f.store.hash_kv(0).unwrap_err()), "dense path");
+    assert!(internal(f.store.hash_kv(3).unwrap_err()));
+    // A compaction past the read revision explains the missing record.
+    f.store.compact_floor.store(10, Ordering::Release);
+    assert_eq!(f.get(read_b).unwrap_err(), EtcdError::Compacted);
+    assert_eq!(f.store.hash_kv(0).unwrap_err(), EtcdError::Compacted);
+    f.store.compact_floor.store(-1, Ordering::Release);
+    tree.insert(&rkey, saved).unwrap();
+    assert_eq!(f.get(rq("b", "")).unwrap().kvs[0].value, b"1");
+    // Sparse path: more history than visible revisions.
+    for v in ["3", "4", "5", "6"] {
+        f.put("a", v);
+    }
+    let a_rev = crate::mvcc::revision::record_key(crate::mvcc::Revision::new(8, 0), false);
+    tree.remove(&a_rev).unwrap().unwrap();
+    assert!(internal(f.store.hash_kv(0).unwrap_err()), "sparse path");
+}
+
+#[test]
+fn store_is_shareable_and_write_txn_is_send() {
+    fn shareable<T: Send + Sync>() {}
+    fn sendable<T: Send>() {}
+    shareable::<MvccStore>();
+    shareable::<std::sync::Arc<MvccStore>>();
+    sendable::<super::WriteTxn<'static>>();
+}

@@ -148,7 +148,8 @@ impl StateMachine {
                 self.attributes.publish(a);
             }
         }
-        self.applier = Applier::open(tree, store.clone(), self.attributes.clone())
+        let lessor = self.applier.lessor().clone();
+        self.applier = Applier::open_with_lessor(tree, store.clone(), self.attributes.clone(), lessor)
             .map_err(|e| err(&io::Error::other(e)))?;
         self.shared.set(store);
         if let Some(hub) = watch {

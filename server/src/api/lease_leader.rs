@@ -1,0 +1,278 @@
+//! Lease calls that only the leader can answer, because only it holds deadlines: a
+//! keepalive ([`renew`]) and TimeToLive's remaining TTL ([`time_to_live`]).
+//!
+//! On the leader they run against the local [`crate::lease::Lessor`]; on a follower they
+//! are forwarded to the leader over the peer protocol (`keelpb.Peer/LeaseRenew`,
+//! `LeaseTimeToLive`; etcd forwards both to the leader over HTTP the same way). A
+//! member that just won an election answers once its schedule is built (it has applied its
+//! term's first entry). Every wait is bounded by etcd's request timeout.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_proto::etcdserverpb::{
+    LeaseCheckpoint, LeaseCheckpointRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest,
+    LeaseTimeToLiveResponse,
+};
+use keel_proto::keelpb::peer_client::PeerClient;
+use keel_proto::keelpb::raft_request::Request as Rq;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::EtcdError;
+use crate::lease::{LeaseId, Remaining, Renewal};
+use crate::node::Node;
+use crate::raft::types::NodeId;
+
+/// Longest pause between two attempts of a leader-only call.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// A cached peer channel to the current leader (one HTTP/2 connection reused by every
+/// forwarded keepalive).
+#[derive(Clone, Default)]
+pub struct LeaderClient {
+    cached: Arc<Mutex<Option<CachedPeer>>>,
+}
+
+/// A leader's peer URL and a client on a channel to it.
+type CachedPeer = (String, PeerClient<Channel>);
+
+impl LeaderClient {
+    fn client(&self, url: &str) -> Result<PeerClient<Channel>, EtcdError> {
+        let mut cached = self.cached.lock().expect("leader client lock");
+        if let Some((_, c)) = cached.as_ref().filter(|(u, _)| u == url) {
+            return Ok(c.clone());
+        }
+        let channel = Endpoint::from_shared(url.to_string())
+            .map_err(|e| EtcdError::Internal(format!("bad leader peer URL {url}: {e}")))?
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let client = PeerClient::new(channel);
+        *cached = Some((url.to_string(), client.clone()));
+        Ok(client)
+    }
+}
+
+/// Where a leader-only call goes now.
+enum Route {
+    Local,
+    Remote(String),
+    NoLeader,
+}
+
+fn route(node: &Node) -> Route {
+    let m = node.raft.metrics().borrow().clone();
+    match m.current_leader {
+        Some(l) if l == node.id => Route::Local,
+        Some(l) => match leader_url(&m, l) {
+            Some(url) => Route::Remote(url),
+            None => Route::NoLeader,
+        },
+        None => Route::NoLeader,
+    }
+}
+
+fn leader_url(
+    m: &openraft::RaftMetrics<NodeId, crate::raft::types::MemberNode>,
+    leader: NodeId,
+) -> Option<String> {
+    m.membership_config
+        .membership()
+        .get_node(&leader)?
+        .peer_urls
+        .first()
+        .cloned()
+}
+
+/// Pauses a retry until the raft metrics change (e.g. a leader is elected) or 100 ms pass.
+///
+/// Errors: at `deadline`, `NoLeader` if no leader is known, else `Timeout`; `Stopped` on
+/// shutdown.
+async fn pause(node: &Node, deadline: Instant) -> Result<(), EtcdError> {
+    let mut metrics = node.raft.metrics();
+    let wake = (Instant::now() + RETRY_PAUSE).min(deadline);
+    if let Ok(Err(_)) = tokio::time::timeout_at(wake, metrics.changed()).await {
+        return Err(EtcdError::Stopped);
+    }
+    if Instant::now() >= deadline {
+        return Err(if metrics.borrow().current_leader.is_none() {
+            EtcdError::NoLeader
+        } else {
+            EtcdError::Timeout
+        });
+    }
+    Ok(())
+}
+
+/// Whether this member is raft leader now.
+fn leads(node: &Node) -> bool {
+    node.raft.metrics().borrow().current_leader == Some(node.id)
+}
+
+/// Renews lease `id` and returns its TTL in seconds, 0 if the lease does not exist or has
+/// expired (etcd `LeaseKeepAlive`). See the module docs.
+///
+/// Errors: `NoLeader`/`Timeout` if no leader answers within the request timeout,
+/// `Stopped` on shutdown, or the error of committing a clearing checkpoint.
+pub async fn renew(node: &Node, leader: &LeaderClient, id: LeaseId) -> Result<i64, EtcdError> {
+    let deadline = Instant::now() + node.request_timeout();
+    loop {
+        let attempt = match route(node) {
+            Route::Local => renew_local(node, id, deadline).await,
+            Route::Remote(url) => forward_renew(leader, &url, id, deadline).await,
+            Route::NoLeader => Err(EtcdError::NotLeader),
+        };
+        match attempt {
+            Err(EtcdError::NotLeader) => pause(node, deadline).await?,
+            other => return other,
+        }
+    }
+}
+
+/// Renews `id` on this member, which must be the leader. Waits for the schedule if the
+/// member was just elected, and for the revocation if the lease already expired.
+///
+/// Errors: `NotLeader` if this member does not lead (any more); `Timeout` at `deadline`.
+pub async fn renew_local(node: &Node, id: LeaseId, deadline: Instant) -> Result<i64, EtcdError> {
+    loop {
+        let mut changes = node.lessor.changes();
+        match node.lessor.renew(id) {
+            Renewal::Renewed {
+                ttl,
+                clear_checkpoint,
+            } => {
+                if clear_checkpoint {
+                    let cp = LeaseCheckpoint {
+                        id,
+                        remaining_ttl: 0,
+                    };
+                    let req = Rq::LeaseCheckpoint(LeaseCheckpointRequest {
+                        checkpoints: vec![cp],
+                    });
+                    node.propose(req).await?;
+                }
+                return Ok(ttl);
+            }
+            Renewal::NotFound => return Ok(0),
+            Renewal::NotPrimary if !leads(node) => return Err(EtcdError::NotLeader),
+            Renewal::NotPrimary | Renewal::Expired => {}
+        }
+        // Expired (its revocation is pending) or elected but not yet primary: wait for the
+        // lessor to change, re-checking leadership at least every 100 ms.
+        let wake = (Instant::now() + RETRY_PAUSE).min(deadline);
+        let _ = tokio::time::timeout_at(wake, changes.changed()).await;
+        if Instant::now() >= deadline {
+            return Err(EtcdError::Timeout);
+        }
+    }
+}
+
+async fn forward_renew(
+    leader: &LeaderClient,
+    url: &str,
+    id: LeaseId,
+    deadline: Instant,
+) -> Result<i64, EtcdError> {
+    let mut client = leader.client(url)?;
+    let mut req = tonic::Request::new(LeaseKeepAliveRequest { id });
+    req.set_timeout(deadline.saturating_duration_since(Instant::now()));
+    match client.lease_renew(req).await {
+        Ok(r) => Ok(r.into_inner().ttl),
+        Err(s) if s.code() == tonic::Code::Unavailable => {
+            // The leader is gone or busy: the caller retries, with the leader raft knows then.
+            tracing::debug!(leader = url, "lease keepalive forward failed: {s}");
+            Err(EtcdError::NotLeader)
+        }
+        Err(s) => Err(EtcdError::from_parts(s.code() as i32, s.message())),
+    }
+}
+
+/// `LeaseTimeToLive` answered by the leader: the lease's granted TTL, its remaining TTL
+/// in whole seconds from the leader's schedule, and its keys if asked; TTL -1 when there is
+/// no such lease (etcd 3.4 answers a follower's TimeToLive from the leader the same way).
+/// The header is left for the caller.
+///
+/// Errors: as [`renew`].
+pub async fn time_to_live(
+    node: &Node,
+    leader: &LeaderClient,
+    req: &LeaseTimeToLiveRequest,
+) -> Result<LeaseTimeToLiveResponse, EtcdError> {
+    let deadline = Instant::now() + node.request_timeout();
+    loop {
+        let attempt = match route(node) {
+            Route::Local => time_to_live_local(node, req, deadline).await,
+            Route::Remote(url) => forward_time_to_live(leader, &url, req, deadline).await,
+            Route::NoLeader => Err(EtcdError::NotLeader),
+        };
+        match attempt {
+            Err(EtcdError::NotLeader) => pause(node, deadline).await?,
+            other => return other,
+        }
+    }
+}
+
+/// [`time_to_live`] on this member, which must be the leader: a read barrier (so every
+/// committed grant and revocation is applied here), then the lessor and its schedule.
+///
+/// Errors: `NotLeader` if this member does not lead; `Timeout` at `deadline`.
+pub async fn time_to_live_local(
+    node: &Node,
+    req: &LeaseTimeToLiveRequest,
+    deadline: Instant,
+) -> Result<LeaseTimeToLiveResponse, EtcdError> {
+    if !leads(node) {
+        return Err(EtcdError::NotLeader);
+    }
+    node.read_barrier().await?;
+    let not_found = LeaseTimeToLiveResponse {
+        id: req.id,
+        ttl: -1,
+        ..Default::default()
+    };
+    loop {
+        let mut changes = node.lessor.changes();
+        let Some(info) = node.lessor.info(req.id, req.keys) else {
+            return Ok(not_found);
+        };
+        match node.lessor.remaining(req.id) {
+            Remaining::Secs(ttl) => {
+                return Ok(LeaseTimeToLiveResponse {
+                    header: None,
+                    id: req.id,
+                    ttl,
+                    granted_ttl: info.ttl,
+                    keys: info.keys,
+                });
+            }
+            Remaining::NotFound => return Ok(not_found),
+            Remaining::NotPrimary if !leads(node) => return Err(EtcdError::NotLeader),
+            Remaining::NotPrimary => {}
+        }
+        // Elected but the schedule is not built yet.
+        let wake = (Instant::now() + RETRY_PAUSE).min(deadline);
+        let _ = tokio::time::timeout_at(wake, changes.changed()).await;
+        if Instant::now() >= deadline {
+            return Err(EtcdError::Timeout);
+        }
+    }
+}
+
+async fn forward_time_to_live(
+    leader: &LeaderClient,
+    url: &str,
+    req: &LeaseTimeToLiveRequest,
+    deadline: Instant,
+) -> Result<LeaseTimeToLiveResponse, EtcdError> {
+    let mut client = leader.client(url)?;
+    let mut request = tonic::Request::new(*req);
+    request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+    match client.lease_time_to_live(request).await {
+        Ok(r) => Ok(r.into_inner()),
+        Err(s) if s.code() == tonic::Code::Unavailable => {
+            tracing::debug!(leader = url, "lease TimeToLive forward failed: {s}");
+            Err(EtcdError::NotLeader)
+        }
+        Err(s) => Err(EtcdError::from_parts(s.code() as i32, s.message())),
+    }
+}
