@@ -350,6 +350,14 @@ impl WatchHub {
         if deliveries.is_empty() {
             return;
         }
+        if events.len() > 1 {
+            // Responses in the order of each watcher's first event, so a stream with several
+            // watchers sees a txn's responses in the txn's order (etcd's order is a Go map's).
+            deliveries.sort_by_key(|(id, sel)| match sel {
+                Selection::All => (0, *id),
+                Selection::Some(idx) => (idx[0], *id),
+            });
+        }
         let mut events = events;
         let prev_failed = self.fill_prev_kv(&mut events, &need_prev, revision);
         let sizes: Vec<usize> = events.iter().map(|e| e.encoded_len() + 4).collect();

@@ -248,6 +248,23 @@ fn txn_events_share_one_response() {
 }
 
 #[test]
+fn one_txn_reaches_several_watchers_in_txn_order() {
+    let h = Harness::new(WatchConfig::default());
+    let (mut s, mut out) = WatchStream::new(h.hub.clone());
+    // Created in the opposite order of the txn's writes.
+    for key in ["c", "b", "a"] {
+        s.handle(request(create(key)));
+    }
+    drain(&mut out);
+    for _ in 0..5 {
+        let r = h.txn(&[("a", Some("1")), ("b", Some("2")), ("c", Some("3"))]);
+        let got = drain(&mut out);
+        let order: Vec<(i64, i64)> = got.iter().map(|x| (x.watch_id, header_rev(x))).collect();
+        assert_eq!(order, vec![(2, r), (1, r), (0, r)]);
+    }
+}
+
+#[test]
 fn watch_ids_auto_client_chosen_and_duplicate() {
     let h = Harness::new(WatchConfig::default());
     let rev = h.hub.current_revision();
