@@ -167,7 +167,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         // Entries at or below the purge point are already in the applied state (a snapshot or
         // the store); the WAL keeps only what follows it.
-        let purged = self.meta::<LogId>(META_PURGED)?.map(|l| l.index);
+        let purged = self.wal.purged_index();
         let encoded: Vec<(u64, Vec<u8>)> = entries
             .into_iter()
             .filter(|e| purged.is_none_or(|p| e.log_id.index > p))

@@ -109,10 +109,8 @@ pub fn read_records(
 }
 
 /// [`verify`], then [`read_records`]: `each` runs only for a file whose CRC matched.
-pub fn load(
-    file: &mut File,
-    each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>,
-) -> io::Result<Meta> {
+#[cfg(test)]
+fn load(file: &mut File, each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {
     verify(file)?;
     read_records(file, each)
 }
