@@ -1,0 +1,248 @@
+//! keel-client against a real single-member `keel` process.
+//!
+//! The binary is `$KEEL_BIN` if set, else `keel` in this test's profile directory of the
+//! target dir (`target/<profile>/keel`, found from the test executable's path). `cargo test
+//! --workspace` builds it (keel-server's own end-to-end tests need it); alone, run
+//! `cargo build -p keel-server` (add `--release` for release tests) first.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use keel_client::etcdserverpb::{Compare, RequestOp, TxnRequest, compare, request_op};
+use keel_client::{Client, ClientError, ClientOptions, Consistency, RetryPolicy};
+
+struct Keel {
+    child: Child,
+    endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Keel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn keel_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("KEEL_BIN") {
+        return p.into();
+    }
+    // <target>/<profile>/deps/<test binary>
+    let exe = std::env::current_exe().expect("test executable path");
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("keel"))
+        .expect("target/<profile> directory");
+    assert!(
+        bin.exists(),
+        "{} not found: run `cargo build -p keel-server` (same profile) or set KEEL_BIN",
+        bin.display()
+    );
+    bin
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+async fn start_keel() -> Keel {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (client, peer) = (free_port(), free_port());
+    let curl = format!("http://127.0.0.1:{client}");
+    let purl = format!("http://127.0.0.1:{peer}");
+    let child = Command::new(keel_bin())
+        .args(["--name", "k1", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args([
+            "--listen-client-urls",
+            &curl,
+            "--advertise-client-urls",
+            &curl,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &purl,
+            "--initial-advertise-peer-urls",
+            &purl,
+        ])
+        .args(["--initial-cluster", &format!("k1={purl}")])
+        .args(["--initial-cluster-state", "new"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn keel");
+    let keel = Keel {
+        child,
+        endpoint: format!("127.0.0.1:{client}"),
+        _dir: dir,
+    };
+    // Ready when a linearizable read succeeds (a leader exists and the API serves).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(c) = Client::connect(&[&keel.endpoint], ClientOptions::default()).await
+            && c.get("ready", Consistency::Linearizable).await.is_ok()
+        {
+            return keel;
+        }
+        assert!(Instant::now() < deadline, "keel not ready within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn typed_calls_round_trip() {
+    let keel = start_keel().await;
+    let c = Client::connect(
+        &[&keel.endpoint],
+        ClientOptions {
+            conns: 3,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("connect");
+    assert_eq!(c.conns(), 3);
+
+    let p1 = c.put("k", "v1").await.expect("put");
+    let p2 = c.put("k", "v2").await.expect("put");
+    let rev2 = p2.header.expect("header").revision;
+    assert_eq!(rev2, p1.header.expect("header").revision + 1);
+
+    for consistency in [Consistency::Linearizable, Consistency::Serializable] {
+        let r = c.get("k", consistency).await.expect("get");
+        assert_eq!(r.kvs.len(), 1);
+        assert_eq!(r.kvs[0].value, b"v2");
+        assert_eq!(r.kvs[0].mod_revision, rev2);
+        assert_eq!(r.kvs[0].version, 2);
+    }
+
+    let txn = TxnRequest {
+        compare: vec![Compare {
+            key: b"k".to_vec(),
+            result: compare::CompareResult::Equal as i32,
+            target: compare::CompareTarget::Value as i32,
+            target_union: Some(compare::TargetUnion::Value(b"v2".to_vec())),
+            ..Default::default()
+        }],
+        success: vec![RequestOp {
+            request: Some(request_op::Request::RequestPut(
+                keel_client::etcdserverpb::PutRequest {
+                    key: b"k".to_vec(),
+                    value: b"v3".to_vec(),
+                    ..Default::default()
+                },
+            )),
+        }],
+        failure: vec![],
+    };
+    assert!(c.txn(txn.clone()).await.expect("txn").succeeded);
+    assert!(!c.txn(txn).await.expect("txn").succeeded, "value is v3 now");
+
+    assert_eq!(c.delete("k").await.expect("delete").deleted, 1);
+    assert_eq!(c.delete("k").await.expect("delete").deleted, 0);
+
+    c.compact(rev2, false).await.expect("compact");
+    let again = c.compact(rev2, false).await.expect_err("compacted twice");
+    assert_eq!(again.kind(), "compacted");
+    assert!(!again.may_have_applied());
+
+    let bad = c.put("", "v").await.expect_err("empty key");
+    assert_eq!(bad.kind(), "rejected_invalid_argument");
+    assert!(!bad.may_have_applied());
+}
+
+#[tokio::test]
+async fn watch_and_lease_streams() {
+    let keel = start_keel().await;
+    let c = Client::connect(&[&keel.endpoint], ClientOptions::default())
+        .await
+        .expect("connect");
+    let mut w = c.watch_key("w", "", 0).await.expect("watch");
+    let put = c.put("w", "x").await.expect("put");
+    let events = tokio::time::timeout(Duration::from_secs(10), w.next())
+        .await
+        .expect("event within 10 s")
+        .expect("stream")
+        .expect("response");
+    assert_eq!(events.events.len(), 1);
+    let kv = events.events[0].kv.as_ref().expect("kv");
+    assert_eq!(kv.key, b"w");
+    assert_eq!(kv.mod_revision, put.header.expect("header").revision);
+
+    let grant = c.lease_grant(30).await.expect("grant");
+    assert_eq!(grant.ttl, 30);
+    let mut ka = c.lease_keep_alive(grant.id).await.expect("keep-alive");
+    let r = ka.keep_alive_once().await.expect("renew");
+    assert_eq!(r.id, grant.id);
+    assert!(r.ttl > 0 && r.ttl <= 30, "ttl {}", r.ttl);
+    c.lease_revoke(grant.id).await.expect("revoke");
+    let r = ka.keep_alive_once().await.expect("renew revoked");
+    assert_eq!(r.ttl, 0, "a revoked lease renews with ttl 0");
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_is_skipped_by_retries() {
+    let keel = start_keel().await;
+    // Nothing listens on `dead` (bound, then released).
+    let dead = format!("127.0.0.1:{}", free_port());
+    let c = Client::connect(
+        &[dead.as_str(), keel.endpoint.as_str()],
+        ClientOptions {
+            conns: 2,
+            connect_timeout: Duration::from_millis(500),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("one endpoint is up");
+    // Round robin sends every other first attempt to the dead member: a connect failure
+    // proves the request was not sent, so reads and writes alike move on to the live one.
+    for i in 0..6 {
+        c.put(format!("r{i}"), "v").await.expect("put retried");
+        c.get(format!("r{i}"), Consistency::Linearizable)
+            .await
+            .expect("get retried");
+    }
+
+    let dead_only = c.on_member(0).expect("member 0");
+    assert_eq!(dead_only.endpoints(), std::slice::from_ref(&dead));
+    let err = dead_only.put("x", "v").await.expect_err("dead member");
+    assert!(
+        matches!(&err, ClientError::NotSent { endpoint, .. } if *endpoint == dead),
+        "{err:?}"
+    );
+    assert!(!err.may_have_applied());
+    assert!(c.on_member(2).is_none());
+
+    let no_retry = Client::connect(
+        &[dead.as_str(), keel.endpoint.as_str()],
+        ClientOptions {
+            conns: 2,
+            retry: RetryPolicy::none(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("connect");
+    let mut not_sent = 0;
+    for _ in 0..4 {
+        if let Err(e) = no_retry.get("x", Consistency::Serializable).await {
+            assert_eq!(e.kind(), "not_sent");
+            not_sent += 1;
+        }
+    }
+    assert_eq!(not_sent, 2, "half of the round robin hits the dead member");
+
+    let err = Client::connect(&[dead.as_str()], ClientOptions::default())
+        .await
+        .err()
+        .expect("nothing to connect to");
+    assert_eq!(err.kind(), "not_sent");
+}
