@@ -1,3 +1,4 @@
 //! Keel benchmarks.
 
+pub mod keel_bench;
 pub mod local_cluster;

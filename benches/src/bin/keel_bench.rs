@@ -1,0 +1,159 @@
+//! `keel-bench`: etcd-`benchmark`-style load generator (see `keel_benches::keel_bench`).
+//!
+//! ```sh
+//! keel-bench --endpoints 127.0.0.1:2379,127.0.0.1:22379 --clients 64 --conns 8 \
+//!     --total 100000 --key-size 16 --key-space-size 100000 --val-size 256 put
+//! keel-bench --duration 10s --clients 64 range --key foo --consistency s --json
+//! ```
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use keel_benches::keel_bench::cli::{Cli, ConsistencyArg, Workload};
+use keel_benches::keel_bench::keys::KeyGen;
+use keel_benches::keel_bench::report::{Latency, Summary, over_slow_share};
+use keel_benches::keel_bench::runner::{self, Plan, Stop};
+use keel_benches::keel_bench::watch;
+use keel_benches::keel_bench::workloads::{KvRequest, KvWorker, LeaseWorker, read_share};
+use keel_client::{Client, ClientError, ClientOptions, RetryPolicy};
+
+/// Lease TTL of `lease-keepalive`, seconds (long enough never to expire during a run).
+const LEASE_TTL_S: i64 = 300;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(summary) => {
+            if summary.ok == 0 {
+                eprintln!("keel-bench: no request succeeded");
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("keel-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<Summary, ClientError> {
+    let g = &cli.global;
+    let clients = g.clients.max(1);
+    let client = Client::connect(
+        &g.endpoints,
+        ClientOptions {
+            conns: g.conns.max(1),
+            request_timeout: g.request_timeout,
+            // A benchmark counts every error; retries would hide them.
+            retry: RetryPolicy::none(),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let plan = Plan {
+        stop: g.duration.map_or(Stop::Total(g.total), Stop::Duration),
+        rate: (g.rate > 0.0).then_some(g.rate),
+        progress: !g.json && std::io::stderr().is_terminal(),
+    };
+    // Workers start at spread-out positions so sequential keys do not collide.
+    let keys = |i: usize| {
+        KeyGen::new(
+            g.key_size,
+            g.key_space_size,
+            g.sequential_keys,
+            i as u64 * g.key_space_size / clients as u64,
+        )
+    };
+    let kv = |request: KvRequest| -> Vec<KvWorker> {
+        (0..clients)
+            .map(|i| {
+                KvWorker::new(
+                    client.clone(),
+                    request.clone(),
+                    keys(i),
+                    g.val_size,
+                    i as u64,
+                )
+            })
+            .collect()
+    };
+    let serializable = |c: ConsistencyArg| c == ConsistencyArg::S;
+    let (outcome, events) = match &cli.workload {
+        Workload::Put => (runner::run(&plan, kv(KvRequest::Put)).await, None),
+        Workload::Range {
+            key,
+            end,
+            consistency,
+        } => {
+            let request = KvRequest::Range {
+                key: key.as_ref().map(|k| k.as_bytes().to_vec()),
+                end: end.as_deref().unwrap_or("").as_bytes().to_vec(),
+                serializable: serializable(*consistency),
+            };
+            (runner::run(&plan, kv(request)).await, None)
+        }
+        Workload::TxnPut { txn_ops } => {
+            let request = KvRequest::TxnPut { ops: *txn_ops };
+            (runner::run(&plan, kv(request)).await, None)
+        }
+        Workload::TxnMixed {
+            rw_ratio,
+            consistency,
+        } => {
+            let request = KvRequest::TxnMixed {
+                read_share: read_share(*rw_ratio),
+                serializable: serializable(*consistency),
+            };
+            (runner::run(&plan, kv(request)).await, None)
+        }
+        Workload::Mixed {
+            rw_ratio,
+            consistency,
+        } => {
+            let request = KvRequest::Mixed {
+                read_share: read_share(*rw_ratio),
+                serializable: serializable(*consistency),
+            };
+            (runner::run(&plan, kv(request)).await, None)
+        }
+        Workload::Watch { watchers } => {
+            let (outcome, events) =
+                watch::run(&client, *watchers, clients, keys(0), g.val_size, &plan).await?;
+            (outcome, Some(events))
+        }
+        Workload::LeaseKeepalive => {
+            let mut workers = Vec::with_capacity(clients);
+            for _ in 0..clients {
+                workers.push(LeaseWorker::start(&client, LEASE_TTL_S).await?);
+            }
+            (runner::run(&plan, workers).await, None)
+        }
+    };
+    let rec = &outcome.recorder;
+    let summary = Summary {
+        workload: cli.workload.name().to_string(),
+        endpoints: client.endpoints().to_vec(),
+        clients,
+        conns: client.conns(),
+        rate: plan.rate,
+        ok: rec.ok_count(),
+        errors: rec.errors.clone(),
+        elapsed_s: outcome.elapsed.as_secs_f64(),
+        requests_per_s: rec.ok_count() as f64 / outcome.elapsed.as_secs_f64().max(1e-9),
+        latency_ms: Latency::of(&rec.latency_us),
+        over_30ms_share: over_slow_share(&rec.latency_us),
+        events,
+    };
+    if g.json {
+        match serde_json::to_string_pretty(&summary) {
+            Ok(s) => println!("{s}"),
+            Err(e) => eprintln!("keel-bench: cannot encode the report: {e}"),
+        }
+    } else {
+        print!("{}", summary.text());
+    }
+    Ok(summary)
+}

@@ -1,0 +1,183 @@
+//! The `keel-bench` command line. Option names follow etcd's `benchmark` tool
+//! (`tools/benchmark/cmd/root.go`, `put.go`, `range.go`, `txn_put.go`, `txn_mixed.go`,
+//! `watch_latency.go`, `lease.go`) so one recipe drives both.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Load generator for Keel and etcd v3 endpoints (etcd `benchmark` style).
+#[derive(Debug, Parser)]
+#[command(name = "keel-bench", version)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub workload: Workload,
+}
+
+/// Options shared by every workload.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Comma-separated `host:port` endpoints; connections are spread over all of them.
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        default_value = "127.0.0.1:2379"
+    )]
+    pub endpoints: Vec<String>,
+    /// Concurrent requests in flight (etcd `--clients`; one worker each).
+    #[arg(long, global = true, default_value_t = 1)]
+    pub clients: usize,
+    /// HTTP/2 connections (etcd `--conns`), spread over the endpoints round robin.
+    #[arg(long, global = true, default_value_t = 1)]
+    pub conns: usize,
+    /// Requests to send in total (etcd `--total`).
+    #[arg(
+        long,
+        global = true,
+        default_value_t = 10_000,
+        conflicts_with = "duration"
+    )]
+    pub total: u64,
+    /// Run for this long instead of a request count, e.g. `10s`, `1m`.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Key size in bytes (etcd `--key-size`).
+    #[arg(long, global = true, default_value_t = 8)]
+    pub key_size: usize,
+    /// Value size in bytes (etcd `--val-size`).
+    #[arg(long, global = true, default_value_t = 8)]
+    pub val_size: usize,
+    /// Number of distinct keys (etcd `--key-space-size`).
+    #[arg(long, global = true, default_value_t = 1)]
+    pub key_space_size: u64,
+    /// Walk the key space in order instead of at random (etcd `--sequential-keys`).
+    #[arg(long, global = true)]
+    pub sequential_keys: bool,
+    /// Open loop: requests per second over all clients, each with an intended send time;
+    /// latency counts from that time, so stalls are not hidden (coordinated omission).
+    /// 0 = closed loop (each client sends when its previous request finished).
+    #[arg(long, global = true, default_value_t = 0.0)]
+    pub rate: f64,
+    /// Deadline of one request (grpc-timeout).
+    #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub request_timeout: Duration,
+    /// Print one JSON object instead of the text report (and no progress bar).
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// Read consistency of `range` (etcd `--consistency`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConsistencyArg {
+    /// Linearizable.
+    L,
+    /// Serializable.
+    S,
+}
+
+/// The workloads.
+#[derive(Debug, Subcommand)]
+pub enum Workload {
+    /// Put random keys (etcd `benchmark put`).
+    Put,
+    /// Read keys (etcd `benchmark range`): `--key` or random keys of the key space.
+    Range {
+        /// Read this key (etcd's positional KEY) instead of random keys.
+        #[arg(long)]
+        key: Option<String>,
+        /// Read up to this key (exclusive range end; etcd's positional END).
+        #[arg(long)]
+        end: Option<String>,
+        /// l (linearizable) or s (serializable).
+        #[arg(long, value_enum, default_value = "l")]
+        consistency: ConsistencyArg,
+    },
+    /// Txns of `--txn-ops` puts on random keys (etcd `benchmark txn-put`).
+    TxnPut {
+        /// Puts per txn.
+        #[arg(long, default_value_t = 1)]
+        txn_ops: usize,
+    },
+    /// Txns that either read (a range) or write (a put) a random key (etcd `txn-mixed`).
+    TxnMixed {
+        /// Reads per write.
+        #[arg(long, default_value_t = 1.0)]
+        rw_ratio: f64,
+        /// l (linearizable) or s (serializable) reads.
+        #[arg(long, value_enum, default_value = "l")]
+        consistency: ConsistencyArg,
+    },
+    /// Plain range and put requests on random keys, `--rw-ratio` reads per write.
+    Mixed {
+        /// Reads per write.
+        #[arg(long, default_value_t = 1.0)]
+        rw_ratio: f64,
+        /// l (linearizable) or s (serializable) reads.
+        #[arg(long, value_enum, default_value = "l")]
+        consistency: ConsistencyArg,
+    },
+    /// `--watchers` watchers on the whole key space, each on its own stream; the clients put
+    /// and the report adds the latency from sending a put to each watcher's event.
+    Watch {
+        /// Watchers (one stream each, spread over the connections).
+        #[arg(long, default_value_t = 10)]
+        watchers: usize,
+    },
+    /// Each client grants a lease and renews it on its keep-alive stream; one request is one
+    /// renewal (etcd `benchmark lease-keepalive`).
+    LeaseKeepalive,
+}
+
+impl Workload {
+    /// The workload's name as typed on the command line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Workload::Put => "put",
+            Workload::Range { .. } => "range",
+            Workload::TxnPut { .. } => "txn-put",
+            Workload::TxnMixed { .. } => "txn-mixed",
+            Workload::Mixed { .. } => "mixed",
+            Workload::Watch { .. } => "watch",
+            Workload::LeaseKeepalive => "lease-keepalive",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_an_etcd_style_command_line() {
+        let cli = Cli::try_parse_from([
+            "keel-bench",
+            "--endpoints",
+            "a:1,b:2",
+            "--clients",
+            "64",
+            "range",
+            "--consistency",
+            "s",
+            "--duration",
+            "3s",
+        ])
+        .expect("parses");
+        assert_eq!(cli.global.endpoints, ["a:1", "b:2"]);
+        assert_eq!(cli.global.clients, 64);
+        assert_eq!(cli.global.duration, Some(Duration::from_secs(3)));
+        assert!(matches!(
+            cli.workload,
+            Workload::Range {
+                consistency: ConsistencyArg::S,
+                ..
+            }
+        ));
+        assert!(
+            Cli::try_parse_from(["keel-bench", "--total", "5", "--duration", "1s", "put"]).is_err(),
+            "--total and --duration exclude each other"
+        );
+    }
+}
