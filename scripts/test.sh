@@ -212,6 +212,27 @@ if [ "$run_conformance" -eq 1 ]; then
                 record FAIL "conformance $area: $(tail -n 1 "$out")"
             fi
         done
+        # ---- keel-bench smoke (issue 6): a few seconds of puts against this member -------------
+        # Benchmarks are not part of `cargo test`; this only checks that keel-bench runs and
+        # gets answers. The binary comes from the build step (its CLI test makes cargo build it).
+        KEEL_BENCH_BIN="${KEEL_BENCH_BIN:-$TARGET_DIR/release/keel-bench}"
+        if [ -x "$KEEL_BENCH_BIN" ]; then
+            note "keel-bench smoke: put, 2000 requests, 16 clients"
+            if timeout 60 "$KEEL_BENCH_BIN" --endpoints "$endpoint" --clients 16 --conns 4 \
+                --total 2000 --key-size 16 --val-size 256 --key-space-size 1000 --json put \
+                >"$workdir/keel-bench.json" 2>&1 &&
+                ok_requests=$(python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+print(r["ok"] if r["ok"] > 0 and not r["errors"] else 0)' "$workdir/keel-bench.json") &&
+                [ "$ok_requests" -gt 0 ]; then
+                record ok "keel-bench smoke: $ok_requests puts ok"
+            else
+                cat "$workdir/keel-bench.json"
+                record FAIL "keel-bench smoke (put against $endpoint)"
+            fi
+        else
+            record FAIL "keel-bench smoke: $KEEL_BENCH_BIN not built"
+        fi
+        # ---- end of keel-bench smoke --------------------------------------------------------
         if stop_keel; then
             record ok "keel exited 0 on SIGTERM"
         else
