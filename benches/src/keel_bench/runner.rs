@@ -207,7 +207,10 @@ mod tests {
         // Request 5 (due at 20 ms) stalls until 120 ms; request 6, due at 25 ms, is sent
         // then: its latency is at least 95 ms although the server answered it at once.
         assert!(h.max() >= 95_000, "max {} µs", h.max());
-        assert!(out.elapsed >= Duration::from_millis(400), "four stalls of 100 ms");
+        assert!(
+            out.elapsed >= Duration::from_millis(400),
+            "four stalls of 100 ms"
+        );
     }
 
     #[tokio::test]
