@@ -254,7 +254,8 @@ run_row() { # gen n row server round
     local c0 c1
     c0=$(server_cpu_ticks)
     if [ "$gen" = etcd ]; then
-        timeout "$RUN_TIMEOUT" "$ETCD_BENCH_BIN" --endpoints="$eps" --precise "${args[@]}" 2>&1 |
+        # stderr holds grpc-go's connection log: keep it apart from the report.
+        timeout "$RUN_TIMEOUT" "$ETCD_BENCH_BIN" --endpoints="$eps" --precise "${args[@]}" 2>"$raw.stderr" |
             tr '\r' '\n' | grep -v -E '^\s*$|[0-9]+ / [0-9]+' >"$raw" || true
     else
         timeout "$RUN_TIMEOUT" "$KEEL_BENCH_BIN" --endpoints="$eps" --json "${args[@]}" >"$raw" 2>&1 || true
