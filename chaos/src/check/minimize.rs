@@ -1,0 +1,161 @@
+//! Shrinks a non-linearizable sub-history to a small one that is still non-linearizable, so a
+//! report shows the few operations that matter.
+//!
+//! Every shrinking step is a *relaxation*: it can only make a history easier to linearize, so
+//! the result is non-linearizable for a reason the original history also has (plain removal of
+//! a write would not be: dropping the write of a value that was read makes a new, bogus
+//! violation). The steps:
+//! 1. cut at time T: operations invoked after T go, operations still running at T become
+//!    unknown; binary search finds the earliest such cut that is still non-linearizable;
+//! 2. one operation at a time, newest first (delta debugging with single removals): drop a
+//!    read, turn an acknowledged write into an unknown one, or drop an unknown write whose
+//!    value no remaining operation observes (only when no `delete` that deleted and no failed
+//!    `cas` is left: those can be explained by the unknown write alone);
+//!    a change is kept while the history stays non-linearizable.
+//!
+//! Each check runs with what is left of the budget; a check that times out keeps the change
+//! undone, so the result is always a proven non-linearizable sub-history.
+
+use std::time::{Duration, Instant};
+
+use crate::history::{Input, Operation, Outcome, Output};
+
+use super::linearizability::{SearchResult, search};
+
+/// Marker put in the reason of operations the minimiser relaxed from `Ok` to `Unknown`.
+pub const RELAXED: &str = "relaxed by minimiser";
+
+/// Returns a non-linearizable sub-history of `ops` (which must be non-linearizable), as small
+/// as `budget` allows, sorted by invoke time.
+pub fn minimize(ops: &[Operation], budget: Duration) -> Vec<Operation> {
+    let deadline = Instant::now() + budget;
+    let mut states = 0;
+    let fails = |candidate: &[Operation], states: &mut u64| {
+        search(candidate, deadline, states) == SearchResult::NotLinearizable
+    };
+    let mut current: Vec<Operation> = ops
+        .iter()
+        .filter(|op| !matches!(op.outcome, Outcome::Failed(_)))
+        .cloned()
+        .collect();
+    current.sort_by_key(|op| (op.invoke_ns, op.return_ns));
+
+    // 1. Earliest failing cut. Failing is monotone in T: cut(T) is a cut of cut(T') for T < T'.
+    let mut cuts: Vec<u64> = current
+        .iter()
+        .filter(|op| matches!(op.outcome, Outcome::Ok(_)))
+        .map(|op| op.return_ns)
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let (mut low, mut high) = (0, cuts.len());
+    while low < high && Instant::now() < deadline {
+        let mid = (low + high) / 2;
+        if fails(&cut(&current, cuts[mid]), &mut states) {
+            high = mid;
+        } else {
+            low = mid + 1;
+        }
+    }
+    if high < cuts.len() {
+        let candidate = cut(&current, cuts[high]);
+        if fails(&candidate, &mut states) {
+            current = candidate;
+        }
+    }
+
+    // 2. Single relaxations, newest first, repeated until nothing more can go.
+    let mut changed = true;
+    while changed && Instant::now() < deadline {
+        changed = false;
+        let mut i = current.len();
+        while i > 0 && Instant::now() < deadline {
+            i -= 1;
+            let Some(candidate) = relax(&current, i) else {
+                continue;
+            };
+            if fails(&candidate, &mut states) {
+                current = candidate;
+                changed = true;
+            }
+        }
+    }
+    current
+}
+
+/// The history as seen at time `t`: later invocations dropped, operations running at `t`
+/// unknown.
+fn cut(ops: &[Operation], t: u64) -> Vec<Operation> {
+    ops.iter()
+        .filter(|op| op.invoke_ns <= t)
+        .map(|op| {
+            let mut op = op.clone();
+            if op.return_ns > t && matches!(op.outcome, Outcome::Ok(_)) {
+                op.outcome = Outcome::Unknown(format!("{RELAXED}: running at the cut"));
+            }
+            op
+        })
+        .collect()
+}
+
+/// `ops` with operation `i` relaxed one step, or `None` when it cannot be relaxed soundly.
+fn relax(ops: &[Operation], i: usize) -> Option<Vec<Operation>> {
+    let op = &ops[i];
+    let mut out = ops.to_vec();
+    match (&op.input, &op.outcome) {
+        (Input::Get { .. }, _) => {
+            out.remove(i);
+        }
+        (_, Outcome::Ok(output)) => {
+            out[i].outcome = Outcome::Unknown(format!("{RELAXED}: was ok {output:?}"));
+        }
+        (Input::Put { value, .. } | Input::Cas { value, .. }, Outcome::Unknown(_)) => {
+            if ops
+                .iter()
+                .any(|other| observes_value(other, value) || observes_existence(other))
+            {
+                return None;
+            }
+            out.remove(i);
+        }
+        _ => return None,
+    }
+    Some(out)
+}
+
+/// True when `op` saw `value` (read it, or a CAS expecting it succeeded).
+fn observes_value(op: &Operation, value: &str) -> bool {
+    match (&op.input, &op.outcome) {
+        (
+            Input::Get { .. },
+            Outcome::Ok(Output::Get {
+                kv: Some((v, _)), ..
+            }),
+        ) => v == value,
+        (
+            Input::Cas {
+                expect: Some(e), ..
+            },
+            _,
+        ) => e == value,
+        _ => false,
+    }
+}
+
+/// True when `op`'s answer could be explained by an unknown write of any value (a delete that
+/// found the key, a CAS whose compare failed).
+fn observes_existence(op: &Operation) -> bool {
+    matches!(
+        (&op.input, &op.outcome),
+        (
+            Input::Delete { .. },
+            Outcome::Ok(Output::Delete { deleted: 1.., .. })
+        ) | (
+            Input::Cas { .. },
+            Outcome::Ok(Output::Cas {
+                succeeded: false,
+                ..
+            })
+        )
+    )
+}
