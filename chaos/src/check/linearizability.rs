@@ -16,6 +16,7 @@ use std::time::Instant;
 use crate::history::{Input, Operation, Outcome, Output};
 
 use super::model::{KeyState, Step, Values, step_of};
+use super::observations::{Fate, Observations};
 
 /// The outcome of one search.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,9 +38,10 @@ struct SearchOp {
     required: bool,
 }
 
-/// Reduces one key's operations to search ops, tightening unknown writes whose value was
-/// observed (values are unique per run, so an observation names its write).
-fn prepare(ops: &[Operation]) -> Vec<SearchOp> {
+/// Reduces one key's operations to search ops, tightening unknown writes whose fate the
+/// watches tell, or whose value a read observed (values are unique per run, so an observation
+/// names its write).
+fn prepare(ops: &[Operation], observations: &Observations) -> Vec<SearchOp> {
     let mut values = Values::default();
     let mut prepared: Vec<SearchOp> = Vec::with_capacity(ops.len());
     for op in ops {
@@ -47,12 +49,22 @@ fn prepare(ops: &[Operation]) -> Vec<SearchOp> {
             continue;
         };
         let known = matches!(op.outcome, Outcome::Ok(_));
-        prepared.push(SearchOp {
+        let mut prepared_op = SearchOp {
             step,
             invoke: op.invoke_ns,
             ret: if known { op.return_ns } else { u64::MAX },
             required: known,
-        });
+        };
+        match observations.fate(op) {
+            Some(Fate::NotApplied) => continue,
+            Some(Fate::Applied { at_ns, revision }) => {
+                prepared_op.required = true;
+                prepared_op.ret = at_ns.max(op.invoke_ns);
+                prepared_op.step = applied(step, revision);
+            }
+            None => {}
+        }
+        prepared.push(prepared_op);
     }
     // Earliest observation of each value: (return time, mod_revision if a read told it).
     let mut observed: HashMap<&str, (u64, Option<i64>)> = HashMap::new();
@@ -97,19 +109,24 @@ fn prepare(ops: &[Operation]) -> Vec<SearchOp> {
         op.required = true;
         op.ret = first_seen.max(op.invoke);
         if let Some(revision) = revision {
-            op.step = match op.step {
-                Step::PutUnknown { value } => Step::Put { value, revision },
-                Step::CasUnknown { expect, value } => Step::Cas {
-                    expect,
-                    value,
-                    succeeded: true,
-                    revision,
-                },
-                other => other,
-            };
+            op.step = applied(op.step, revision);
         }
     }
     prepared
+}
+
+/// An unknown put or CAS known to have taken effect at `revision`.
+fn applied(step: Step, revision: i64) -> Step {
+    match step {
+        Step::PutUnknown { value } => Step::Put { value, revision },
+        Step::CasUnknown { expect, value } => Step::Cas {
+            expect,
+            value,
+            succeeded: true,
+            revision,
+        },
+        other => other,
+    }
 }
 
 const NONE: usize = usize::MAX;
@@ -200,10 +217,16 @@ impl Bits {
     }
 }
 
-/// Searches for a linearization of `ops` (one key's operations, any order) before `deadline`.
-/// `states` is increased by the number of distinct (linearized set, state) pairs visited.
-pub fn search(ops: &[Operation], deadline: Instant, states: &mut u64) -> SearchResult {
-    let ops = prepare(ops);
+/// Searches for a linearization of `ops` (one key's operations, any order) before `deadline`,
+/// using what `observations` tell about unknown writes. `states` is increased by the number of
+/// distinct (linearized set, state) pairs visited.
+pub fn search(
+    ops: &[Operation],
+    observations: &Observations,
+    deadline: Instant,
+    states: &mut u64,
+) -> SearchResult {
+    let ops = prepare(ops, observations);
     let mut remaining = ops.iter().filter(|op| op.required).count();
     if remaining == 0 {
         return SearchResult::Linearizable;

@@ -7,8 +7,9 @@
 //! violation). The steps:
 //! 1. cut at time T: operations invoked after T go, operations still running at T become
 //!    unknown; binary search finds the earliest such cut that is still non-linearizable;
-//! 2. one operation at a time, newest first (delta debugging with single removals): drop a
-//!    read, turn an acknowledged write into an unknown one, or drop an unknown write whose
+//! 2. chunks of operations, newest first, halving the chunk size down to single operations
+//!    when no chunk can go (delta debugging's complement step): drop reads, turn acknowledged
+//!    writes into unknown ones, and drop unknown writes whose
 //!    value no remaining operation observes (only when no `delete` that deleted and no failed
 //!    `cas` is left: those can be explained by the unknown write alone);
 //!    a change is kept while the history stays non-linearizable.
@@ -16,22 +17,28 @@
 //! Each check runs with what is left of the budget; a check that times out keeps the change
 //! undone, so the result is always a proven non-linearizable sub-history.
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crate::history::{Input, Operation, Outcome, Output};
 
 use super::linearizability::{SearchResult, search};
+use super::observations::Observations;
 
 /// Marker put in the reason of operations the minimiser relaxed from `Ok` to `Unknown`.
 pub const RELAXED: &str = "relaxed by minimiser";
 
 /// Returns a non-linearizable sub-history of `ops` (which must be non-linearizable), as small
 /// as `budget` allows, sorted by invoke time.
-pub fn minimize(ops: &[Operation], budget: Duration) -> Vec<Operation> {
+pub fn minimize(
+    ops: &[Operation],
+    observations: &Observations,
+    budget: Duration,
+) -> Vec<Operation> {
     let deadline = Instant::now() + budget;
     let mut states = 0;
     let fails = |candidate: &[Operation], states: &mut u64| {
-        search(candidate, deadline, states) == SearchResult::NotLinearizable
+        search(candidate, observations, deadline, states) == SearchResult::NotLinearizable
     };
     let mut current: Vec<Operation> = ops
         .iter()
@@ -64,20 +71,27 @@ pub fn minimize(ops: &[Operation], budget: Duration) -> Vec<Operation> {
         }
     }
 
-    // 2. Single relaxations, newest first, repeated until nothing more can go.
-    let mut changed = true;
-    while changed && Instant::now() < deadline {
-        changed = false;
-        let mut i = current.len();
-        while i > 0 && Instant::now() < deadline {
-            i -= 1;
-            let Some(candidate) = relax(&current, i) else {
-                continue;
-            };
-            if fails(&candidate, &mut states) {
+    // 2. Relax chunks of operations, newest first, halving the chunk size when no chunk can
+    //    go (ddmin's complement step, with relaxation instead of removal).
+    let mut chunk = (current.len() / 2).max(1);
+    while Instant::now() < deadline {
+        let mut progress = false;
+        let mut end = current.len();
+        while end > 0 && Instant::now() < deadline {
+            let start = end.saturating_sub(chunk);
+            if let Some(candidate) = relax(&current, start..end)
+                && fails(&candidate, &mut states)
+            {
                 current = candidate;
-                changed = true;
+                progress = true;
             }
+            end = start.min(current.len());
+        }
+        if !progress {
+            if chunk == 1 {
+                break;
+            }
+            chunk = (chunk / 2).max(1);
         }
     }
     current
@@ -98,29 +112,40 @@ fn cut(ops: &[Operation], t: u64) -> Vec<Operation> {
         .collect()
 }
 
-/// `ops` with operation `i` relaxed one step, or `None` when it cannot be relaxed soundly.
-fn relax(ops: &[Operation], i: usize) -> Option<Vec<Operation>> {
-    let op = &ops[i];
-    let mut out = ops.to_vec();
-    match (&op.input, &op.outcome) {
-        (Input::Get { .. }, _) => {
-            out.remove(i);
-        }
-        (_, Outcome::Ok(output)) => {
-            out[i].outcome = Outcome::Unknown(format!("{RELAXED}: was ok {output:?}"));
-        }
-        (Input::Put { value, .. } | Input::Cas { value, .. }, Outcome::Unknown(_)) => {
-            if ops
-                .iter()
-                .any(|other| observes_value(other, value) || observes_existence(other))
-            {
-                return None;
+/// `ops` with the operations in `range` relaxed one step (reads dropped, acknowledged writes
+/// made unknown, unknown writes nobody observes dropped), or `None` when nothing changes.
+fn relax(ops: &[Operation], range: Range<usize>) -> Option<Vec<Operation>> {
+    let mut out: Vec<Option<Operation>> = ops.iter().cloned().map(Some).collect();
+    let mut changed = false;
+    for slot in &mut out[range.clone()] {
+        let Some(op) = slot else { continue };
+        match (&op.input, &op.outcome) {
+            (Input::Get { .. }, _) => *slot = None,
+            (_, Outcome::Ok(output)) => {
+                op.outcome = Outcome::Unknown(format!("{RELAXED}: was ok {output:?}"))
             }
-            out.remove(i);
+            _ => continue,
         }
-        _ => return None,
+        changed = true;
     }
-    Some(out)
+    let kept: Vec<&Operation> = out.iter().flatten().collect();
+    let existence_observed = kept.iter().any(|other| observes_existence(other));
+    let mut removable = Vec::new();
+    for i in range {
+        let Some(op) = &out[i] else { continue };
+        if let (Input::Put { value, .. } | Input::Cas { value, .. }, Outcome::Unknown(_)) =
+            (&op.input, &op.outcome)
+            && !existence_observed
+            && !kept.iter().any(|other| observes_value(other, value))
+        {
+            removable.push(i);
+        }
+    }
+    for i in removable {
+        out[i] = None;
+        changed = true;
+    }
+    changed.then(|| out.into_iter().flatten().collect())
 }
 
 /// True when `op` saw `value` (read it, or a CAS expecting it succeeded).

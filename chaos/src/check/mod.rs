@@ -8,6 +8,7 @@ mod format;
 mod linearizability;
 mod minimize;
 mod model;
+mod observations;
 mod report;
 mod revisions;
 mod serializable;
@@ -17,6 +18,7 @@ pub use convergence::check_convergence;
 pub use format::{format_input, format_ns, format_operation, format_outcome};
 pub use linearizability::{SearchResult, search};
 pub use minimize::{RELAXED, minimize};
+pub use observations::{Fate, Observations};
 pub use report::{CheckOptions, CheckReport, CheckStats, Checker, Violation, WatchGuarantee};
 pub use revisions::check_revisions;
 pub use serializable::check_serializable_reads;
@@ -83,10 +85,17 @@ fn check_linearizability(
         }
     }
     report.stats.keys = by_key.len();
+    let observations = Observations::from_history(history);
+    report.stats.unknown_writes_resolved = observations.len();
     let mut violations = Vec::new();
     for (key, ops) in by_key {
         let deadline = Instant::now() + opts.linearizability_budget;
-        match search(&ops, deadline, &mut report.stats.search_states) {
+        match search(
+            &ops,
+            &observations,
+            deadline,
+            &mut report.stats.search_states,
+        ) {
             SearchResult::Linearizable => report.stats.keys_checked += 1,
             SearchResult::Timeout => report.inconclusive.push(format!(
                 "key {key:?}: linearizability search of {} operations ran out of its {:?} budget",
@@ -95,7 +104,7 @@ fn check_linearizability(
             )),
             SearchResult::NotLinearizable => {
                 report.stats.keys_checked += 1;
-                let minimal = minimize(&ops, opts.minimize_budget);
+                let minimal = minimize(&ops, &observations, opts.minimize_budget);
                 let mut v = Violation::new(
                     Checker::Linearizability,
                     Some(key.to_string()),

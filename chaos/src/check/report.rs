@@ -143,6 +143,8 @@ pub struct CheckStats {
     /// Keys whose sub-history was searched, and how many of them finished within budget.
     pub keys: usize,
     pub keys_checked: usize,
+    /// Unknown writes whose fate the watches told (see `Observations`).
+    pub unknown_writes_resolved: usize,
     /// Distinct (linearized set, model state) pairs the search visited, over all keys.
     pub search_states: u64,
     /// Watch records and events checked.
