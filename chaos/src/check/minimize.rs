@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use crate::history::{Input, Operation, Outcome, Output};
 
 use super::linearizability::{SearchResult, search};
-use super::observations::Observations;
+use super::observations::{Fate, Observations};
 
 /// Marker put in the reason of operations the minimiser relaxed from `Ok` to `Unknown`.
 pub const RELAXED: &str = "relaxed by minimiser";
@@ -58,14 +58,14 @@ pub fn minimize(
     let (mut low, mut high) = (0, cuts.len());
     while low < high && Instant::now() < deadline {
         let mid = (low + high) / 2;
-        if fails(&cut(&current, cuts[mid]), &mut states) {
+        if fails(&cut(&current, cuts[mid], observations), &mut states) {
             high = mid;
         } else {
             low = mid + 1;
         }
     }
     if high < cuts.len() {
-        let candidate = cut(&current, cuts[high]);
+        let candidate = cut(&current, cuts[high], observations);
         if fails(&candidate, &mut states) {
             current = candidate;
         }
@@ -98,13 +98,19 @@ pub fn minimize(
 }
 
 /// The history as seen at time `t`: later invocations dropped, operations running at `t`
-/// unknown.
-fn cut(ops: &[Operation], t: u64) -> Vec<Operation> {
+/// unknown, and unknown writes the watches saw take effect only after `t` freed of that fate
+/// (what enabled them may have been invoked after `t`).
+fn cut(ops: &[Operation], t: u64, observations: &Observations) -> Vec<Operation> {
     ops.iter()
         .filter(|op| op.invoke_ns <= t)
         .map(|op| {
             let mut op = op.clone();
-            if op.return_ns > t && matches!(op.outcome, Outcome::Ok(_)) {
+            let running = match (&op.outcome, observations.fate(&op)) {
+                (Outcome::Ok(_), _) => op.return_ns > t,
+                (_, Some(Fate::Applied { at_ns, .. })) => at_ns > t,
+                _ => false,
+            };
+            if running {
                 op.outcome = Outcome::Unknown(format!("{RELAXED}: running at the cut"));
             }
             op

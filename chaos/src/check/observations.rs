@@ -13,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::history::{EventKind, History, Input, Operation, Outcome, Output};
 
+use super::minimize::RELAXED;
 use super::watch::in_range;
 
 /// What became of one unknown write.
@@ -39,8 +40,10 @@ impl Observations {
 
     /// The fate of `op` if it is an unknown write the watches tell about.
     pub fn fate(&self, op: &Operation) -> Option<Fate> {
-        if !matches!(op.outcome, Outcome::Unknown(_)) {
-            return None;
+        // Operations the minimiser relaxed carry no fate: the relaxation must add freedom.
+        match &op.outcome {
+            Outcome::Unknown(why) if !why.starts_with(RELAXED) => {}
+            _ => return None,
         }
         self.fates.get(&(op.client, op.invoke_ns)).copied()
     }

@@ -288,13 +288,16 @@ fn check_record<'a>(
                     seen_anywhere.insert((rev, &event.key), (event.kind, &event.value, record.watcher));
                 }
             }
-            check_fields(
-                event,
-                previous_on_key.get(event.key.as_str()).copied(),
-                &at,
-                findings,
-            );
-            previous_on_key.insert(&event.key, event);
+            // Fields are compared with the key's previous change; out-of-order events are
+            // reported as such above, not again here.
+            let previous = previous_on_key
+                .get(event.key.as_str())
+                .copied()
+                .filter(|p| p.mod_revision < rev);
+            check_fields(event, previous, &at, findings);
+            if previous.is_some() || !previous_on_key.contains_key(event.key.as_str()) {
+                previous_on_key.insert(&event.key, event);
+            }
         }
     }
     check_reliable(
@@ -320,6 +323,12 @@ fn check_valid(event: &WatchEvent, at_ns: u64, writes: &Writes<'_>, findings: &m
                     "{what} at {at}, but revision {} was acknowledged to this write:",
                     event.mod_revision
                 ),
+                Some(change.op),
+            );
+        } else if change.op.invoke_ns > at_ns {
+            findings.add(
+                WatchGuarantee::Valid,
+                format!("{what} arrived at {at}, before its write was invoked:"),
                 Some(change.op),
             );
         }
