@@ -62,5 +62,6 @@ proptest! {
         prop_assert_eq!(found.len(), 1, "{:?}", report.violations);
         prop_assert_eq!(found[0].key.as_deref(), Some(key.as_str()));
         prop_assert!(found[0].sub_history.iter().any(|o| o.client == 1000), "{}", found[0]);
+        prop_assert!(found[0].sub_history.iter().any(|o| o.input == first.input), "{}", found[0]);
     }
 }

@@ -114,12 +114,36 @@ fn check_linearizability(
                         minimal.len()
                     ),
                 );
-                v.sub_history = minimal;
+                v.sub_history = minimal
+                    .into_iter()
+                    .map(|op| annotate_fate(op, &observations))
+                    .collect();
                 violations.push(v);
             }
         }
     }
     violations
+}
+
+/// Adds what the watches told about an unknown write to its reason, so a reader sees why the
+/// search treated it as applied or not.
+fn annotate_fate(mut op: Operation, observations: &Observations) -> Operation {
+    let note = match observations.fate(&op) {
+        Some(Fate::Applied { at_ns, revision }) => {
+            format!(
+                "; a watch saw it applied at revision {revision} by {}",
+                format_ns(at_ns)
+            )
+        }
+        Some(Fate::NotApplied) => {
+            "; watches covering the key never saw it: not applied".to_string()
+        }
+        None => return op,
+    };
+    if let Outcome::Unknown(why) = &mut op.outcome {
+        why.push_str(&note);
+    }
+    op
 }
 
 /// True unless an `Ok` output is of another kind than its input (a harness bug).
