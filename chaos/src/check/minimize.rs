@@ -9,10 +9,10 @@
 //!    unknown; binary search finds the earliest such cut that is still non-linearizable;
 //! 2. delta debugging (ddmin's complement step, relaxing instead of removing): chunks of
 //!    operations, newest first, halving the chunk size down to single operations when no chunk
-//!    can go. A first pass drops read-only operations (gets, failed CAS, deletes that found
-//!    nothing); a second pass drops writes nothing left depends on (see [`relax`]) and frees
-//!    the other acknowledged writes of their real-time bound (they keep their revision, so
-//!    the search orders them cheaply; shown as returning at "inf").
+//!    can go. Passes: drop read-only operations (gets, failed CAS, deletes that found
+//!    nothing); drop writes nothing left depends on (see [`relax`]); free acknowledged writes
+//!    of their real-time bound (they keep their revision; shown as returning at "inf"); drop
+//!    writes again.
 //!    A change is kept while the history stays non-linearizable.
 //!
 //! Each check runs with at most a tenth of the budget; a check that times out keeps the change
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::history::{Input, Operation, Outcome, Output};
 
-use super::linearizability::{SearchResult, search};
+use super::linearizability::{SearchResult, deadline_after, search};
 use super::observations::{Fate, Observations};
 
 /// Marker put in the reason of operations the minimiser relaxed from `Ok` to `Unknown`.
@@ -36,13 +36,13 @@ pub fn minimize(
     observations: &Observations,
     budget: Duration,
 ) -> Vec<Operation> {
-    let deadline = Instant::now() + budget;
+    let deadline = deadline_after(budget);
     let mut states = 0;
     // One check may not eat the whole budget: a relaxed history with many unknown writes can
     // take exponential time to refute, and a check that times out just keeps the change undone.
     let per_check = budget / 10;
     let fails = |candidate: &[Operation], states: &mut u64| {
-        let check_deadline = deadline.min(Instant::now() + per_check);
+        let check_deadline = deadline.min(deadline_after(per_check));
         search(candidate, observations, check_deadline, states) == SearchResult::NotLinearizable
     };
     let mut current: Vec<Operation> = ops
@@ -76,17 +76,23 @@ pub fn minimize(
         }
     }
 
-    // 2. Drop reads, then relax everything, in chunks, newest first, halving the chunk size
-    //    when no chunk can go (ddmin's complement step, relaxing instead of removing). Reads go
-    //    first because dropping them is cheap to check; relaxed writes make searches costlier.
-    for reads_only in [true, false] {
+    // 2. Relax in chunks, newest first, halving the chunk size when no chunk can go (ddmin's
+    //    complement step, relaxing instead of removing). Cheap checks first: dropping reads and
+    //    writes keeps the search tight; freeing writes of real time makes it costlier, so it
+    //    comes last, on what is left, followed by another round of dropping.
+    for step in [
+        Step::DropReads,
+        Step::DropWrites,
+        Step::FreeRealTime,
+        Step::DropWrites,
+    ] {
         let mut chunk = (current.len() / 2).max(1);
         while Instant::now() < deadline {
             let mut progress = false;
             let mut end = current.len();
             while end > 0 && Instant::now() < deadline {
                 let start = end.saturating_sub(chunk);
-                if let Some(candidate) = relax(&current, start..end, reads_only)
+                if let Some(candidate) = relax(&current, start..end, step)
                     && fails(&candidate, &mut states)
                 {
                     current = candidate;
@@ -126,54 +132,79 @@ fn cut(ops: &[Operation], t: u64, observations: &Observations) -> Vec<Operation>
         .collect()
 }
 
-/// `ops` with the operations in `range` relaxed one step, or `None` when nothing changes:
-/// - read-only operations (gets, failed CAS, deletes that found nothing) are dropped: they
-///   only constrain;
-/// - unless `reads_only`, writes are dropped when nothing kept depends on them: a put or CAS
+/// One kind of relaxation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    DropReads,
+    DropWrites,
+    FreeRealTime,
+}
+
+/// `ops` with the operations in `range` relaxed by `step`, or `None` when nothing changes:
+/// - `DropReads`: read-only operations (gets, failed CAS, deletes that found nothing) are
+///   dropped: they only constrain;
+/// - `DropWrites`: writes are dropped when nothing kept depends on them: a put or CAS
 ///   when no kept operation observes its value or the key's mere existence (a delete that
 ///   deleted, a failed CAS), a delete when no kept operation observes the key's absence (a get
 ///   of nothing, a delete that found nothing, a CAS that expected absence and succeeded or
-///   expected a value and failed);
-/// - other acknowledged writes lose their real-time bound (`return_ns` becomes `u64::MAX`;
-///   they stay required and keep their revision, which orders them cheaply).
-fn relax(ops: &[Operation], range: Range<usize>, reads_only: bool) -> Option<Vec<Operation>> {
+///   expected a value and failed). Then, in any linearization, each kept operation still sees
+///   the same outcome from the latest kept write before it;
+/// - `FreeRealTime`: acknowledged writes lose their real-time bound (`return_ns` becomes
+///   `u64::MAX`; they stay required and keep their revision, which orders them).
+fn relax(ops: &[Operation], range: Range<usize>, step: Step) -> Option<Vec<Operation>> {
     let mut out: Vec<Option<Operation>> = ops.iter().cloned().map(Some).collect();
     let mut changed = false;
-    for slot in &mut out[range.clone()] {
-        if slot.as_ref().is_some_and(is_read_only) {
-            *slot = None;
-            changed = true;
-        }
-    }
-    if reads_only {
-        return changed.then(|| out.into_iter().flatten().collect());
-    }
-    let kept: Vec<&Operation> = out.iter().flatten().collect();
-    let existence_observed = kept.iter().any(|other| observes_existence(other));
-    let absence_observed = kept.iter().any(|other| observes_absence(other));
-    let mut removable = Vec::new();
-    for i in range.clone() {
-        let Some(op) = &out[i] else { continue };
-        let unneeded = match &op.input {
-            Input::Put { value, .. } | Input::Cas { value, .. } => {
-                !existence_observed && !kept.iter().any(|other| observes_value(other, value))
+    match step {
+        Step::DropReads => {
+            for slot in &mut out[range] {
+                if slot.as_ref().is_some_and(is_read_only) {
+                    *slot = None;
+                    changed = true;
+                }
             }
-            Input::Delete { .. } => !absence_observed,
-            Input::Get { .. } => false,
-        };
-        if unneeded {
-            removable.push(i);
+            return changed.then(|| out.into_iter().flatten().collect());
+        }
+        Step::FreeRealTime => {
+            for op in out[range].iter_mut().flatten() {
+                if matches!(op.outcome, Outcome::Ok(_)) && op.return_ns != u64::MAX {
+                    op.return_ns = u64::MAX;
+                    changed = true;
+                }
+            }
+            return changed.then(|| out.into_iter().flatten().collect());
+        }
+        Step::DropWrites => {}
+    }
+    // Drop as many of the chunk's writes as possible at once: a set is droppable when nothing
+    // outside it depends on its members, so shrink the candidate set to a fixpoint.
+    let mut dropping: Vec<usize> = range.filter(|&i| out[i].is_some()).collect();
+    loop {
+        let kept: Vec<&Operation> = out
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !dropping.contains(i))
+            .filter_map(|(_, op)| op.as_ref())
+            .collect();
+        let existence_observed = kept.iter().any(|other| observes_existence(other));
+        let absence_observed = kept.iter().any(|other| observes_absence(other));
+        let before = dropping.len();
+        dropping.retain(|&i| {
+            let Some(op) = &out[i] else { return false };
+            match &op.input {
+                Input::Put { value, .. } | Input::Cas { value, .. } => {
+                    !existence_observed && !kept.iter().any(|other| observes_value(other, value))
+                }
+                Input::Delete { .. } => !absence_observed,
+                Input::Get { .. } => false,
+            }
+        });
+        if dropping.len() == before {
+            break;
         }
     }
-    for i in removable {
+    for i in dropping {
         out[i] = None;
         changed = true;
-    }
-    for op in out[range].iter_mut().flatten() {
-        if matches!(op.outcome, Outcome::Ok(_)) && op.return_ns != u64::MAX {
-            op.return_ns = u64::MAX;
-            changed = true;
-        }
     }
     changed.then(|| out.into_iter().flatten().collect())
 }
