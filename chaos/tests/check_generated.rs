@@ -5,7 +5,9 @@
 mod check_common;
 
 use check_common::*;
-use keel_chaos::check::{CheckOptions, Checker, check_history};
+use std::time::{Duration, Instant};
+
+use keel_chaos::check::{CheckOptions, Checker, Observations, SearchResult, check_history, search};
 use keel_chaos::history::{Input, Outcome, Output};
 use proptest::prelude::*;
 
@@ -20,7 +22,7 @@ fn config(clients: u32, keys: usize, ops: usize) -> GenConfig {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
     fn generated_histories_pass(seed in any::<u64>(), clients in 1u32..8, keys in 1usize..4, ops in 1usize..300) {
@@ -63,5 +65,12 @@ proptest! {
         prop_assert_eq!(found[0].key.as_deref(), Some(key.as_str()));
         prop_assert!(found[0].sub_history.iter().any(|o| o.client == 1000), "{}", found[0]);
         prop_assert!(found[0].sub_history.iter().any(|o| o.input == first.input), "{}", found[0]);
+        // The minimised sub-history is itself refuted, with what the watches told.
+        let observations = Observations::from_history(&history);
+        let far = Instant::now() + Duration::from_secs(60);
+        prop_assert_eq!(
+            search(&found[0].sub_history, &observations, far, &mut 0),
+            SearchResult::NotLinearizable
+        );
     }
 }

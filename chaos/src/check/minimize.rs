@@ -92,7 +92,7 @@ pub fn minimize(
             let mut end = current.len();
             while end > 0 && Instant::now() < deadline {
                 let start = end.saturating_sub(chunk);
-                if let Some(candidate) = relax(&current, start..end, step)
+                if let Some(candidate) = relax(&current, start..end, step, observations)
                     && fails(&candidate, &mut states)
                 {
                     current = candidate;
@@ -124,7 +124,11 @@ fn cut(ops: &[Operation], t: u64, observations: &Observations) -> Vec<Operation>
                 (_, Some(Fate::Applied { at_ns, .. })) => at_ns > t,
                 _ => false,
             };
-            if running {
+            if running && matches!(op.outcome, Outcome::Ok(Output::Put { .. })) {
+                // A put's answer only needs its revision above the floor, which dropping later
+                // operations can only lower: keep it required, without its real-time bound.
+                op.return_ns = u64::MAX;
+            } else if running {
                 op.outcome = Outcome::Unknown(format!("{RELAXED}: running at the cut"));
             }
             op
@@ -151,7 +155,12 @@ enum Step {
 ///   the same outcome from the latest kept write before it;
 /// - `FreeRealTime`: acknowledged writes lose their real-time bound (`return_ns` becomes
 ///   `u64::MAX`; they stay required and keep their revision, which orders them).
-fn relax(ops: &[Operation], range: Range<usize>, step: Step) -> Option<Vec<Operation>> {
+fn relax(
+    ops: &[Operation],
+    range: Range<usize>,
+    step: Step,
+    observations: &Observations,
+) -> Option<Vec<Operation>> {
     let mut out: Vec<Option<Operation>> = ops.iter().cloned().map(Some).collect();
     let mut changed = false;
     match step {
@@ -175,9 +184,22 @@ fn relax(ops: &[Operation], range: Range<usize>, step: Step) -> Option<Vec<Opera
         }
         Step::DropWrites => {}
     }
-    // Drop as many of the chunk's writes as possible at once: a set is droppable when nothing
-    // outside it depends on its members, so shrink the candidate set to a fixpoint.
-    let mut dropping: Vec<usize> = range.filter(|&i| out[i].is_some()).collect();
+    let candidates: Vec<usize> = range.filter(|&i| out[i].is_some()).collect();
+    let dropping = match droppable_by_revision(&out, &candidates, observations) {
+        Some(dropping) => dropping,
+        None => droppable_by_kind(&out, candidates),
+    };
+    for i in dropping {
+        out[i] = None;
+        changed = true;
+    }
+    changed.then(|| out.into_iter().flatten().collect())
+}
+
+/// Writes of `candidates` that nothing kept depends on, by kind of observation: puts/CAS when
+/// nothing kept observes their value or the key's existence, deletes when nothing kept observes
+/// its absence. Dropping several at once, so the set shrinks to a fixpoint.
+fn droppable_by_kind(out: &[Option<Operation>], mut dropping: Vec<usize>) -> Vec<usize> {
     loop {
         let kept: Vec<&Operation> = out
             .iter()
@@ -199,14 +221,135 @@ fn relax(ops: &[Operation], range: Range<usize>, step: Step) -> Option<Vec<Opera
             }
         });
         if dropping.len() == before {
-            break;
+            return dropping;
         }
     }
-    for i in dropping {
-        out[i] = None;
-        changed = true;
+}
+
+/// Writes of `candidates` that nothing kept depends on, when every write that may have taken
+/// effect has a known revision (else `None`). The model linearizes in revision order, so an
+/// answer about the state at revision b (a read's header revision; a change's revision - 1)
+/// depends on exactly one write: the latest at or below b. It also depends on the write of a
+/// value it names. Dropping writes nobody depends on leaves every kept answer explained by the
+/// same write, with a lower or equal floor.
+fn droppable_by_revision(
+    out: &[Option<Operation>],
+    candidates: &[usize],
+    observations: &Observations,
+) -> Option<Vec<usize>> {
+    let mut writes: Vec<(i64, usize)> = Vec::new();
+    for (i, op) in out.iter().enumerate() {
+        let Some(op) = op else { continue };
+        match effect_revision(op, observations) {
+            Some(Some(revision)) => writes.push((revision, i)),
+            Some(None) => return None,
+            None => {}
+        }
     }
-    changed.then(|| out.into_iter().flatten().collect())
+    writes.sort_unstable();
+    let mut needed = vec![false; out.len()];
+    let mut dropping: Vec<usize> = candidates
+        .iter()
+        .copied()
+        .filter(|&i| out[i].as_ref().is_some_and(|op| op.input.is_write()))
+        .collect();
+    loop {
+        for (i, op) in out.iter().enumerate() {
+            let Some(op) = op else { continue };
+            if dropping.contains(&i) {
+                continue;
+            }
+            if let Some(bound) = observed_revision(op) {
+                let latest = writes.partition_point(|&(revision, _)| revision <= bound);
+                if latest > 0 {
+                    needed[writes[latest - 1].1] = true;
+                }
+            }
+            for &(_, writer) in &writes {
+                if let Some(Input::Put { value, .. } | Input::Cas { value, .. }) =
+                    out[writer].as_ref().map(|w| &w.input)
+                    && observes_value(op, value)
+                {
+                    needed[writer] = true;
+                }
+            }
+        }
+        let before = dropping.len();
+        dropping.retain(|&i| !needed[i]);
+        if dropping.len() == before {
+            return Some(dropping);
+        }
+    }
+}
+
+/// The revision at which `op` changed the store: `Some(Some(r))` when known, `Some(None)` when
+/// it may have at an unknown revision, `None` when it did not.
+fn effect_revision(op: &Operation, observations: &Observations) -> Option<Option<i64>> {
+    match (&op.input, &op.outcome) {
+        (Input::Get { .. }, _) | (_, Outcome::Failed(_)) => None,
+        (_, Outcome::Ok(Output::Put { revision }))
+        | (
+            _,
+            Outcome::Ok(Output::Cas {
+                succeeded: true,
+                revision,
+            }),
+        )
+        | (
+            _,
+            Outcome::Ok(Output::Delete {
+                deleted: 1..,
+                revision,
+            }),
+        ) => Some(Some(*revision)),
+        (_, Outcome::Ok(_)) => None,
+        (_, Outcome::Unknown(_)) => match observations.fate(op) {
+            Some(Fate::NotApplied) => None,
+            Some(Fate::Applied { revision, .. }) => Some(Some(revision)),
+            None => Some(None),
+        },
+    }
+}
+
+/// The revision of the state `op`'s answer describes, if it describes one.
+fn observed_revision(op: &Operation) -> Option<i64> {
+    match (&op.input, &op.outcome) {
+        (
+            Input::Get {
+                linearizable: true, ..
+            },
+            Outcome::Ok(Output::Get { revision, .. }),
+        ) => Some(*revision),
+        (
+            _,
+            Outcome::Ok(Output::Cas {
+                succeeded: true,
+                revision,
+            }),
+        )
+        | (
+            _,
+            Outcome::Ok(Output::Delete {
+                deleted: 1..,
+                revision,
+            }),
+        ) => Some(revision - 1),
+        (
+            _,
+            Outcome::Ok(Output::Cas {
+                succeeded: false,
+                revision,
+            }),
+        )
+        | (
+            _,
+            Outcome::Ok(Output::Delete {
+                deleted: 0,
+                revision,
+            }),
+        ) => Some(*revision),
+        _ => None,
+    }
 }
 
 /// True when `op`'s answer needs the key to be absent.
