@@ -74,3 +74,61 @@ proptest! {
         );
     }
 }
+
+/// Corrupts a generated history: random outputs (of any kind, with any revisions), returns
+/// before invokes, values never written, scrambled watch events.
+fn corrupt(history: &mut keel_chaos::history::History, seed: u64) {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(seed);
+    let count = history.operations.len();
+    for _ in 0..rng.gen_range(1..10) {
+        let i = rng.gen_range(0..count);
+        let revision = rng.gen_range(-2..400);
+        let op = &mut history.operations[i];
+        op.outcome = match rng.gen_range(0..6) {
+            0 => got(Some(("never-written", revision)), rng.gen_range(-2..400)),
+            1 => got(None, revision),
+            2 => put_ok(revision),
+            3 => del_ok(rng.gen_range(-1..3), revision),
+            4 => cas_ok(rng.r#gen(), revision),
+            _ => unknown(),
+        };
+        if rng.gen_bool(0.3) {
+            op.return_ns = op.invoke_ns.saturating_sub(rng.gen_range(0..1_000));
+        }
+    }
+    for record in &mut history.watches {
+        for response in &mut record.responses {
+            for event in &mut response.events {
+                if rng.gen_bool(0.05) {
+                    event.mod_revision = rng.gen_range(-2..400);
+                    event.version = rng.gen_range(-1..5);
+                }
+            }
+        }
+        if rng.gen_bool(0.3) && !record.responses.is_empty() {
+            let i = rng.gen_range(0..record.responses.len());
+            let moved = record.responses.remove(i);
+            record.responses.push(moved);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn corrupted_histories_are_checked_without_panicking(seed in any::<u64>(), ops in 1usize..200) {
+        let mut history = generate(seed, config(4, 2, ops));
+        corrupt(&mut history, seed);
+        let options = CheckOptions {
+            linearizability_budget: Duration::from_millis(200),
+            minimize_budget: Duration::from_millis(200),
+            ..CheckOptions::default()
+        };
+        let report = check_history(&history, &options);
+        prop_assert!(report.stats.keys_checked <= report.stats.keys);
+        prop_assert_eq!(report.stats.ops_ok + report.stats.ops_failed + report.stats.ops_unknown, history.operations.len());
+    }
+}
