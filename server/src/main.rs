@@ -14,6 +14,9 @@ use tokio::sync::watch;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // Failpoint builds take their configuration from `FAILPOINTS` (docs/failpoints.md).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let config = match Config::load() {
         Ok(c) => c,
         Err(e) => {

@@ -184,6 +184,8 @@ impl Applier {
     ///
     /// Errors: sled I/O, fatal for the member (openraft stops it).
     pub fn flush(&mut self) -> Result<(), StorageError> {
+        // Crash with the group's changes staged but not written with their consistent index.
+        crate::failpoint::crash_point!("apply_before_cindex");
         self.store
             .flush()
             .map_err(|e| StorageIOError::write_state_machine(&e))?;
