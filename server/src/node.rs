@@ -98,7 +98,10 @@ impl Node {
 
         // Member and cluster IDs: derived from the flags (`new`), asked from the cluster
         // (`existing`), or as stored by an earlier start.
-        let peers = Arc::new(Peers::default());
+        let overrides =
+            crate::cluster::dial_override::parse(&config.experimental_peer_dial_override)
+                .map_err(anyhow::Error::msg)?;
+        let peers = Arc::new(Peers::with_dial_overrides(overrides));
         let Identity {
             id,
             cluster_id,
@@ -414,6 +417,23 @@ impl Node {
             revision,
             raft_term: self.raft.metrics().borrow().current_term,
         }
+    }
+
+    /// Keel's `Maintenance.Defragment`: writes every dirty page of the store (sled) to disk
+    /// and returns the bytes flushed. sled 0.34 has no offline rewrite, so unlike etcd's
+    /// defragment this does not shrink the file (docs/compat.md).
+    ///
+    /// Errors: `Internal` with sled's I/O error.
+    pub async fn defragment(&self) -> Result<usize, EtcdError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            // Crash with the defragment accepted but the store not yet flushed.
+            crate::failpoint::crash_point!("defrag_mid");
+            db.flush()
+        })
+        .await
+        .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
+        .map_err(|e| EtcdError::Internal(format!("defragment: flush the store: {e}")))
     }
 
     /// Bytes the store occupies on disk (sled's figure, at most ~1 s old).
