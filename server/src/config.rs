@@ -94,6 +94,11 @@ pub struct Config {
     /// Keel: bytes of events one watch stream may have queued for a slow client.
     #[arg(long, default_value_t = crate::watch::DEFAULT_STREAM_BUFFER_BYTES)]
     pub watch_stream_buffer_bytes: usize,
+    /// Keel: comma-separated `ADVERTISED_PEER_URL=DIAL_URL` pairs; connections to a peer
+    /// advertised at the left URL dial the right URL instead (e.g. a TCP proxy of the chaos
+    /// harness). Membership keeps the advertised URLs. See `cluster::dial_override`.
+    #[arg(long, default_value = "")]
+    pub experimental_peer_dial_override: String,
     /// Logging level: debug, info, warn, error.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -123,9 +128,10 @@ impl Config {
     /// - with only `--name` given (the initial cluster left at its default, or empty), the
     ///   initial cluster becomes `<name>=<each advertised peer URL>` (etcd's
     ///   `UpdateDefaultClusterFromName`);
-    /// - the election timeout must be at least 5 heartbeat intervals.
+    /// - the election timeout must be at least 5 heartbeat intervals;
+    /// - `--experimental-peer-dial-override` must parse.
     ///
-    /// Errors: etcd's message for a too-short election timeout.
+    /// Errors: etcd's message for a too-short election timeout; the override's parse error.
     pub fn normalize(&mut self) -> Result<(), String> {
         let default_cluster = "default=http://localhost:2380";
         if self.initial_cluster.trim().is_empty()
@@ -137,6 +143,7 @@ impl Config {
                 .collect::<Vec<_>>()
                 .join(",");
         }
+        crate::cluster::dial_override::parse(&self.experimental_peer_dial_override)?;
         if self.election_timeout < 5 * self.heartbeat_interval {
             return Err(format!(
                 "--election-timeout[{}ms] should be at least as 5 times as --heartbeat-interval[{}ms]",
@@ -283,6 +290,24 @@ mod tests {
             c.normalize().unwrap_err(),
             "--election-timeout[100ms] should be at least as 5 times as --heartbeat-interval[500ms]"
         );
+    }
+
+    #[test]
+    fn peer_dial_override_is_checked_at_start_up() {
+        let mut c = Config::parse_from([
+            "keel",
+            "--experimental-peer-dial-override",
+            "http://127.0.0.1:1=http://127.0.0.1:2",
+        ]);
+        c.normalize().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("keel.yaml");
+        std::fs::write(&p, "experimental-peer-dial-override: 'http://a:1'\n").unwrap();
+        let mut c = Config::from_yaml_file(&p).unwrap();
+        assert_eq!(c.experimental_peer_dial_override, "http://a:1");
+        assert!(c.normalize().unwrap_err().starts_with(
+            "invalid value \"http://a:1\" for flag --experimental-peer-dial-override"
+        ));
     }
 
     #[test]

@@ -98,7 +98,10 @@ impl Node {
 
         // Member and cluster IDs: derived from the flags (`new`), asked from the cluster
         // (`existing`), or as stored by an earlier start.
-        let peers = Arc::new(Peers::default());
+        let overrides =
+            crate::cluster::dial_override::parse(&config.experimental_peer_dial_override)
+                .map_err(anyhow::Error::msg)?;
+        let peers = Arc::new(Peers::with_dial_overrides(overrides));
         let Identity {
             id,
             cluster_id,

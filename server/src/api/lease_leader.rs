@@ -65,7 +65,8 @@ fn route(node: &Node) -> Route {
     match m.current_leader {
         Some(l) if l == node.id => Route::Local,
         Some(l) => match leader_url(&m, l) {
-            Some(url) => Route::Remote(url),
+            // Dial the leader where `--experimental-peer-dial-override` says.
+            Some(url) => Route::Remote(node.cluster.peers.dial_url(&url).to_string()),
             None => Route::NoLeader,
         },
         None => Route::NoLeader,

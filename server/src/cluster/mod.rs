@@ -2,6 +2,7 @@
 //! (docs/raft.md):
 //!
 //! - [`peers`] — pooled connections to peer URLs and their health;
+//! - [`dial_override`] — `--experimental-peer-dial-override`: dial a proxy instead of a peer;
 //! - [`bootstrap`] — member and cluster IDs from `--initial-cluster*`, joining with `existing`;
 //! - [`timing`] — openraft timers from etcd's heartbeat and election timeout;
 //! - [`read_index`] (+ [`batch`]) — linearizable reads on any member, batched;
@@ -14,6 +15,7 @@
 
 pub mod batch;
 pub mod bootstrap;
+pub mod dial_override;
 pub mod members;
 pub mod peers;
 pub mod read_index;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use keel_proto::keelpb::peer_client::PeerClient;
 use tonic::transport::{Channel, Endpoint};
 
+use super::dial_override::DialOverrides;
 use crate::error::EtcdError;
 use crate::raft::types::NodeId;
 
@@ -30,6 +31,7 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 #[derive(Default)]
 pub struct Peers {
     channels: Mutex<HashMap<String, Channel>>,
+    dial_overrides: DialOverrides,
     health: Mutex<HashMap<NodeId, Health>>,
     append_rpcs: AtomicU64,
     append_entries: AtomicU64,
@@ -53,18 +55,34 @@ struct Health {
 }
 
 impl Peers {
+    /// A pool that dials `overrides[url]` instead of a peer URL `url` that has an override
+    /// (`--experimental-peer-dial-override`).
+    pub fn with_dial_overrides(overrides: DialOverrides) -> Peers {
+        Peers {
+            dial_overrides: overrides,
+            ..Peers::default()
+        }
+    }
+
+    /// The address a connection to the peer advertised at `url` actually dials: its override,
+    /// or `url` itself.
+    pub fn dial_url<'a>(&'a self, url: &'a str) -> &'a str {
+        self.dial_overrides.get(url).map_or(url, String::as_str)
+    }
+
     /// A client for the `keelpb.Peer` service at `url` (e.g. `http://127.0.0.1:2380`), on the
     /// pooled channel for that URL. Message sizes are unlimited: snapshot chunks and append
-    /// batches are bounded by openraft's config, not by gRPC.
+    /// batches are bounded by openraft's config, not by gRPC. The connection goes to
+    /// [`Peers::dial_url`] of `url`.
     ///
-    /// Errors: `url` is not a valid URI.
+    /// Errors: `url` (or its override) is not a valid URI.
     pub fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
         let channel = {
             let mut channels = self.channels.lock().expect("peer channel lock");
             match channels.get(url) {
                 Some(c) => c.clone(),
                 None => {
-                    let c = Endpoint::from_shared(url.to_string())?
+                    let c = Endpoint::from_shared(self.dial_url(url).to_string())?
                         .connect_timeout(CONNECT_TIMEOUT)
                         .tcp_nodelay(true)
                         .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
@@ -222,5 +240,22 @@ mod tests {
         peers.reset("http://127.0.0.1:1");
         assert_eq!(peers.channels.lock().unwrap().len(), 1);
         assert!(peers.client("not a url").is_err());
+    }
+
+    #[tokio::test]
+    async fn overrides_change_the_dialed_address_but_not_the_pool_key() {
+        let overrides =
+            super::super::dial_override::parse("http://127.0.0.1:1=http://127.0.0.1:11").unwrap();
+        let peers = Peers::with_dial_overrides(overrides);
+        assert_eq!(peers.dial_url("http://127.0.0.1:1"), "http://127.0.0.1:11");
+        assert_eq!(peers.dial_url("http://127.0.0.1:2"), "http://127.0.0.1:2");
+        peers.client("http://127.0.0.1:1").unwrap();
+        assert!(
+            peers
+                .channels
+                .lock()
+                .unwrap()
+                .contains_key("http://127.0.0.1:1")
+        );
     }
 }
