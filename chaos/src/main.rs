@@ -129,6 +129,15 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         cli.fault_min <= cli.fault_max,
         "--fault-min exceeds --fault-max"
     );
+    let wants_failpoints = cli.inject.is_some() || cli.faults.contains(&FaultKind::Failpoint);
+    if wants_failpoints && !keel_chaos::run::binary::has_failpoints(&binary)? {
+        anyhow::bail!(
+            "{} was built without failpoints, which --inject and --faults failpoint need: \
+             build it with `cargo build --release -p keel-server --features failpoints` and \
+             pass it with --keel-bin (CI: $KEEL_FAILPOINTS_BIN)",
+            binary.display()
+        );
+    }
     let seed = cli.seed.unwrap_or_else(rand::random);
     let dir = match &cli.dir {
         Some(d) => {

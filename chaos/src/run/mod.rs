@@ -2,6 +2,7 @@
 //! scheduler for the run's duration, heal and restart everything, collect the members' final
 //! hashes, and check the history. See docs/chaos.md.
 
+pub mod binary;
 pub mod cluster;
 pub mod faults;
 pub mod finish;
