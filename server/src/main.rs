@@ -8,6 +8,9 @@ use keel_server::{api, node::Node};
 use tokio::sync::watch;
 
 fn main() -> ExitCode {
+    // Failpoint builds take their configuration from `FAILPOINTS` (docs/failpoints.md).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let config = match Config::load() {
         Ok(c) => c,
         Err(e) => {

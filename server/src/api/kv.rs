@@ -51,7 +51,9 @@ impl Kv for KvService {
     ) -> Result<Response<RangeResponse>, Status> {
         let req = request.into_inner();
         kv_validate::check_range(&req)?;
-        if !req.serializable {
+        // The `linearizable_read_stale` failpoint skips ReadIndex: a deliberately broken
+        // member that serves linearizable reads from its local state (chaos --inject).
+        if !req.serializable && !crate::failpoint::hit("linearizable_read_stale") {
             self.node.read_barrier().await?;
         }
         let store = self.node.store.get();

@@ -1,12 +1,12 @@
-//! The etcd `Maintenance` service: Status, HashKV and MoveLeader. Other methods answer
-//! UNIMPLEMENTED until their issues land (see docs/compat.md).
+//! The etcd `Maintenance` service: Status, HashKV, MoveLeader and Defragment. Other methods
+//! answer UNIMPLEMENTED until their issues land (see docs/compat.md).
 
 use std::sync::Arc;
 
 use keel_proto::etcdserverpb::maintenance_server::Maintenance;
 use keel_proto::etcdserverpb::{
-    HashKvRequest, HashKvResponse, MoveLeaderRequest, MoveLeaderResponse, StatusRequest,
-    StatusResponse,
+    DefragmentRequest, DefragmentResponse, HashKvRequest, HashKvResponse, MoveLeaderRequest,
+    MoveLeaderResponse, StatusRequest, StatusResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -75,6 +75,19 @@ impl Maintenance for MaintenanceService {
             hash: h.hash,
             compact_revision: h.compact_revision,
             hash_revision: h.hash_revision,
+        }))
+    }
+
+    /// etcd `Defragment`: flushes this member's store to disk ([`Node::defragment`]); it does
+    /// not shrink the file as etcd's bolt rewrite does (docs/compat.md).
+    async fn defragment(
+        &self,
+        _: Request<DefragmentRequest>,
+    ) -> Result<Response<DefragmentResponse>, Status> {
+        let bytes = self.node.defragment().await?;
+        tracing::info!(flushed_bytes = bytes, "defragment: store flushed");
+        Ok(Response::new(DefragmentResponse {
+            header: Some(self.node.header(self.node.store.get().current_revision())),
         }))
     }
 

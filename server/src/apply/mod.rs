@@ -255,6 +255,8 @@ impl Applier {
         match outcome {
             Ok(response) => {
                 cindex::stage(w.batch_mut(), &next);
+                // Crash with the entry's changes staged but not committed with its index.
+                crate::failpoint::crash_point!("apply_before_cindex");
                 let committed = w.commit().map_err(|e| StorageIOError::apply(log_id, &e))?;
                 self.ci = next;
                 lessor.publish(lease_outcome, &committed.events);

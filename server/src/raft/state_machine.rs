@@ -215,6 +215,9 @@ impl StateMachine {
                 }
                 Ok(())
             })?;
+            // Crash with the old store cleared and the snapshot partly loaded; the install
+            // marker makes the next start redo the install.
+            crate::failpoint::crash_point!("snapshot_install_mid");
             tree.apply_batch(batch).map_err(io::Error::other)?;
             tree.flush().map_err(io::Error::other)?;
             Ok(meta)

@@ -133,9 +133,13 @@ pub(crate) fn run(shared: Arc<Shared>) {
             shared.durability.complete(round.target);
             continue;
         }
+        // Crash with the batch written but not durable: nobody was told about it.
+        crate::failpoint::crash_point!("wal_before_fsync");
         let started = Instant::now();
         match sync_segments(&shared, &round.segments) {
             Ok(()) => {
+                // Crash with the batch durable but before any waiter or callback learns it.
+                crate::failpoint::crash_point!("wal_after_fsync");
                 shared.stats.record_sync(started.elapsed());
                 finish_round(&shared, round);
             }
@@ -200,6 +204,8 @@ fn next_round(shared: &Shared) -> Option<Round> {
 /// ones are durable, so a named segment is never preceded by a torn one.
 fn sync_segments(shared: &Shared, segments: &[Arc<Segment>]) -> Result<(), String> {
     for seg in segments {
+        // `sleep(ms)` here models a slow disk.
+        crate::failpoint::crash_point!("wal_slow_fsync");
         seg.sync_data()
             .map_err(|e| format!("fdatasync {}: {e}", seg.path().display()))?;
         shared.stats.fdatasyncs.fetch_add(1, Ordering::Relaxed);

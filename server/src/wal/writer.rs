@@ -145,6 +145,12 @@ impl Writer {
             record::encode(seg.identity(), r, &mut self.buf);
         }
         let start = self.offset;
+        if crate::failpoint::hit("wal_torn_write") {
+            // A torn write: only a prefix of the batch reaches the file, then the process dies.
+            let torn = self.buf.len() / 2;
+            let _ = seg.write_at(&self.buf[..torn], start);
+            crate::failpoint::crash("wal_torn_write");
+        }
         if let Err(e) = seg.write_at(&self.buf, start) {
             return Err(self.fail(&format!("write {}", seg.path().display()), e));
         }

@@ -36,6 +36,8 @@ pub struct Member {
     dir: tempfile::TempDir,
     args: Vec<String>,
     child: Option<Child>,
+    /// Extra environment variables of the next starts (see [`Member::set_env`]).
+    env: Vec<(String, String)>,
 }
 
 impl Member {
@@ -57,6 +59,20 @@ impl Member {
     /// The whole log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Sets (`Some`) or removes (`None`) environment variable `key` for the next starts
+    /// (e.g. `FAILPOINTS` of a failpoint build); the running process is not affected.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_string(), v.to_string()));
+        }
+    }
+
+    /// The OS process id of the running member, `None` while it is stopped.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Whether the process runs (as far as this harness knows).
@@ -148,7 +164,7 @@ impl Member {
     }
 
     fn spawn(&mut self) {
-        self.note(&format!("start with {:?}", self.args));
+        self.note(&format!("start with {:?} env {:?}", self.args, self.env));
         let log = open_append(&self.log_path());
         let binary = member_binary();
         let child = Command::new(&binary)
@@ -157,6 +173,7 @@ impl Member {
             .stdout(log.try_clone().expect("clone log handle"))
             .stderr(log)
             .env("RUST_BACKTRACE", "1")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", binary.display()));
         self.child = Some(child);
@@ -253,6 +270,7 @@ impl TestCluster {
             dir,
             args,
             child: None,
+            env: Vec::new(),
         }
     }
 

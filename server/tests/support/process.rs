@@ -45,6 +45,8 @@ pub struct Keel {
     name: String,
     launch: Launch,
     starts: u32,
+    /// Extra environment variables of the next starts (see [`Keel::set_env`]).
+    env: Vec<(String, String)>,
 }
 
 impl Keel {
@@ -83,6 +85,7 @@ impl Keel {
             name: name.to_string(),
             launch,
             starts: 0,
+            env: Vec::new(),
         };
         keel.spawn();
         keel.wait_ready();
@@ -117,6 +120,15 @@ impl Keel {
     /// The OS process id of the running member, `None` while it is stopped.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Sets (`Some`) or removes (`None`) environment variable `key` for the next starts
+    /// (e.g. `FAILPOINTS` of a failpoint build); the running process is not affected.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_string(), v.to_string()));
+        }
     }
 
     /// The member's `--name`.
@@ -320,7 +332,10 @@ impl Keel {
             self.write_config_file(extra_yaml);
         }
         let args = self.all_args();
-        self.note(&format!("start #{} with {:?}", self.starts, args));
+        self.note(&format!(
+            "start #{} with {:?} env {:?}",
+            self.starts, args, self.env
+        ));
         let log = open_append(&self.log_path());
         let binary = member_binary();
         let child = Command::new(&binary)
@@ -329,6 +344,7 @@ impl Keel {
             .stdout(log.try_clone().expect("clone the log file handle"))
             .stderr(log)
             .env("RUST_BACKTRACE", "1")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", binary.display()));
         self.child = Some(child);

@@ -1,0 +1,47 @@
+//! Failpoints for crash and fault testing (docs/failpoints.md), from the `fail` crate.
+//!
+//! They exist only in builds with the `failpoints` cargo feature of keel-server; without it
+//! [`crash_point!`] expands to nothing and [`hit`] is a constant `false`, so the normal build
+//! pays nothing. With the feature, `keel` reads the `FAILPOINTS` environment variable at
+//! start-up (`fail::FailScenario::setup`), e.g. `FAILPOINTS='wal_before_fsync=20*off->return'`
+//! or `FAILPOINTS='wal_slow_fsync=sleep(200)'` (the `fail` crate's action syntax: `off`,
+//! `return`, `sleep(ms)`, `delay(ms)`, `panic`, `print`, `pause`, with `N%` and `N*` prefixes
+//! and `->` chains).
+
+/// Evaluates failpoint `$name` (a string literal): its `return` action aborts the process
+/// ([`crash`]); `sleep(ms)`/`delay(ms)` and the other actions behave as in the `fail` crate.
+/// Expands to nothing without the `failpoints` feature.
+macro_rules! crash_point {
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        {
+            if $crate::failpoint::hit($name) {
+                $crate::failpoint::crash($name);
+            }
+        }
+    };
+}
+pub(crate) use crash_point;
+
+/// Whether failpoint `name` fired with a `return` action (other actions, such as `sleep`, run
+/// inside and yield `false`). Always `false` without the `failpoints` feature.
+#[inline(always)]
+pub fn hit(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        fail::eval(name, |_| ()).is_some()
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        false
+    }
+}
+
+/// Ends the process at once with `abort(2)` (SIGABRT), like a SIGKILL: no destructors run and
+/// nothing buffered is flushed. Prints the failpoint's name to stderr first, so a test can
+/// tell this crash from any other.
+pub fn crash(name: &str) -> ! {
+    eprintln!("keel: failpoint {name} fired: aborting");
+    std::process::abort()
+}
