@@ -17,21 +17,25 @@ pub struct CheckOptions {
     /// sub-history; when it runs out the smallest non-linearizable sub-history found so far is
     /// reported.
     pub minimize_budget: Duration,
+    /// At most this many violations of one [`Checker`] are kept in the report; the rest are
+    /// counted in [`CheckStats::violations_suppressed`].
+    pub max_violations_per_checker: usize,
 }
 
 impl Default for CheckOptions {
-    /// 10 s per key, 10 s per violation's minimisation.
+    /// 10 s per key, 10 s per violation's minimisation, 20 violations per checker.
     fn default() -> Self {
         CheckOptions {
             linearizability_budget: Duration::from_secs(10),
             minimize_budget: Duration::from_secs(10),
+            max_violations_per_checker: 20,
         }
     }
 }
 
 /// One watch guarantee of etcd's API (https://etcd.io/docs/v3.5/learning/api_guarantees/#watch-apis),
 /// plus the event-field consistency checks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum WatchGuarantee {
     /// Events arrive in increasing revision order.
     Ordered,
@@ -139,11 +143,15 @@ pub struct CheckStats {
     /// Keys whose sub-history was searched, and how many of them finished within budget.
     pub keys: usize,
     pub keys_checked: usize,
+    /// Unknown writes whose fate the watches told (see `Observations`).
+    pub unknown_writes_resolved: usize,
     /// Distinct (linearized set, model state) pairs the search visited, over all keys.
     pub search_states: u64,
     /// Watch records and events checked.
     pub watches: usize,
     pub watch_events: usize,
+    /// Violations found beyond [`CheckOptions::max_violations_per_checker`] and not listed.
+    pub violations_suppressed: usize,
     /// Wall-clock time of the whole check.
     pub elapsed: Duration,
 }
@@ -162,5 +170,10 @@ impl CheckReport {
     /// True when no violation was found (inconclusive checks do not count).
     pub fn is_ok(&self) -> bool {
         self.violations.is_empty()
+    }
+
+    /// All violations found, including the suppressed ones.
+    pub fn violation_count(&self) -> usize {
+        self.violations.len() + self.stats.violations_suppressed
     }
 }
