@@ -7,8 +7,14 @@ use std::time::Duration;
 use rand::Rng;
 use rand::rngs::StdRng;
 
+use keel_proto::etcdserverpb::kv_client::KvClient;
+use keel_proto::etcdserverpb::maintenance_client::MaintenanceClient;
+use keel_proto::etcdserverpb::{CompactionRequest, DefragmentRequest};
+use tokio::time::Instant;
+
 use super::pick_target;
 use crate::run::cluster::Cluster;
+use crate::run::rpc::{ADMIN_TIMEOUT, bounded, connect};
 
 /// Failpoints that crash the member (see docs/chaos.md): each is armed to fire after a random
 /// number of passes, so the crash lands mid-traffic.
@@ -61,13 +67,22 @@ pub async fn failpoint_crash(
 ) -> anyhow::Result<String> {
     let t = rng.gen_range(0..cluster.len());
     let name = CRASH_FAILPOINTS[rng.gen_range(0..CRASH_FAILPOINTS.len())];
-    let skip = rng.gen_range(0..20);
+    // Points on the hot write path fire after a random number of passes; the rare ones
+    // (one pass per compaction, defragmentation, snapshot install) on the first.
+    let skip = match name {
+        "compact_mid" | "defrag_mid" | "snapshot_install_mid" => 0,
+        _ => rng.gen_range(0..20),
+    };
     let spec = format!("{name}={skip}*off->return");
     let m = &cluster.members[t];
     m.process.lock().await.kill("fault failpoint: re-arm").await;
     cluster
         .start_member(t, &[("FAILPOINTS".to_string(), spec.clone())])
         .await?;
+    // Compaction and defragmentation only run when asked: ask, so their points are reached.
+    if matches!(name, "compact_mid" | "defrag_mid") {
+        provoke(cluster, t, name, hold).await;
+    }
     let crashed = m.process.lock().await.wait_exit(hold).await;
     if !crashed {
         m.process.lock().await.kill("failpoint not reached").await;
@@ -82,4 +97,37 @@ pub async fn failpoint_crash(
             "not reached, SIGKILLed"
         }
     ))
+}
+
+/// Within `within`: once member `t` serves, `Compact` at its latest revision (`compact_mid`;
+/// every member compacts, so the point fires on `t` too) or `Defragment` it (`defrag_mid`).
+/// Errors are expected (the member crashes mid-call) and ignored.
+async fn provoke(cluster: &Cluster, t: usize, point: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    let url = &cluster.members[t].client_url;
+    while Instant::now() < deadline {
+        let Ok(status) = cluster.status(t).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let revision = status.header.map(|h| h.revision).unwrap_or(0);
+        let _ = bounded(async {
+            let ch = connect(url, ADMIN_TIMEOUT).await?;
+            if point == "compact_mid" {
+                KvClient::new(ch)
+                    .compact(CompactionRequest {
+                        revision,
+                        physical: false,
+                    })
+                    .await?;
+            } else {
+                MaintenanceClient::new(ch)
+                    .defragment(DefragmentRequest {})
+                    .await?;
+            }
+            Ok(())
+        })
+        .await;
+        return;
+    }
 }
