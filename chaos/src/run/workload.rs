@@ -50,6 +50,34 @@ pub struct OpLog {
     pub operations: Mutex<Vec<Operation>>,
     /// (member, epoch, at_ns, revision) of linearizable reads (see `History`).
     pub member_revisions: Mutex<Vec<(usize, u32, u64, i64)>>,
+    /// Per member: the return time of the last read recorded in `member_revisions`.
+    last_recorded: Mutex<HashMap<usize, u64>>,
+}
+
+impl OpLog {
+    /// Records a linearizable read's header revision for the per-member monotonicity check,
+    /// but only when the read was invoked after the previously recorded read on that member
+    /// returned. Two overlapping reads may legitimately see revisions in either order (each
+    /// reads at some instant between its invoke and return), so the recorded reads must form
+    /// a chain in real time for "later answer, lower revision" to be a violation.
+    fn record_member_revision(
+        &self,
+        member: usize,
+        epoch: u32,
+        invoke_ns: u64,
+        return_ns: u64,
+        revision: i64,
+    ) {
+        let mut last = self.last_recorded.lock().expect("op log lock");
+        if last.get(&member).is_some_and(|&prev| invoke_ns <= prev) {
+            return;
+        }
+        last.insert(member, return_ns);
+        self.member_revisions
+            .lock()
+            .expect("op log lock")
+            .push((member, epoch, return_ns, revision));
+    }
 }
 
 /// Runs client `id` until `until`, recording into `log`. `t0` is the run's time origin.
@@ -89,10 +117,7 @@ pub async fn run_client(
             ) = (&input, out)
                 && cluster.members[member].epoch() == epoch
             {
-                log.member_revisions
-                    .lock()
-                    .expect("op log lock")
-                    .push((member, epoch, return_ns, *revision));
+                log.record_member_revision(member, epoch, invoke_ns, return_ns, *revision);
             }
         }
         if !matches!(outcome, Outcome::Ok(_)) {
@@ -301,4 +326,24 @@ fn put_request(key: &str, value: &str) -> PutRequest {
 
 fn revision(h: Option<&keel_proto::etcdserverpb::ResponseHeader>) -> i64 {
     h.map(|h| h.revision).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_revisions_form_a_real_time_chain() {
+        let log = OpLog::default();
+        log.record_member_revision(0, 1, 10, 20, 5);
+        // Overlaps the first read (invoked before it returned): not comparable, left out.
+        log.record_member_revision(0, 1, 15, 25, 4);
+        // Another member has its own chain.
+        log.record_member_revision(1, 1, 15, 25, 4);
+        log.record_member_revision(0, 1, 21, 30, 6);
+        assert_eq!(
+            *log.member_revisions.lock().unwrap(),
+            vec![(0, 1, 20, 5), (1, 1, 25, 4), (0, 1, 30, 6)]
+        );
+    }
 }
