@@ -101,7 +101,8 @@ pub async fn failpoint_crash(
 
 /// Within `within`: once member `t` serves, `Compact` at its latest revision (`compact_mid`;
 /// every member compacts, so the point fires on `t` too) or `Defragment` it (`defrag_mid`).
-/// Errors are expected (the member crashes mid-call) and ignored.
+/// Retries refused requests until one is accepted; the error of the call that crashes the
+/// member is expected.
 async fn provoke(cluster: &Cluster, t: usize, point: &str, within: Duration) {
     let deadline = Instant::now() + within;
     let url = &cluster.members[t].client_url;
@@ -111,7 +112,7 @@ async fn provoke(cluster: &Cluster, t: usize, point: &str, within: Duration) {
             continue;
         };
         let revision = status.header.map(|h| h.revision).unwrap_or(0);
-        let _ = bounded(async {
+        let asked = bounded(async {
             let ch = connect(url, ADMIN_TIMEOUT).await?;
             if point == "compact_mid" {
                 KvClient::new(ch)
@@ -128,6 +129,10 @@ async fn provoke(cluster: &Cluster, t: usize, point: &str, within: Duration) {
             Ok(())
         })
         .await;
-        return;
+        if asked.is_ok() {
+            return;
+        }
+        // A member still catching up may name a revision that is already compacted: retry.
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
