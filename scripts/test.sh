@@ -3,7 +3,9 @@
 #
 #   1. installs what the tests need when it is missing: etcdctl (apt package etcd-client) and a
 #      Python venv at ~/.venv-conformance with the gRPC stubs of the conformance suite;
-#   2. builds the workspace once, in release (`cargo test --release --workspace --no-run`);
+#   2. builds and tests the failpoint `keel` (`--features failpoints`, kept as
+#      release/keel-failpoints, exported as KEEL_FAILPOINTS_BIN), then builds the workspace
+#      once, in release (`cargo test --release --workspace --no-run`);
 #   3. runs `cargo test --release --workspace` (unit, proptest and end-to-end tests; the
 #      end-to-end tests start the `keel` binary built in step 2);
 #   4. starts the release `keel` on a temp data dir and a free port and runs the etcd
@@ -36,7 +38,7 @@ for arg in "$@"; do
     case "$arg" in
         --skip-cargo) run_cargo=0 ;;
         --skip-conformance) run_conformance=0 ;;
-        -h | --help) sed -n '2,16p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "test.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -127,10 +129,36 @@ trap cleanup EXIT
 # ---------------------------------------------------------------------------------------------
 # 2. + 3. build once in release, then run every cargo test
 
+# ---- failpoints (docs/failpoints.md) --------------------------------------------------------
+# Building or testing keel-server with `--features failpoints` writes a failpoint `keel` to
+# $TARGET_DIR/release/keel, so this runs BEFORE the normal build below, which writes the
+# normal binary there again. The failpoint binary is kept as release/keel-failpoints for the
+# chaos tests (KEEL_FAILPOINTS_BIN).
+export KEEL_FAILPOINTS_BIN="$TARGET_DIR/release/keel-failpoints"
+if [ "$run_cargo" -eq 1 ]; then
+    phase "failpoints: build keel --features failpoints, cargo test --test failpoints"
+    if cargo build --release -p keel-server --features failpoints --bin keel &&
+        cp "$TARGET_DIR/release/keel" "$KEEL_FAILPOINTS_BIN"; then
+        if cargo test --release -p keel-server --features failpoints --test failpoints; then
+            record ok "cargo test --release -p keel-server --features failpoints --test failpoints"
+        else
+            record FAIL "cargo test --release -p keel-server --features failpoints --test failpoints"
+        fi
+    else
+        record FAIL "cargo build --release -p keel-server --features failpoints --bin keel"
+    fi
+fi
+# ---- end of failpoints ----------------------------------------------------------------------
+
 if [ "$run_cargo" -eq 1 ] || [ ! -x "$KEEL_BIN" ]; then
     phase "build: cargo test --release --workspace --no-run"
     if ! cargo test --release --workspace --no-run; then
         echo "RESULT: FAILED (the release build of the workspace failed)"
+        exit 1
+    fi
+    # failpoints: the normal build must have put the normal binary back in place.
+    if [ -e "$KEEL_FAILPOINTS_BIN" ] && cmp -s "$KEEL_BIN" "$KEEL_FAILPOINTS_BIN"; then
+        echo "RESULT: FAILED ($KEEL_BIN is still the failpoint build)"
         exit 1
     fi
 fi

@@ -11,10 +11,13 @@ pub fn format_ns(ns: u64) -> String {
     )
 }
 
-/// `[invoke .. return] client C @member M: put(k, v) -> ok rev 12`.
+/// `[invoke .. return] client C @member M: put(k, v) -> ok rev 12`; the return is `?` for an
+/// unknown outcome and `inf` for a write the minimiser freed of its real-time bound.
 pub fn format_operation(op: &Operation) -> String {
     let returned = match op.outcome {
         Outcome::Unknown(_) => "?".to_string(),
+        // The minimiser frees acknowledged writes of their real-time bound this way.
+        _ if op.return_ns == u64::MAX => "inf".to_string(),
         _ => format_ns(op.return_ns),
     };
     format!(

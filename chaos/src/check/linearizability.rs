@@ -11,7 +11,7 @@
 //! be linearized before the earliest return of an operation that observed it.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::history::{Input, Operation, Outcome, Output};
 
@@ -52,7 +52,12 @@ fn prepare(ops: &[Operation], observations: &Observations) -> Vec<SearchOp> {
         let mut prepared_op = SearchOp {
             step,
             invoke: op.invoke_ns,
-            ret: if known { op.return_ns } else { u64::MAX },
+            // A return before the invoke (a recording error) is read as an instant operation.
+            ret: if known {
+                op.return_ns.max(op.invoke_ns)
+            } else {
+                u64::MAX
+            },
             required: known,
         };
         match observations.fate(op) {
@@ -130,6 +135,13 @@ fn applied(step: Step, revision: i64) -> Step {
 }
 
 const NONE: usize = usize::MAX;
+
+/// `budget` from now, saturating far in the future for huge budgets.
+pub fn deadline_after(budget: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(budget)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
 
 /// The entry list: node 0 is the head sentinel, then one call and one return node per op.
 struct Entries {

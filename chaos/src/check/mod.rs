@@ -16,7 +16,7 @@ mod watch;
 
 pub use convergence::check_convergence;
 pub use format::{format_input, format_ns, format_operation, format_outcome};
-pub use linearizability::{SearchResult, search};
+pub use linearizability::{SearchResult, deadline_after, search};
 pub use minimize::{RELAXED, minimize};
 pub use observations::{Fate, Observations};
 pub use report::{CheckOptions, CheckReport, CheckStats, Checker, Violation, WatchGuarantee};
@@ -25,6 +25,7 @@ pub use serializable::check_serializable_reads;
 pub use watch::{check_watches, in_range};
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use crate::history::{History, Input, Operation, Outcome, Output};
@@ -72,7 +73,15 @@ pub fn check_history(history: &History, opts: &CheckOptions) -> CheckReport {
     report
 }
 
-/// Per-key linearizability search, minimising each failing key's sub-history.
+/// The result of one key's search (and minimisation when it failed).
+enum KeyVerdict {
+    Linearizable,
+    Inconclusive(String),
+    Violation(Violation),
+}
+
+/// Per-key linearizability search, minimising each failing key's sub-history. Keys are
+/// independent, so they are spread over the available cores.
 fn check_linearizability(
     history: &History,
     opts: &CheckOptions,
@@ -87,39 +96,113 @@ fn check_linearizability(
     report.stats.keys = by_key.len();
     let observations = Observations::from_history(history);
     report.stats.unknown_writes_resolved = observations.len();
+    let keys: Vec<(&str, Vec<Operation>)> = by_key.into_iter().collect();
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(keys.len())
+        .max(1);
+    let mut verdicts: Vec<(usize, KeyVerdict)> = Vec::with_capacity(keys.len());
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    let mut states = 0;
+                    loop {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((key, ops)) = keys.get(index) else {
+                            break;
+                        };
+                        done.push((index, check_key(key, ops, &observations, opts, &mut states)));
+                    }
+                    (done, states)
+                })
+            })
+            .collect();
+        for handle in handles {
+            match handle.join() {
+                Ok((done, states)) => {
+                    verdicts.extend(done);
+                    report.stats.search_states += states;
+                }
+                // Only a bug in this module panics; the keys that worker held stay unchecked.
+                Err(_) => report
+                    .inconclusive
+                    .push("a linearizability worker panicked; some keys are unchecked".to_string()),
+            }
+        }
+    });
+    verdicts.sort_by_key(|(index, _)| *index);
     let mut violations = Vec::new();
-    for (key, ops) in by_key {
-        let deadline = Instant::now() + opts.linearizability_budget;
-        match search(
-            &ops,
-            &observations,
-            deadline,
-            &mut report.stats.search_states,
-        ) {
-            SearchResult::Linearizable => report.stats.keys_checked += 1,
-            SearchResult::Timeout => report.inconclusive.push(format!(
-                "key {key:?}: linearizability search of {} operations ran out of its {:?} budget",
-                ops.len(),
-                opts.linearizability_budget
-            )),
-            SearchResult::NotLinearizable => {
+    for (_, verdict) in verdicts {
+        match verdict {
+            KeyVerdict::Linearizable => report.stats.keys_checked += 1,
+            KeyVerdict::Inconclusive(note) => report.inconclusive.push(note),
+            KeyVerdict::Violation(v) => {
                 report.stats.keys_checked += 1;
-                let minimal = minimize(&ops, &observations, opts.minimize_budget);
-                let mut v = Violation::new(
-                    Checker::Linearizability,
-                    Some(key.to_string()),
-                    format!(
-                        "no linearization of the {} operations on this key; a non-linearizable sub-history of {} of them:",
-                        ops.len(),
-                        minimal.len()
-                    ),
-                );
-                v.sub_history = minimal;
                 violations.push(v);
             }
         }
     }
     violations
+}
+
+/// Searches one key's sub-history and minimises it when it is not linearizable.
+fn check_key(
+    key: &str,
+    ops: &[Operation],
+    observations: &Observations,
+    opts: &CheckOptions,
+    states: &mut u64,
+) -> KeyVerdict {
+    let deadline = deadline_after(opts.linearizability_budget);
+    match search(ops, observations, deadline, states) {
+        SearchResult::Linearizable => KeyVerdict::Linearizable,
+        SearchResult::Timeout => KeyVerdict::Inconclusive(format!(
+            "key {key:?}: linearizability search of {} operations ran out of its {:?} budget",
+            ops.len(),
+            opts.linearizability_budget
+        )),
+        SearchResult::NotLinearizable => {
+            let minimal = minimize(ops, observations, opts.minimize_budget);
+            let mut v = Violation::new(
+                Checker::Linearizability,
+                Some(key.to_string()),
+                format!(
+                    "no linearization of the {} operations on this key; a non-linearizable sub-history of {} of them:",
+                    ops.len(),
+                    minimal.len()
+                ),
+            );
+            v.sub_history = minimal
+                .into_iter()
+                .map(|op| annotate_fate(op, observations))
+                .collect();
+            KeyVerdict::Violation(v)
+        }
+    }
+}
+
+/// Adds what the watches told about an unknown write to its reason, so a reader sees why the
+/// search treated it as applied or not.
+fn annotate_fate(mut op: Operation, observations: &Observations) -> Operation {
+    let note = match observations.fate(&op) {
+        Some(Fate::Applied { at_ns, revision }) => {
+            format!(
+                "; a watch saw it applied at revision {revision} by {}",
+                format_ns(at_ns)
+            )
+        }
+        Some(Fate::NotApplied) => {
+            "; watches covering the key never saw it: not applied".to_string()
+        }
+        None => return op,
+    };
+    if let Outcome::Unknown(why) = &mut op.outcome {
+        why.push_str(&note);
+    }
+    op
 }
 
 /// True unless an `Ok` output is of another kind than its input (a harness bug).

@@ -1,9 +1,10 @@
 //! The sequential specification of one etcd key, as used by the linearizability search.
 //!
-//! State: the key's value and mod_revision (or absent), plus `floor`, the highest revision
-//! known to have changed this key. Revisions matter because etcd answers carry them: a write's
-//! revision must exceed every earlier write's to this key, and a linearizable read's header
-//! revision is at least the key's last change. Writes whose outcome is unknown have no known
+//! State: the key's value and mod_revision (or absent), plus `floor`, the highest store revision
+//! known to have been reached. Revisions matter because etcd answers carry them: a write's
+//! revision must exceed every earlier write's to this key and every earlier header revision, and
+//! a linearizable read's header revision is at least the key's last change. So operations are
+//! linearized in revision order. Writes whose outcome is unknown have no known
 //! revision; the state then holds `mod_revision = UNKNOWN_REVISION` until a read reveals it.
 
 use std::collections::HashMap;
@@ -22,8 +23,21 @@ pub struct KeyState {
     /// The current value and its mod_revision (`UNKNOWN_REVISION` when not yet known), or
     /// `None` when the key does not exist. Initially the key does not exist (fresh cluster).
     pub value: Option<(ValueId, i64)>,
-    /// Highest revision at which this key is known to have changed (0 initially).
+    /// Highest revision the store is known to have reached when this state held: the last
+    /// change of the key, or a later header revision of an answer about it (0 initially). Every
+    /// later change of the key has a higher revision.
     pub floor: i64,
+}
+
+impl KeyState {
+    /// The state after an answer with header `revision` that changed nothing: the store was at
+    /// `revision` then, so any later change of the key gets a higher revision.
+    fn after(&self, revision: i64) -> KeyState {
+        KeyState {
+            value: self.value,
+            floor: self.floor.max(revision),
+        }
+    }
 }
 
 /// One operation reduced to what the model needs. `Unknown` variants may or may not have
@@ -74,7 +88,7 @@ impl Step {
         let current = state.value.map(|(v, _)| v);
         match *self {
             Step::Get { kv: None, revision } => {
-                (state.value.is_none() && revision >= state.floor).then_some(*state)
+                (state.value.is_none() && revision >= state.floor).then_some(state.after(revision))
             }
             Step::Get {
                 kv: Some((value, mod_revision)),
@@ -89,7 +103,7 @@ impl Step {
                 };
                 (held == value && rev_ok && revision >= mod_revision).then_some(KeyState {
                     value: Some((value, mod_revision)),
-                    floor: state.floor.max(mod_revision),
+                    floor: state.floor.max(revision),
                 })
             }
             Step::Put { value, revision } => (revision > state.floor).then_some(KeyState {
@@ -110,7 +124,9 @@ impl Step {
             Step::Delete {
                 deleted: false,
                 revision,
-            } => (state.value.is_none() && revision >= state.floor).then_some(*state),
+            } => {
+                (state.value.is_none() && revision >= state.floor).then_some(state.after(revision))
+            }
             Step::DeleteUnknown => Some(KeyState {
                 value: None,
                 floor: state.floor,
@@ -129,7 +145,7 @@ impl Step {
                         floor: revision,
                     })
                 } else {
-                    (revision >= state.floor).then_some(*state)
+                    (revision >= state.floor).then_some(state.after(revision))
                 }
             }
             Step::CasUnknown { expect, value } => Some(if current == expect {

@@ -235,13 +235,14 @@ impl RevisionFloor {
         RevisionFloor { points }
     }
 
-    /// Highest revision answered strictly before `t` (0 when none).
+    /// Highest revision answered strictly before `t`; at least 1, the revision of a fresh
+    /// store, so the first write of a run has revision 2 or more.
     fn at(&self, t: u64) -> i64 {
         let returned = self.points.partition_point(|&(at, _)| at < t);
         if returned == 0 {
-            0
+            1
         } else {
-            self.points[returned - 1].1
+            self.points[returned - 1].1.max(1)
         }
     }
 }

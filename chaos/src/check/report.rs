@@ -89,6 +89,7 @@ impl fmt::Display for Checker {
 /// One broken guarantee, with the evidence.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
+    /// The checker (and for watches, the guarantee) that found it.
     pub checker: Checker,
     /// The key concerned, when the violation is about one key.
     pub key: Option<Key>,

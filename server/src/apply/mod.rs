@@ -184,6 +184,8 @@ impl Applier {
     ///
     /// Errors: sled I/O, fatal for the member (openraft stops it).
     pub fn flush(&mut self) -> Result<(), StorageError> {
+        // Crash with the group's changes staged but not written with their consistent index.
+        crate::failpoint::crash_point!("apply_before_cindex");
         self.store
             .flush()
             .map_err(|e| StorageIOError::write_state_machine(&e))?;
@@ -293,8 +295,6 @@ impl Applier {
         match outcome {
             Ok(response) => {
                 cindex::stage(w.batch_mut(), &next);
-                // Crash with the entry's changes staged but not flushed with its index.
-                crate::failpoint::crash_point!("apply_before_cindex");
                 let committed = w.stage();
                 self.ci = next;
                 lessor.publish(lease_outcome, &committed.events);
