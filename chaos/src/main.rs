@@ -188,7 +188,17 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let result = runtime.block_on(run(spec))?;
+    // On SIGINT/SIGTERM the run is abandoned; dropping the runtime drops the cluster, whose
+    // member processes are SIGKILLed (kill_on_drop), so no `keel` outlives the harness.
+    let result = runtime.block_on(async {
+        tokio::select! {
+            r = run(spec) => r,
+            s = interrupted() => Err(anyhow::anyhow!(
+                "interrupted by {s}: members stopped, run dir {} kept",
+                dir.display()
+            )),
+        }
+    })?;
     if let Some(path) = &cli.history_out {
         std::fs::write(path, serde_json::to_vec(&result.history)?)?;
         eprintln!("chaos: history written to {}", path.display());
@@ -220,4 +230,20 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Resolves with the signal's name on the first SIGINT or SIGTERM.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without signal handlers the default action (exit) applies.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
 }
