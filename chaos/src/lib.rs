@@ -4,3 +4,4 @@
 
 pub mod check;
 pub mod history;
+pub mod run;
