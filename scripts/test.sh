@@ -178,6 +178,25 @@ if [ "$run_cargo" -eq 1 ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
+# >>> chaos smoke (issue 7, keel-chaos; docs/chaos.md "CI smoke") >>>
+# The README's exact chaos command against the release build: 20 s of kill, pause and
+# partition faults on 3 members must end with 0 violations (exit 0). About 30 s.
+if [ "$run_cargo" -eq 1 ]; then
+    phase "chaos smoke: keel-chaos --nodes 3 --duration 20s --faults kill,pause,partition"
+    if timeout 150 "$TARGET_DIR/release/keel-chaos" --nodes 3 --duration 20s \
+        --faults kill,pause,partition --keel-bin "$TARGET_DIR/release/keel" \
+        >"$workdir/chaos.out" 2>"$workdir/chaos.err"; then
+        record ok "chaos smoke: $(tail -n 1 "$workdir/chaos.out")"
+    else
+        rc=$?
+        cat "$workdir/chaos.out"
+        tail -n 40 "$workdir/chaos.err"
+        record FAIL "chaos smoke (exit $rc): $(tail -n 1 "$workdir/chaos.out")"
+    fi
+fi
+# <<< chaos smoke <<<
+
+# ---------------------------------------------------------------------------------------------
 # 4. + 5. conformance against a release keel
 
 free_ports() { # prints two free 127.0.0.1 ports

@@ -25,7 +25,11 @@ pub enum Input {
     Delete { key: Key },
     /// A compare-and-set `Txn`: `if value(key) == expect then put(key, value)` where
     /// `expect = None` means "the key does not exist" (etcd: `compare(create_revision, =, 0)`).
-    Cas { key: Key, expect: Option<String>, value: String },
+    Cas {
+        key: Key,
+        expect: Option<String>,
+        value: String,
+    },
 }
 
 impl Input {
@@ -51,7 +55,10 @@ impl Input {
 pub enum Output {
     /// `Get`: the value and mod_revision of the key, or `None` when it does not exist; `revision`
     /// is the response header's store revision.
-    Get { kv: Option<(String, i64)>, revision: i64 },
+    Get {
+        kv: Option<(String, i64)>,
+        revision: i64,
+    },
     /// `Put`: the header revision, which is the new mod_revision of the key.
     Put { revision: i64 },
     /// `Delete`: how many keys were deleted (0 or 1) and the header revision.

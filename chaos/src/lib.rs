@@ -2,4 +2,6 @@
 //! peers, seeded faults), with a linearizability checker and a watch checker over the recorded
 //! history. See docs/chaos.md.
 
+pub mod check;
 pub mod history;
+pub mod run;

@@ -7,6 +7,12 @@ use keel_server::config::{Config, bind_addr, split_urls};
 use keel_server::{api, node::Node};
 use tokio::sync::watch;
 
+/// mimalloc instead of glibc malloc: the request path allocates many small, short-lived
+/// buffers (protobuf messages, HTTP/2 frames, index blocks) across threads, where glibc's
+/// arenas spent ~12% of a member's CPU under a 64-client put load (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // Failpoint builds take their configuration from `FAILPOINTS` (docs/failpoints.md).
     #[cfg(feature = "failpoints")]

@@ -1,9 +1,12 @@
 //! The single place where committed raft entries change state.
 //!
-//! For each entry, apply writes the MVCC changes, the member attributes (and, in later
-//! versions, lease and auth changes) together with the consistent index in **one atomic sled
-//! batch** (DESIGN.md "Path of a write", step 3). Entries at or below the stored consistent
-//! index are skipped, so replay after a crash never applies an entry twice.
+//! For each entry, apply writes the MVCC changes, the member attributes and lease changes
+//! together with the consistent index in **one atomic sled batch** (DESIGN.md "Path of a
+//! write", step 3): the requests of a batch entry are staged one by one (each sees the
+//! previous ones' changes) and the entry's group is flushed to sled once, at its end
+//! (mvcc/staged.rs says why). Watchers hear of the entry's revisions only after the flush.
+//! Entries at or below the stored consistent index are skipped, so replay after a crash
+//! never applies an entry twice.
 //!
 //! Apply results depend only on the entry and the state (never on wall-clock time, local
 //! flags or which member applies), so every member computes the same store and the same
@@ -18,13 +21,14 @@ use std::sync::Arc;
 use keel_proto::keelpb::{
     ApplyError, RaftRequest, RaftResponse, ResponseBatch, raft_request, raft_response,
 };
+use keel_proto::mvccpb::Event;
 use openraft::{EntryPayload, StorageIOError, StoredMembership};
 
 use crate::cindex::{self, ConsistentIndex};
 use crate::error::EtcdError;
 use crate::lease::{ApplyOutcome, Lessor};
 use crate::membership::Attributes;
-use crate::mvcc::MvccStore;
+use crate::mvcc::{MvccStore, Writes};
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
 use crate::watch::WatchHub;
 
@@ -45,6 +49,9 @@ pub struct Applier {
     membership: StoredMembership<NodeId, MemberNode>,
     /// Receives the events of every committed revision (watchers on this member).
     watch: Option<Arc<WatchHub>>,
+    /// Events of the revisions staged in the current entry, handed to `watch` after the
+    /// flush (a watcher that catches up from the store must find their records).
+    notify: Vec<(i64, Vec<Event>)>,
 }
 
 impl Applier {
@@ -85,6 +92,7 @@ impl Applier {
             ci,
             membership,
             watch: None,
+            notify: Vec::new(),
         })
     }
 
@@ -123,12 +131,25 @@ impl Applier {
         &self.tree
     }
 
-    /// Applies one committed entry and returns its result.
+    /// Applies one committed entry, writes it to sled and returns its result
+    /// ([`Applier::stage`] then [`Applier::flush`]).
     ///
     /// Errors: only storage failures (sled I/O), which are fatal for the member. etcd-level
     /// failures (a compacted revision, an empty txn branch...) are results, carried in the
     /// response as `ApplyError`, and still advance the consistent index.
     pub fn apply(&mut self, entry: &Entry) -> Result<Response, StorageError> {
+        let response = self.stage(entry)?;
+        self.flush()?;
+        Ok(response)
+    }
+
+    /// Applies one committed entry into the current apply group and returns its result.
+    /// Later entries see its changes; readers, watchers and sled do not until
+    /// [`Applier::flush`]. The raft state machine stages every entry openraft hands it in
+    /// one call and flushes once, so the group grows when apply falls behind.
+    ///
+    /// Errors: as [`Applier::apply`].
+    pub fn stage(&mut self, entry: &Entry) -> Result<Response, StorageError> {
         let log_id = entry.log_id;
         if self.ci.covers(log_id.index) {
             // Replay of an entry whose effects are already in the store.
@@ -158,9 +179,32 @@ impl Applier {
         Ok(Response(response))
     }
 
-    /// Applies the requests of a batch entry in order, each with its own sled batch that
-    /// records the progress within the entry, so a crash part-way resumes at the first
-    /// request not yet applied.
+    /// Writes the staged group to sled (one batch, consistent index included), then tells
+    /// watchers about its revisions. A no-op when nothing is staged.
+    ///
+    /// Errors: sled I/O, fatal for the member (openraft stops it).
+    pub fn flush(&mut self) -> Result<(), StorageError> {
+        // Crash with the group's changes staged but not written with their consistent index.
+        crate::failpoint::crash_point!("apply_before_cindex");
+        self.store
+            .flush()
+            .map_err(|e| StorageIOError::write_state_machine(&e))?;
+        if let Some(hub) = &self.watch {
+            for (revision, events) in self.notify.drain(..) {
+                // Never blocks: slow watchers fall behind and catch up from the store.
+                hub.notify(revision, events);
+            }
+        } else {
+            self.notify.clear();
+        }
+        Ok(())
+    }
+
+    /// Applies the requests of a batch entry in order into one apply group. Each request
+    /// stages the consistent index as "applied up to request k of this entry"; the last one
+    /// wins in the group's batch, so the stored index says the whole entry is applied.
+    /// (Stores written by Keel versions that committed each request on its own may hold a
+    /// partial index: a restart then resumes at the first request not yet applied.)
     fn apply_batch(
         &mut self,
         log_id: &LogId,
@@ -196,7 +240,7 @@ impl Applier {
             self.commit_only(done, |_| {})?;
         }
         Ok(RaftResponse {
-            revision: self.store.current_revision(),
+            revision: self.store.staged_revision(),
             response: Some(raft_response::Response::Batch(ResponseBatch { responses })),
         })
     }
@@ -217,10 +261,6 @@ impl Applier {
     ) -> Result<RaftResponse, StorageError> {
         use raft_request::Request as Rq;
         use raft_response::Response as Rs;
-        let log_id = next
-            .applied
-            .or(next.partial.map(|p| p.0))
-            .expect("apply always advances the index");
         let mut w = self.store.write();
         let lessor = self.lessor.clone();
         let mut lease_outcome: Option<ApplyOutcome> = None;
@@ -255,15 +295,12 @@ impl Applier {
         match outcome {
             Ok(response) => {
                 cindex::stage(w.batch_mut(), &next);
-                // Crash with the entry's changes staged but not committed with its index.
-                crate::failpoint::crash_point!("apply_before_cindex");
-                let committed = w.commit().map_err(|e| StorageIOError::apply(log_id, &e))?;
+                let committed = w.stage();
                 self.ci = next;
                 lessor.publish(lease_outcome, &committed.events);
                 let revision = committed.revision;
-                if let Some(hub) = &self.watch {
-                    // Never blocks: slow watchers fall behind and catch up from the store.
-                    hub.notify(revision, committed.events);
+                if !committed.events.is_empty() {
+                    self.notify.push((revision, committed.events));
                 }
                 if let Some(Rq::MemberAttributes(a)) = req {
                     self.attributes.publish(a.clone());
@@ -284,20 +321,16 @@ impl Applier {
         }
     }
 
-    /// Commits a sled batch holding only the consistent index `next` plus `extra` writes.
+    /// Stages only the consistent index `next` plus `extra` writes.
     fn commit_only(
         &mut self,
         next: ConsistentIndex,
-        extra: impl FnOnce(&mut sled::Batch),
+        extra: impl FnOnce(&mut Writes),
     ) -> Result<RaftResponse, StorageError> {
-        let log_id = next
-            .applied
-            .or(next.partial.map(|p| p.0))
-            .expect("apply always advances the index");
         let mut w = self.store.write();
         extra(w.batch_mut());
         cindex::stage(w.batch_mut(), &next);
-        let committed = w.commit().map_err(|e| StorageIOError::apply(log_id, &e))?;
+        let committed = w.stage();
         self.ci = next;
         Ok(RaftResponse {
             revision: committed.revision,

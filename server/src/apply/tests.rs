@@ -173,10 +173,10 @@ fn batch_entry_applies_each_request_at_its_own_revision() {
     assert_eq!(a.last_applied(), Some(log_id(1)));
 }
 
-/// A crash in the middle of a batch entry: the store holds its first requests and a
-/// consistent index saying so; replaying the entry applies only the rest, once.
+/// A crash in the middle of a batch entry loses the whole entry (its requests are staged in
+/// one group that never reached sled); replaying it applies every request once.
 #[test]
-fn crash_inside_a_batch_entry_resumes_at_the_first_unapplied_request() {
+fn crash_inside_a_batch_entry_loses_the_entry_and_replay_applies_it_once() {
     let reference_db = sled::Config::new().temporary(true).open().unwrap();
     let mut reference = open(&reference_db.open_tree("t").unwrap());
     reference.apply(&put(1)).unwrap();
@@ -187,24 +187,19 @@ fn crash_inside_a_batch_entry_resumes_at_the_first_unapplied_request() {
     {
         let mut a = open(&tree);
         a.apply(&put(1)).unwrap();
-        // The first two requests of entry 2 land, then the member dies.
-        let EntryPayload::Normal(Request(entry)) = batch(2, 5).payload else {
-            unreachable!()
-        };
-        let Some(raft_request::Request::Batch(b)) = entry.request else {
-            unreachable!()
-        };
-        for k in 0..2u32 {
+        // The first two requests of entry 2 are staged, then the member dies.
+        for (k, req) in batch_requests(2, 5).iter().take(2).enumerate() {
             let next = crate::cindex::ConsistentIndex {
                 applied: Some(log_id(1)),
-                partial: Some((log_id(2), k + 1)),
+                partial: Some((log_id(2), k as u32 + 1)),
             };
-            a.apply_request(b.requests[k as usize].request.as_ref(), next)
-                .unwrap();
+            a.apply_request(req.request.as_ref(), next).unwrap();
         }
+        assert_eq!(a.store().current_revision(), 2, "staged, not published");
     }
     let mut a = open(&tree);
     assert_eq!(a.last_applied(), Some(log_id(1)), "entry 2 is not complete");
+    assert_eq!(a.store().current_revision(), 2, "nothing of entry 2 in sled");
     a.apply(&put(1)).unwrap(); // replayed, skipped
     a.apply(&batch(2, 5)).unwrap();
     assert_eq!(a.last_applied(), Some(log_id(2)));
@@ -214,4 +209,155 @@ fn crash_inside_a_batch_entry_resumes_at_the_first_unapplied_request() {
         7,
         "1 put + 5 batched puts after revision 1"
     );
+}
+
+/// Keel versions before group commit stored each request of a batch entry on its own, with a
+/// partial consistent index; a member upgraded after a crash resumes at the first request
+/// not yet applied.
+#[test]
+fn partial_index_from_per_request_commits_resumes_at_the_first_unapplied_request() {
+    let reference_db = sled::Config::new().temporary(true).open().unwrap();
+    let mut reference = open(&reference_db.open_tree("t").unwrap());
+    reference.apply(&put(1)).unwrap();
+    reference.apply(&batch(2, 5)).unwrap();
+
+    let db = sled::Config::new().temporary(true).open().unwrap();
+    let tree = db.open_tree("t").unwrap();
+    {
+        let mut a = open(&tree);
+        a.apply(&put(1)).unwrap();
+        for (k, req) in batch_requests(2, 5).iter().take(2).enumerate() {
+            let next = crate::cindex::ConsistentIndex {
+                applied: Some(log_id(1)),
+                partial: Some((log_id(2), k as u32 + 1)),
+            };
+            a.apply_request(req.request.as_ref(), next).unwrap();
+            a.store().flush().unwrap(); // the old per-request commit
+        }
+    }
+    let mut a = open(&tree);
+    assert_eq!(a.last_applied(), Some(log_id(1)));
+    assert_eq!(a.store().current_revision(), 4, "two requests of entry 2 landed");
+    a.apply(&batch(2, 5)).unwrap();
+    assert_eq!(a.last_applied(), Some(log_id(2)));
+    assert_eq!(fingerprint(&a), fingerprint(&reference));
+}
+
+fn batch_requests(index: u64, n: u64) -> Vec<RaftRequest> {
+    let EntryPayload::Normal(Request(entry)) = batch(index, n).payload else {
+        unreachable!()
+    };
+    let Some(raft_request::Request::Batch(b)) = entry.request else {
+        unreachable!()
+    };
+    b.requests
+}
+
+mod grouping {
+    //! Requests applied as one batch entry (one apply group) must give exactly the results
+    //! and the store they give as separate entries: later requests of a group read the
+    //! staged changes of earlier ones.
+    use super::*;
+    use keel_proto::etcdserverpb::{
+        Compare, DeleteRangeRequest, RequestOp, TxnRequest, compare, request_op,
+    };
+    use proptest::prelude::*;
+
+    fn op(kind: u8, key: u8, value: u16) -> raft_request::Request {
+        let key = format!("g{}", key % 3).into_bytes();
+        let value = format!("v{value}").into_bytes();
+        match kind % 4 {
+            0 => raft_request::Request::Put(PutRequest {
+                key,
+                value,
+                prev_kv: true,
+                ..Default::default()
+            }),
+            1 => raft_request::Request::DeleteRange(DeleteRangeRequest {
+                key,
+                prev_kv: true,
+                ..Default::default()
+            }),
+            2 => raft_request::Request::Put(PutRequest {
+                key,
+                ignore_value: true,
+                ..Default::default()
+            }),
+            _ => raft_request::Request::Txn(TxnRequest {
+                compare: vec![Compare {
+                    key: key.clone(),
+                    result: compare::CompareResult::Greater as i32,
+                    target: compare::CompareTarget::Version as i32,
+                    target_union: Some(compare::TargetUnion::Version(1)),
+                    ..Default::default()
+                }],
+                success: vec![RequestOp {
+                    request: Some(request_op::Request::RequestPut(PutRequest {
+                        key: key.clone(),
+                        value,
+                        prev_kv: true,
+                        ..Default::default()
+                    })),
+                }],
+                failure: vec![RequestOp {
+                    request: Some(request_op::Request::RequestRange(RangeRequest {
+                        key,
+                        ..Default::default()
+                    })),
+                }],
+            }),
+        }
+    }
+
+    fn entry(index: u64, requests: Vec<raft_request::Request>) -> Entry {
+        let requests = requests
+            .into_iter()
+            .enumerate()
+            .map(|(k, r)| RaftRequest {
+                id: index * 1000 + k as u64,
+                request: Some(r),
+            })
+            .collect();
+        Entry {
+            log_id: log_id(index),
+            payload: EntryPayload::Normal(Request(RaftRequest {
+                id: index,
+                request: Some(raft_request::Request::Batch(
+                    keel_proto::keelpb::RequestBatch { requests },
+                )),
+            })),
+        }
+    }
+
+    fn responses(resp: crate::raft::types::Response) -> Vec<keel_proto::keelpb::RaftResponse> {
+        match resp.0.response {
+            Some(keel_proto::keelpb::raft_response::Response::Batch(b)) => b.responses,
+            other => panic!("batch response expected, got {other:?}"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn a_group_equals_its_requests_applied_one_by_one(
+            ops in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<u16>()), 1..40),
+            cut in 1usize..8,
+        ) {
+            let requests: Vec<_> = ops.iter().map(|&(k, key, v)| op(k, key, v)).collect();
+            let one_db = sled::Config::new().temporary(true).open().unwrap();
+            let mut one = open(&one_db.open_tree("t").unwrap());
+            let mut expected = Vec::new();
+            for (i, r) in requests.iter().enumerate() {
+                expected.extend(responses(one.apply(&entry(i as u64 + 1, vec![r.clone()])).unwrap()));
+            }
+            let group_db = sled::Config::new().temporary(true).open().unwrap();
+            let mut group = open(&group_db.open_tree("t").unwrap());
+            let mut got = Vec::new();
+            for (i, chunk) in requests.chunks(cut).enumerate() {
+                got.extend(responses(group.apply(&entry(i as u64 + 1, chunk.to_vec())).unwrap()));
+            }
+            prop_assert_eq!(got, expected);
+            prop_assert_eq!(fingerprint(&group), fingerprint(&one));
+        }
+    }
 }

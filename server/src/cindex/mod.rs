@@ -61,7 +61,7 @@ pub fn load(tree: &sled::Tree) -> Result<ConsistentIndex, String> {
 
 /// Adds "consistent index = `ci`" to `batch`, which must also carry the state changes it
 /// accounts for, so both land atomically.
-pub fn stage(batch: &mut sled::Batch, ci: &ConsistentIndex) {
+pub fn stage(batch: &mut crate::mvcc::Writes, ci: &ConsistentIndex) {
     let bytes = bincode::serialize(ci).expect("ConsistentIndex always serializes");
     batch.insert(KEY, bytes);
 }
@@ -83,9 +83,11 @@ mod tests {
             applied: Some(id(16)),
             partial: Some((id(17), 3)),
         };
+        let mut writes = crate::mvcc::Writes::default();
+        writes.insert(b"k/x".as_slice(), b"v".as_slice());
+        stage(&mut writes, &ci);
         let mut batch = sled::Batch::default();
-        batch.insert(b"k/x".as_slice(), b"v".as_slice());
-        stage(&mut batch, &ci);
+        writes.fold_into(&mut batch);
         // Nothing is visible before the batch is applied.
         assert_eq!(load(&tree).unwrap(), ConsistentIndex::default());
         tree.apply_batch(batch).unwrap();

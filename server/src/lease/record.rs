@@ -83,12 +83,12 @@ pub fn load_all(tree: &sled::Tree) -> Result<Vec<LeaseRecord>, String> {
 }
 
 /// Stages "lease `r` is as given" into an apply batch.
-pub fn stage_put(batch: &mut sled::Batch, r: &LeaseRecord) {
+pub fn stage_put(batch: &mut crate::mvcc::Writes, r: &LeaseRecord) {
     batch.insert(&key(r.id)[..], &encode(r)[..]);
 }
 
 /// Stages "lease `id` is gone" into an apply batch.
-pub fn stage_remove(batch: &mut sled::Batch, id: LeaseId) {
+pub fn stage_remove(batch: &mut crate::mvcc::Writes, id: LeaseId) {
     batch.remove(&key(id)[..]);
 }
 
@@ -141,7 +141,7 @@ mod tests {
         let db = sled::Config::new().temporary(true).open().unwrap();
         let tree = db.open_tree("t").unwrap();
         tree.insert(b"k-not-a-lease", b"x").unwrap();
-        let mut b = sled::Batch::default();
+        let mut b = crate::mvcc::Writes::default();
         stage_put(
             &mut b,
             &LeaseRecord {
@@ -158,7 +158,9 @@ mod tests {
                 remaining_ttl: 5,
             },
         );
-        tree.apply_batch(b).unwrap();
+        let mut batch = sled::Batch::default();
+        b.fold_into(&mut batch);
+        tree.apply_batch(batch).unwrap();
         let all = load_all(&tree).unwrap();
         assert_eq!(
             all.iter()
@@ -166,9 +168,11 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(1, 20, 5), (2, 10, 0)]
         );
-        let mut b = sled::Batch::default();
+        let mut b = crate::mvcc::Writes::default();
         stage_remove(&mut b, 1);
-        tree.apply_batch(b).unwrap();
+        let mut batch = sled::Batch::default();
+        b.fold_into(&mut batch);
+        tree.apply_batch(batch).unwrap();
         assert_eq!(load_all(&tree).unwrap().len(), 1);
     }
 }

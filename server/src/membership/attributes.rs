@@ -32,7 +32,7 @@ impl Attributes {
     }
 
     /// Stages `attrs` into an apply batch; call [`Attributes::publish`] after the batch lands.
-    pub fn stage(batch: &mut sled::Batch, attrs: &MemberAttributes) {
+    pub fn stage(batch: &mut crate::mvcc::Writes, attrs: &MemberAttributes) {
         let mut key = PREFIX.to_vec();
         key.extend_from_slice(&attrs.member_id.to_be_bytes());
         batch.insert(key, attrs.encode_to_vec());

@@ -25,6 +25,7 @@ pub mod key_index;
 mod range;
 mod rebuild;
 pub mod revision;
+mod staged;
 mod store;
 mod txn;
 mod write_txn;
@@ -40,6 +41,7 @@ pub use compactor::{BATCH_PAUSE, BATCH_REMOVALS, INLINE_REMOVALS};
 pub use events::EventBatch;
 pub use hash::{HashKv, crc32c};
 pub use revision::Revision;
+pub use staged::Writes;
 pub use store::{IndexStats, MvccStore};
 pub use write_txn::{Committed, WriteTxn};
 
@@ -72,6 +74,12 @@ pub enum MvccError {
     /// The physical-compaction thread could not be started.
     #[error("mvcc: cannot start the compaction thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// A write txn changed the apply group's working index and was then dropped without
+    /// being staged (a storage failure in the middle of a request): the group no longer
+    /// matches what would be written, so it is never flushed and the member must restart
+    /// from its last flushed state and the WAL.
+    #[error("mvcc: apply group abandoned after a partial write: {0}")]
+    Abandoned(String),
 }
 
 impl MvccError {

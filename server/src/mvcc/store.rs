@@ -1,7 +1,7 @@
 //! [`MvccStore`]: the published view for readers, and the entry point of the single writer.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use keel_proto::etcdserverpb::{RangeRequest, RangeResponse};
@@ -15,6 +15,7 @@ use super::index::Index;
 use super::key_index::RevInfo;
 use super::range::{ReadView, ValueSource};
 use super::rebuild;
+use super::staged::Staged;
 use super::write_txn::WriteTxn;
 use crate::error::EtcdError;
 
@@ -63,6 +64,8 @@ pub struct IndexStats {
 pub struct MvccStore {
     pub(super) tree: sled::Tree,
     view: RwLock<Arc<View>>,
+    /// The apply group: committed txns not yet in sled (see staged.rs).
+    staged: Mutex<Staged>,
     writer_active: AtomicBool,
     /// Highest compact revision whose record removals may already be in sled. Raised
     /// before a compaction batch is applied.
@@ -140,6 +143,7 @@ impl MvccStore {
                 rev,
                 compact_rev,
             })),
+            staged: Mutex::new(Staged::default()),
             writer_active: AtomicBool::new(false),
             compact_floor: AtomicI64::new(compact_rev),
             compactor,
@@ -153,8 +157,7 @@ impl MvccStore {
     }
 
     /// Makes `view` the one new readers see.
-    pub(super) fn publish(&self, view: View) {
-        let new = Arc::new(view);
+    pub(super) fn publish(&self, new: Arc<View>) {
         let old = std::mem::replace(
             &mut *self.view.write().unwrap_or_else(|e| e.into_inner()),
             new,
@@ -226,7 +229,60 @@ impl MvccStore {
             !busy,
             "mvcc: a second WriteTxn began while one is open (one writer only)"
         );
-        WriteTxn::begin(self, self.view())
+        let published = self.view();
+        // The txn owns the staged view while it runs (it is the only holder), so it can change
+        // the index in place instead of copying every block an earlier txn of the group
+        // already copied. It gives the view back when it is staged or dropped.
+        match self.staged().view.take() {
+            Some(staged) => WriteTxn::begin(self, staged, published.rev, true),
+            None => WriteTxn::begin(self, published.clone(), published.rev, false),
+        }
+    }
+
+    /// The apply group (only the single writer uses it).
+    pub(super) fn staged(&self) -> MutexGuard<'_, Staged> {
+        self.staged.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The revision after every staged txn (the published revision when none is staged).
+    pub fn staged_revision(&self) -> i64 {
+        match &self.staged().view {
+            Some(v) => v.rev,
+            None => self.current_revision(),
+        }
+    }
+
+    /// Applies every staged txn to sled as ONE batch, then publishes the last staged view
+    /// and hands staged compaction removals to the compactor. A no-op when nothing is
+    /// staged. Only the apply loop calls it, with no [`WriteTxn`] open.
+    ///
+    /// Errors: sled I/O; then nothing is published (the member must stop: its applied state
+    /// is behind what it acknowledged to the group).
+    pub fn flush(&self) -> Result<(), MvccError> {
+        let group = {
+            let mut staged = self.staged();
+            if staged.is_empty() {
+                return Ok(());
+            }
+            if let Some(why) = &staged.abandoned {
+                return Err(MvccError::Abandoned(why.clone()));
+            }
+            std::mem::take(&mut *staged)
+        };
+        if let Some(floor) = group.compact_floor {
+            // Before the removals reach sled, so a reader that misses a record knows why.
+            self.compact_floor.fetch_max(floor, Ordering::AcqRel);
+        }
+        if group.dirty {
+            self.tree.apply_batch(group.batch)?;
+        }
+        if let Some(view) = group.view {
+            self.publish(view);
+        }
+        for job in group.jobs {
+            self.compactor.submit(job);
+        }
+        Ok(())
     }
 
     /// Called by [`WriteTxn`]'s drop.

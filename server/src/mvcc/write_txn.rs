@@ -16,6 +16,7 @@ use super::index::{Index, KeyRange};
 use super::key_index::RevInfo;
 use super::range::{ReadView, ValueSource};
 use super::revision::{Revision, record_key};
+use super::staged::Writes;
 use super::store::{MvccStore, View};
 use super::{MvccError, txn};
 use crate::error::EtcdError;
@@ -34,34 +35,51 @@ pub struct Committed {
 ///
 /// Every write through one `WriteTxn` gets main revision `current + 1` and sub revisions
 /// 0, 1, 2, ... in call order (etcd's write txn); reads through it see its own earlier
-/// writes. Nothing reaches sled or readers until [`WriteTxn::commit`], which applies one
-/// sled batch (MVCC records, MVCC meta, and whatever other modules put in
-/// [`WriteTxn::batch_mut`]) and then publishes the new index. Dropping a `WriteTxn` without
-/// committing discards everything.
+/// writes, and those of the txns staged before it in the same apply group. Nothing reaches
+/// sled or readers until the group is flushed: [`WriteTxn::stage`] adds the txn to the group
+/// (MVCC records, MVCC meta, and whatever other modules put in [`WriteTxn::batch_mut`]),
+/// [`MvccStore::flush`] applies the whole group as one sled batch and then publishes the new
+/// index; [`WriteTxn::commit`] does both. Dropping a `WriteTxn` without staging it discards
+/// everything it did.
 pub struct WriteTxn<'a> {
     store: &'a MvccStore,
+    /// The view this txn starts from: the last staged txn's, or the published one.
     base: Arc<View>,
+    /// Revision of the published view: records above it are staged, not in sled.
+    published_rev: i64,
+    /// `base` is the apply group's staged view, which this txn holds exclusively.
+    from_staged: bool,
+    /// Set by [`WriteTxn::stage`]; `Drop` handles a txn that was not staged.
+    staged: bool,
     /// Copy-on-write working index; `None` until the first change.
     index: Option<Index>,
     compact_rev: i64,
     compacted: bool,
     /// Removals of this txn's compaction left for the background compactor.
     compaction_job: Option<Job>,
-    batch: sled::Batch,
+    batch: Writes,
     /// One event per change; `events[sub]` is the change with sub revision `sub`.
     events: Vec<Event>,
 }
 
 impl<'a> WriteTxn<'a> {
-    pub(super) fn begin(store: &'a MvccStore, base: Arc<View>) -> WriteTxn<'a> {
+    pub(super) fn begin(
+        store: &'a MvccStore,
+        base: Arc<View>,
+        published_rev: i64,
+        from_staged: bool,
+    ) -> WriteTxn<'a> {
         WriteTxn {
             store,
             compact_rev: base.compact_rev,
             base,
+            published_rev,
+            from_staged,
+            staged: false,
             index: None,
             compacted: false,
             compaction_job: None,
-            batch: sled::Batch::default(),
+            batch: Writes::default(),
             events: Vec::new(),
         }
     }
@@ -81,8 +99,16 @@ impl<'a> WriteTxn<'a> {
     }
 
     fn index_mut(&mut self) -> &mut Index {
-        let base = &self.base;
-        self.index.get_or_insert_with(|| base.index.clone())
+        if self.index.is_none() {
+            let owned = if self.from_staged {
+                // Nobody else holds a staged view: take its index and change it in place.
+                Arc::get_mut(&mut self.base).map(|v| std::mem::take(&mut v.index))
+            } else {
+                None
+            };
+            self.index = Some(owned.unwrap_or_else(|| self.base.index.clone()));
+        }
+        self.index.as_mut().expect("set above")
     }
 
     pub(super) fn read_view(&self) -> ReadView<'_> {
@@ -194,39 +220,58 @@ impl<'a> WriteTxn<'a> {
 
     /// Extra sled writes (consistent index, lease, auth, membership) committed atomically
     /// with this entry's MVCC changes. Keys must not start with `k` or `m` (MVCC's).
-    pub fn batch_mut(&mut self) -> &mut sled::Batch {
+    pub fn batch_mut(&mut self) -> &mut Writes {
         &mut self.batch
     }
 
-    /// Applies everything in ONE sled `apply_batch` (no flush: durability comes from the
-    /// raft WAL and the consistent index), then publishes the new index to readers.
-    ///
-    /// Errors: sled I/O; then nothing is published and the store keeps its previous state.
-    pub fn commit(mut self) -> Result<Committed, MvccError> {
+    /// Adds this txn to the store's apply group: the next [`MvccStore::write`] sees its
+    /// changes, readers do not until [`MvccStore::flush`] (see `staged.rs` for why the apply
+    /// loop groups the requests of an entry). Returns the revision and events as
+    /// [`WriteTxn::commit`] does.
+    pub fn stage(mut self) -> Committed {
         let revision = self.view_rev();
+        let store = self.store;
+        let mut staged = store.staged();
         if self.compacted {
-            // Before the removals reach sled, so a reader that misses a record knows why.
-            self.store
-                .compact_floor
-                .fetch_max(self.compact_rev, Ordering::AcqRel);
+            let floor = staged.compact_floor.unwrap_or(self.compact_rev);
+            staged.compact_floor = Some(floor.max(self.compact_rev));
         }
-        self.store
-            .tree
-            .apply_batch(std::mem::take(&mut self.batch))?;
+        let writes = std::mem::take(&mut self.batch);
+        if !writes.is_empty() {
+            writes.fold_into(&mut staged.batch);
+            staged.dirty = true;
+        }
         if let Some(index) = self.index.take() {
-            self.store.publish(View {
+            staged.view = Some(Arc::new(View {
                 index,
                 rev: revision,
                 compact_rev: self.compact_rev,
-            });
+            }));
+        } else if self.from_staged {
+            staged.view = Some(self.base.clone());
+        }
+        self.staged = true;
+        if !self.events.is_empty() {
+            staged.records.insert(revision, self.events.clone());
         }
         if let Some(job) = self.compaction_job.take() {
-            self.store.compactor.submit(job);
+            staged.jobs.push(job);
         }
-        Ok(Committed {
+        Committed {
             revision,
             events: std::mem::take(&mut self.events),
-        })
+        }
+    }
+
+    /// Stages this txn and flushes the group: one sled `apply_batch` (no fsync: durability
+    /// comes from the raft WAL and the consistent index), then the new index is published.
+    ///
+    /// Errors: sled I/O; then nothing is published and the store keeps its previous state.
+    pub fn commit(self) -> Result<Committed, MvccError> {
+        let store = self.store;
+        let committed = self.stage();
+        store.flush()?;
+        Ok(committed)
     }
 
     /// The pair `key` holds now (in this txn's view), read from its record.
@@ -307,7 +352,9 @@ impl<'a> WriteTxn<'a> {
             revision: rev,
             records: Vec::new(),
         });
-        let inline = if job.records.is_empty() && self.store.compactor.idle() {
+        // A compaction staged earlier in this group has not reached the compactor yet.
+        let idle = self.store.compactor.idle() && self.store.staged().jobs.is_empty();
+        let inline = if job.records.is_empty() && idle {
             total.min(self.store.inline_removals.load(Ordering::Relaxed))
         } else {
             0
@@ -343,12 +390,40 @@ impl ValueSource for WriteTxn<'_> {
                     ))
                 });
         }
+        if rev.main > self.published_rev {
+            // Written by an earlier txn of this apply group: not in sled yet either.
+            return self
+                .store
+                .staged()
+                .event(rev.main, rev.sub)
+                .and_then(|e| e.kv.clone())
+                .filter(|kv| kv.key == key)
+                .ok_or_else(|| {
+                    EtcdError::Internal(format!(
+                        "mvcc: staged change {} is missing",
+                        rev.revision()
+                    ))
+                });
+        }
         self.store.read_value(key, rev, read_rev)
     }
 }
 
 impl Drop for WriteTxn<'_> {
     fn drop(&mut self) {
+        if !self.staged && self.from_staged {
+            let mut staged = self.store.staged();
+            if self.index.is_none() {
+                // Unchanged: the group's view goes back as it was.
+                staged.view = Some(self.base.clone());
+            } else {
+                // The group's index was changed in place and cannot be rolled back.
+                staged.abandoned = Some(format!(
+                    "a write txn at revision {} changed the index and was dropped",
+                    self.begin_rev() + 1
+                ));
+            }
+        }
         self.store.end_write();
     }
 }

@@ -350,15 +350,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: openraft::OptionalSend,
     {
         let mut responses = Vec::new();
+        // Compaction deletes records a running export may still need: wait for it, and keep
+        // exports out until the group (and so the compaction) is in sled.
+        let mut exclusive = None;
         for entry in entries {
-            // Compaction deletes records a running export may still need: wait for it.
-            let _exclusive = if is_compaction(&entry) {
-                Some(self.export_lock.clone().write_owned().await)
-            } else {
-                None
-            };
-            responses.push(self.applier.apply(&entry)?);
+            if exclusive.is_none() && is_compaction(&entry) {
+                exclusive = Some(self.export_lock.clone().write_owned().await);
+            }
+            responses.push(self.applier.stage(&entry)?);
         }
+        // One sled batch for everything openraft handed over (see mvcc/staged.rs).
+        self.applier.flush()?;
+        drop(exclusive);
         Ok(responses)
     }
 

@@ -1,0 +1,249 @@
+//! `keel-chaos`: runs a chaos run against a real Keel cluster and prints the report.
+//! Exit status: 0 without violations, 1 with violations, 2 on harness errors (the cluster
+//! did not start, converge, or a member did not come back). See docs/chaos.md.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use keel_chaos::check::CheckOptions;
+use keel_chaos::run::cluster::ClusterSpec;
+use keel_chaos::run::faults::{FaultKind, FaultPlan};
+use keel_chaos::run::ports::PortRange;
+use keel_chaos::run::summary::{RunHeader, render};
+use keel_chaos::run::workload::WorkloadSpec;
+use keel_chaos::run::{Inject, RunSpec, default_run_dir, run};
+
+/// Chaos-monkey harness for Keel: N real members behind controllable TCP proxies, seeded
+/// faults, a concurrent KV + watch workload, and linearizability / watch / convergence checks.
+#[derive(Parser, Debug)]
+#[command(name = "keel-chaos", version)]
+struct Cli {
+    /// Members in the cluster under test (3 or 5).
+    #[arg(long, default_value_t = 3, value_parser = parse_nodes)]
+    nodes: usize,
+    /// How long the workload and faults run (e.g. 20s, 2m).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Comma-separated faults: kill, pause, partition, latency, transfer, member, compact,
+    /// failpoint; `all` for every one; `none` for no faults.
+    #[arg(long, default_value = "kill,pause,partition", value_parser = FaultKind::parse_list)]
+    faults: FaultList,
+    /// RNG seed of the fault schedule and the workload (random when not given; always
+    /// printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Concurrent KV clients.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Concurrent watchers on the key range.
+    #[arg(long, default_value_t = 2)]
+    watchers: usize,
+    /// Hot keys.
+    #[arg(long, default_value_t = 8)]
+    keys: usize,
+    /// Deadline of one KV operation.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    op_timeout: Duration,
+    /// Shortest hold of one fault.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    fault_min: Duration,
+    /// Longest hold of one fault.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    fault_max: Duration,
+    /// The `keel` binary (default: $KEEL_BIN, else `keel` next to this executable).
+    #[arg(long)]
+    keel_bin: Option<PathBuf>,
+    /// Ports for members and proxies, `LO-HI` (default: OS-assigned).
+    #[arg(long)]
+    port_range: Option<PortRange>,
+    /// Members' `--heartbeat-interval` (ms).
+    #[arg(long, default_value_t = 100)]
+    heartbeat_interval: u64,
+    /// Members' `--election-timeout` (ms).
+    #[arg(long, default_value_t = 1000)]
+    election_timeout: u64,
+    /// Extra flag for every member (repeatable), e.g. `--keel-arg=--snapshot-count=1000`.
+    #[arg(long = "keel-arg", allow_hyphen_values = true)]
+    keel_args: Vec<String>,
+    /// Run with a deliberately broken server to prove the checkers catch it.
+    #[arg(long, value_enum)]
+    inject: Option<Inject>,
+    /// Write the recorded history as JSON here.
+    #[arg(long)]
+    history_out: Option<PathBuf>,
+    /// Directory for data dirs and logs (default: a fresh temp dir, removed after a clean run).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Keep the directory even after a clean run.
+    #[arg(long)]
+    keep_dir: bool,
+    /// Wall-clock budget of the linearizability search per key.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    check_budget: Duration,
+}
+
+fn parse_nodes(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ (3 | 5)) => Ok(n),
+        _ => Err(format!("--nodes takes 3 or 5, not {s:?}")),
+    }
+}
+
+/// A parsed `--faults` list (a type alias would make clap expect repeated values).
+type FaultList = std::vec::Vec<FaultKind>;
+
+fn keel_binary(cli: &Cli) -> anyhow::Result<PathBuf> {
+    let path = match (&cli.keel_bin, std::env::var_os("KEEL_BIN")) {
+        (Some(p), _) => p.clone(),
+        (None, Some(p)) => PathBuf::from(p),
+        (None, None) => std::env::current_exe()?
+            .parent()
+            .map(|d| d.join("keel"))
+            .ok_or_else(|| anyhow::anyhow!("cannot locate the keel binary"))?,
+    };
+    anyhow::ensure!(
+        path.is_file(),
+        "keel binary {} not found (pass --keel-bin or set KEEL_BIN; build it with \
+         `cargo build --release --bin keel`)",
+        path.display()
+    );
+    Ok(path)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match real_main(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("keel-chaos: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
+    let binary = keel_binary(&cli)?;
+    anyhow::ensure!(
+        cli.fault_min <= cli.fault_max,
+        "--fault-min exceeds --fault-max"
+    );
+    let wants_failpoints = cli.inject.is_some() || cli.faults.contains(&FaultKind::Failpoint);
+    if wants_failpoints && !keel_chaos::run::binary::has_failpoints(&binary)? {
+        anyhow::bail!(
+            "{} was built without failpoints, which --inject and --faults failpoint need: \
+             build it with `cargo build --release -p keel-server --features failpoints` and \
+             pass it with --keel-bin (CI: $KEEL_FAILPOINTS_BIN)",
+            binary.display()
+        );
+    }
+    let seed = cli.seed.unwrap_or_else(rand::random);
+    let dir = match &cli.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => default_run_dir()?,
+    };
+    eprintln!("chaos: seed {seed}, run dir {}", dir.display());
+    let mut env = Vec::new();
+    if cli.inject == Some(Inject::StaleRead) {
+        env.push((
+            "FAILPOINTS".to_string(),
+            "linearizable_read_stale=return".to_string(),
+        ));
+    }
+    let spec = RunSpec {
+        cluster: ClusterSpec {
+            nodes: cli.nodes,
+            binary: binary.clone(),
+            dir: dir.clone(),
+            ports: cli.port_range,
+            heartbeat_ms: cli.heartbeat_interval,
+            election_ms: cli.election_timeout,
+            extra_args: cli.keel_args.clone(),
+            env,
+        },
+        workload: WorkloadSpec {
+            clients: cli.clients.max(1),
+            keys: cli.keys.max(1),
+            op_timeout: cli.op_timeout,
+            seed,
+        },
+        faults: FaultPlan {
+            kinds: cli.faults.clone(),
+            seed,
+            hold: (cli.fault_min, cli.fault_max),
+            symmetric_partitions_only: cli.inject == Some(Inject::StaleRead),
+        },
+        watchers: cli.watchers,
+        duration: cli.duration,
+        check: CheckOptions {
+            linearizability_budget: cli.check_budget,
+            ..CheckOptions::default()
+        },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    // On SIGINT/SIGTERM the run is abandoned; dropping the runtime drops the cluster, whose
+    // member processes are SIGKILLed (kill_on_drop), so no `keel` outlives the harness.
+    let result = runtime.block_on(async {
+        tokio::select! {
+            r = run(spec) => r,
+            s = interrupted() => Err(anyhow::anyhow!(
+                "interrupted by {s}: members stopped, run dir {} kept",
+                dir.display()
+            )),
+        }
+    })?;
+    if let Some(path) = &cli.history_out {
+        std::fs::write(path, serde_json::to_vec(&result.history)?)?;
+        eprintln!("chaos: history written to {}", path.display());
+    }
+    let header = RunHeader {
+        seed,
+        nodes: cli.nodes,
+        faults: cli
+            .faults
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(","),
+        inject: cli.inject.map(|i| format!("{i:?}")),
+        binary: binary.display().to_string(),
+        dir: dir.display().to_string(),
+    };
+    print!("{}", render(&header, &result));
+    let clean = result.report.violations.is_empty() && result.errors.is_empty();
+    if clean && !cli.keep_dir && cli.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        eprintln!("chaos: data dirs and member logs kept in {}", dir.display());
+    }
+    Ok(if !result.report.violations.is_empty() {
+        ExitCode::from(1)
+    } else if !result.errors.is_empty() {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Resolves with the signal's name on the first SIGINT or SIGTERM.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        // Without signal handlers the default action (exit) applies.
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}

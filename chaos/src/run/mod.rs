@@ -1,0 +1,218 @@
+//! One chaos run: start the cluster under test, run the workload, the watchers and the fault
+//! scheduler for the run's duration, heal and restart everything, collect the members' final
+//! hashes, and check the history. See docs/chaos.md.
+
+pub mod binary;
+pub mod cluster;
+pub mod faults;
+pub mod finish;
+pub mod outcome;
+pub mod ports;
+pub mod process;
+pub mod proxy;
+pub mod rpc;
+pub mod summary;
+pub mod watcher;
+pub mod workload;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::check::{CheckOptions, CheckReport, check_history};
+use crate::history::History;
+use cluster::{Cluster, ClusterSpec};
+use faults::{FaultPlan, FaultRecord};
+use watcher::WatcherState;
+use workload::{OpLog, WorkloadSpec};
+
+/// A deliberately broken server, to prove the checkers catch it (`--inject`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Inject {
+    /// Every member starts with `FAILPOINTS=linearizable_read_stale=return`: linearizable
+    /// reads are answered from local state without ReadIndex (needs a `keel` built with the
+    /// `failpoints` feature). Partitions are made symmetric so an isolated member goes stale.
+    StaleRead,
+}
+
+/// Everything a run needs.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub cluster: ClusterSpec,
+    pub workload: WorkloadSpec,
+    pub faults: FaultPlan,
+    /// Watchers on the key range.
+    pub watchers: usize,
+    /// How long the workload and the faults run.
+    pub duration: Duration,
+    pub check: CheckOptions,
+}
+
+/// What a run produced.
+pub struct RunResult {
+    pub history: History,
+    pub faults: Vec<FaultRecord>,
+    pub report: CheckReport,
+    /// Problems of the harness or of the cluster's liveness (not checker violations): a
+    /// member that did not come back, members that did not converge, ...
+    pub errors: Vec<String>,
+    /// Wall-clock time of the workload phase.
+    pub workload_time: Duration,
+}
+
+/// How long the cluster may take to serve after the start and after the final restart.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the members may take to agree on one revision at the end.
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long watchers may take to catch up to the final revision.
+const WATCH_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs one chaos run. The cluster is shut down before this returns (its directory stays).
+///
+/// Errors: only when the cluster cannot be started at all; later problems are listed in
+/// [`RunResult::errors`] with the history recorded so far.
+pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
+    let cluster = Arc::new(Cluster::start(spec.cluster.clone(), READY_TIMEOUT).await?);
+    eprintln!(
+        "chaos: {} members ready in {} ({})",
+        cluster.len(),
+        cluster.dir().display(),
+        cluster
+            .members
+            .iter()
+            .map(|m| format!("{} {}", m.name, m.client_url))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let t0 = Instant::now();
+    let until = t0 + spec.duration;
+    let log = Arc::new(OpLog::default());
+    let clients: Vec<_> = (0..spec.workload.clients)
+        .map(|id| {
+            tokio::spawn(workload::run_client(
+                id as u32,
+                cluster.clone(),
+                spec.workload.clone(),
+                t0,
+                until,
+                log.clone(),
+            ))
+        })
+        .collect();
+    let watch_stop = Arc::new(AtomicBool::new(false));
+    let watch_states: Vec<Arc<WatcherState>> = (0..spec.watchers).map(|_| Arc::default()).collect();
+    let watchers: Vec<_> = watch_states
+        .iter()
+        .enumerate()
+        .map(|(id, state)| {
+            tokio::spawn(watcher::run_watcher(
+                id as u32,
+                cluster.clone(),
+                spec.workload.seed,
+                t0,
+                watch_stop.clone(),
+                state.clone(),
+            ))
+        })
+        .collect();
+    let fault_stop = Arc::new(AtomicBool::new(false));
+    let fault_task = tokio::spawn(faults::run_faults(
+        cluster.clone(),
+        spec.faults.clone(),
+        t0,
+        until,
+        fault_stop.clone(),
+    ));
+
+    let mut errors = Vec::new();
+    for c in clients {
+        if let Err(e) = c.await {
+            errors.push(format!("workload client panicked: {e}"));
+        }
+    }
+    let workload_time = t0.elapsed();
+    fault_stop.store(true, Ordering::SeqCst);
+    let faults = fault_task.await.unwrap_or_else(|e| {
+        errors.push(format!("fault scheduler panicked: {e}"));
+        Vec::new()
+    });
+
+    let mut finals = Vec::new();
+    match end_of_run(&cluster).await {
+        Ok(revision) => {
+            drain_watchers(&watch_states, revision).await;
+            match finish::collect_finals(&cluster, revision).await {
+                Ok(f) => finals = f,
+                Err(e) => errors.push(format!("{e:#}")),
+            }
+        }
+        Err(e) => errors.push(format!("{e:#}")),
+    }
+    watch_stop.store(true, Ordering::SeqCst);
+    for w in watchers {
+        if let Err(e) = w.await {
+            errors.push(format!("watcher panicked: {e}"));
+        }
+    }
+    cluster.shutdown().await;
+
+    let mut history = History {
+        operations: std::mem::take(&mut *log.operations.lock().expect("op log lock")),
+        watches: Vec::new(),
+        finals,
+        member_revisions: std::mem::take(&mut *log.member_revisions.lock().expect("op log lock")),
+    };
+    for s in &watch_states {
+        history
+            .watches
+            .extend(std::mem::take(&mut *s.records.lock().expect("watch lock")));
+    }
+    history.operations.sort_by_key(|o| o.invoke_ns);
+    let check = spec.check.clone();
+    let (history, report) = tokio::task::spawn_blocking(move || {
+        let report = check_history(&history, &check);
+        (history, report)
+    })
+    .await?;
+    Ok(RunResult {
+        history,
+        faults,
+        report,
+        errors,
+        workload_time,
+    })
+}
+
+/// Heals, restarts every member, waits until ready and converged; returns the final revision.
+async fn end_of_run(cluster: &Cluster) -> anyhow::Result<i64> {
+    eprintln!("chaos: healing and restarting every member");
+    finish::heal_all(cluster).await?;
+    finish::restart_all(cluster).await?;
+    cluster.wait_ready(READY_TIMEOUT).await?;
+    let revision = finish::converge(cluster, CONVERGE_TIMEOUT).await?;
+    eprintln!("chaos: converged at revision {revision}");
+    Ok(revision)
+}
+
+/// Waits (bounded) until every watcher has seen `revision`.
+async fn drain_watchers(states: &[Arc<WatcherState>], revision: i64) {
+    let deadline = Instant::now() + WATCH_DRAIN_TIMEOUT;
+    while Instant::now() < deadline
+        && states
+            .iter()
+            .any(|s| s.seen_revision.load(Ordering::SeqCst) < revision)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Where a run's directory lives when not given: a fresh temp dir `keel-chaos-*`.
+pub fn default_run_dir() -> anyhow::Result<PathBuf> {
+    Ok(tempfile::Builder::new()
+        .prefix("keel-chaos-")
+        .tempdir()?
+        .keep())
+}

@@ -1,0 +1,178 @@
+//! Group commit of the apply loop: the changes of several committed write txns (all requests
+//! of one raft entry) gathered into ONE sled batch.
+//!
+//! Why: sled's `apply_batch` rolls its I/O buffer before and after the batch, and each roll
+//! writes the buffer with `sync_file_range(WAIT_AFTER)` (sled 0.34 `pin_log`, `write_to_log`).
+//! One sled batch per request therefore cost two synchronous disk writes per put and capped a
+//! member at about 1,200 puts/s (docs/benchmarks.md, "apply group commit"). Durability does
+//! not need any of it: the raft WAL holds every entry and the consistent index tells a
+//! restarted member where to resume, so a group is exactly as safe as one request.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use keel_proto::mvccpb::Event;
+use sled::IVec;
+
+use super::compactor::Job;
+use super::store::View;
+
+/// Writes one [`super::WriteTxn`] stages besides its MVCC records (consistent index, leases,
+/// member attributes...), with `sled::Batch`'s `insert`/`remove` shape. Unlike a
+/// `sled::Batch` it can be folded into the group's batch, and a dropped txn discards it.
+#[derive(Debug, Default)]
+pub struct Writes {
+    ops: Vec<(IVec, Option<IVec>)>,
+}
+
+impl Writes {
+    /// Stages `key = value`.
+    pub fn insert<K: Into<IVec>, V: Into<IVec>>(&mut self, key: K, value: V) {
+        self.ops.push((key.into(), Some(value.into())));
+    }
+
+    /// Stages the removal of `key`.
+    pub fn remove<K: Into<IVec>>(&mut self, key: K) {
+        self.ops.push((key.into(), None));
+    }
+
+    /// Appends every staged write, in order, to `batch` (a later write of a key wins).
+    pub fn fold_into(self, batch: &mut sled::Batch) {
+        for (key, value) in self.ops {
+            match value {
+                Some(v) => batch.insert(key, v),
+                None => batch.remove(key),
+            }
+        }
+    }
+
+    /// True when nothing is staged.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// Committed write txns that are not in sled yet. Only the apply loop touches it (one writer),
+/// so its mutex is never contended.
+#[derive(Debug, Default)]
+pub(super) struct Staged {
+    /// The view after the last staged txn; readers still see the published one.
+    pub view: Option<Arc<View>>,
+    /// Every staged txn's sled writes, in commit order.
+    pub batch: sled::Batch,
+    /// True once `batch` holds anything (sled::Batch cannot tell).
+    pub dirty: bool,
+    /// The changes of each staged revision, by main revision (`events[sub]` has sub revision
+    /// `sub`): later txns of the group read values from here, as the records are not in sled.
+    pub records: HashMap<i64, Vec<Event>>,
+    /// Highest compact revision among the staged txns (raised before the batch is applied).
+    pub compact_floor: Option<i64>,
+    /// Background removals to hand to the compactor once the batch is applied.
+    pub jobs: Vec<Job>,
+    /// Set when a txn changed the working index and was dropped unstaged: the group can
+    /// never be flushed (see `MvccError::Abandoned`).
+    pub abandoned: Option<String>,
+}
+
+impl Staged {
+    /// The staged change with revision `main`/`sub`, if that revision is staged.
+    pub fn event(&self, main: i64, sub: u32) -> Option<&Event> {
+        self.records.get(&main)?.get(sub as usize)
+    }
+
+    /// True when a flush has nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.view.is_none() && !self.dirty && self.jobs.is_empty() && self.abandoned.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
+
+    use crate::mvcc::{MvccError, MvccStore};
+
+    fn store() -> (sled::Db, MvccStore) {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let store = MvccStore::open(db.open_tree("t").unwrap()).unwrap();
+        (db, store)
+    }
+
+    fn put(key: &str, value: &str) -> PutRequest {
+        PutRequest {
+            key: key.into(),
+            value: value.into(),
+            prev_kv: true,
+            ..Default::default()
+        }
+    }
+
+    fn get(store: &MvccStore, key: &str) -> Option<(Vec<u8>, i64, i64)> {
+        let resp = store
+            .range(&RangeRequest {
+                key: key.into(),
+                ..Default::default()
+            })
+            .unwrap();
+        resp.kvs
+            .first()
+            .map(|kv| (kv.value.clone(), kv.mod_revision, kv.version))
+    }
+
+    #[test]
+    fn a_group_is_invisible_until_flushed_then_lands_whole() {
+        let (db, store) = store();
+        let mut w = store.write();
+        w.put(&put("a", "1")).unwrap();
+        assert_eq!(w.stage().revision, 2);
+        let mut w = store.write();
+        // The second txn reads the first one's staged value (prev_kv) and bumps its version.
+        let resp = w.put(&put("a", "2")).unwrap();
+        assert_eq!(resp.prev_kv.unwrap().value, b"1");
+        w.batch_mut().insert(b"c/extra".as_slice(), b"x".as_slice());
+        assert_eq!(w.stage().revision, 3);
+        assert_eq!(store.current_revision(), 1, "readers see the published view");
+        assert_eq!(store.staged_revision(), 3);
+        assert_eq!(get(&store, "a"), None);
+        assert!(db.open_tree("t").unwrap().get(b"c/extra").unwrap().is_none());
+        store.flush().unwrap();
+        assert_eq!(store.current_revision(), 3);
+        assert_eq!(get(&store, "a"), Some((b"2".to_vec(), 3, 2)));
+        assert!(db.open_tree("t").unwrap().get(b"c/extra").unwrap().is_some());
+        // Both records reached sled: a reopened store rebuilds the same index.
+        drop(store);
+        let reopened = MvccStore::open(db.open_tree("t").unwrap()).unwrap();
+        assert_eq!(reopened.current_revision(), 3);
+        assert_eq!(get(&reopened, "a"), Some((b"2".to_vec(), 3, 2)));
+    }
+
+    #[test]
+    fn an_unchanged_txn_dropped_unstaged_gives_the_group_back() {
+        let (_db, store) = store();
+        let mut w = store.write();
+        w.put(&put("a", "1")).unwrap();
+        w.stage();
+        let w = store.write();
+        drop(w);
+        assert_eq!(store.staged_revision(), 2);
+        store.flush().unwrap();
+        assert_eq!(get(&store, "a"), Some((b"1".to_vec(), 2, 1)));
+    }
+
+    #[test]
+    fn a_changed_txn_dropped_unstaged_abandons_the_group() {
+        let (_db, store) = store();
+        let mut w = store.write();
+        w.put(&put("a", "1")).unwrap();
+        w.stage();
+        let mut w = store.write();
+        w.put(&put("b", "1")).unwrap();
+        drop(w);
+        match store.flush() {
+            Err(MvccError::Abandoned(why)) => assert!(why.contains("revision 3"), "{why}"),
+            other => panic!("expected an abandoned group, got {other:?}"),
+        }
+        assert_eq!(store.current_revision(), 1, "nothing was published");
+        assert_eq!(get(&store, "a"), None);
+    }
+}
