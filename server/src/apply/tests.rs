@@ -199,7 +199,11 @@ fn crash_inside_a_batch_entry_loses_the_entry_and_replay_applies_it_once() {
     }
     let mut a = open(&tree);
     assert_eq!(a.last_applied(), Some(log_id(1)), "entry 2 is not complete");
-    assert_eq!(a.store().current_revision(), 2, "nothing of entry 2 in sled");
+    assert_eq!(
+        a.store().current_revision(),
+        2,
+        "nothing of entry 2 in sled"
+    );
     a.apply(&put(1)).unwrap(); // replayed, skipped
     a.apply(&batch(2, 5)).unwrap();
     assert_eq!(a.last_applied(), Some(log_id(2)));
@@ -237,7 +241,11 @@ fn partial_index_from_per_request_commits_resumes_at_the_first_unapplied_request
     }
     let mut a = open(&tree);
     assert_eq!(a.last_applied(), Some(log_id(1)));
-    assert_eq!(a.store().current_revision(), 4, "two requests of entry 2 landed");
+    assert_eq!(
+        a.store().current_revision(),
+        4,
+        "two requests of entry 2 landed"
+    );
     a.apply(&batch(2, 5)).unwrap();
     assert_eq!(a.last_applied(), Some(log_id(2)));
     assert_eq!(fingerprint(&a), fingerprint(&reference));

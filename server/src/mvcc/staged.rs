@@ -131,14 +131,30 @@ mod tests {
         assert_eq!(resp.prev_kv.unwrap().value, b"1");
         w.batch_mut().insert(b"c/extra".as_slice(), b"x".as_slice());
         assert_eq!(w.stage().revision, 3);
-        assert_eq!(store.current_revision(), 1, "readers see the published view");
+        assert_eq!(
+            store.current_revision(),
+            1,
+            "readers see the published view"
+        );
         assert_eq!(store.staged_revision(), 3);
         assert_eq!(get(&store, "a"), None);
-        assert!(db.open_tree("t").unwrap().get(b"c/extra").unwrap().is_none());
+        assert!(
+            db.open_tree("t")
+                .unwrap()
+                .get(b"c/extra")
+                .unwrap()
+                .is_none()
+        );
         store.flush().unwrap();
         assert_eq!(store.current_revision(), 3);
         assert_eq!(get(&store, "a"), Some((b"2".to_vec(), 3, 2)));
-        assert!(db.open_tree("t").unwrap().get(b"c/extra").unwrap().is_some());
+        assert!(
+            db.open_tree("t")
+                .unwrap()
+                .get(b"c/extra")
+                .unwrap()
+                .is_some()
+        );
         // Both records reached sled: a reopened store rebuilds the same index.
         drop(store);
         let reopened = MvccStore::open(db.open_tree("t").unwrap()).unwrap();
