@@ -70,10 +70,10 @@ pub struct Config {
     /// Time (in milliseconds) for an election to timeout.
     #[arg(long, default_value_t = 1000)]
     pub election_timeout: u64,
-    /// Expired leases the leader revokes per second at most (etcd's fixed rate is 1000).
+    /// Keel: expired leases the leader revokes per second at most (etcd's fixed rate is 1000).
     #[arg(long, default_value_t = 100_000)]
     pub lease_revoke_rate: u64,
-    /// Milliseconds between checkpoints of a lease's remaining TTL through raft, so it
+    /// Keel: milliseconds between checkpoints of a lease's remaining TTL through raft, so it
     /// survives a leader change (etcd `--experimental-lease-checkpoint-interval`, 5 min);
     /// 0 turns checkpoints off (a new leader then restarts every lease's full TTL).
     #[arg(long, default_value_t = 300_000)]

@@ -295,3 +295,83 @@ fn strip_ansi(line: &str) -> String {
     }
     out
 }
+
+/// A txn nested deeper than Keel's limit is refused before it reaches the raft log, by the
+/// leader and by a follower alike (regression: a 49-level txn was accepted, and its log entry,
+/// wrapped in Keel's own messages, exceeded prost's decode nesting limit, so every member
+/// that read it stopped and could not restart). The deepest accepted txn commits, and the
+/// leader restarts from its log.
+#[test]
+fn over_deep_txns_are_refused_and_accepted_ones_survive_a_restart() {
+    use keel_proto::etcdserverpb::{RequestOp, TxnRequest, request_op};
+    use keel_server::api::kv_validate::MAX_TXN_DEPTH;
+
+    fn deep(depth: usize, key: &str) -> TxnRequest {
+        let mut t = TxnRequest {
+            success: vec![RequestOp {
+                request: Some(request_op::Request::RequestPut(PutRequest {
+                    key: key.into(),
+                    value: format!("depth-{depth}").into(),
+                    ..Default::default()
+                })),
+            }],
+            ..Default::default()
+        };
+        for _ in 1..depth {
+            t = TxnRequest {
+                success: vec![RequestOp {
+                    request: Some(request_op::Request::RequestTxn(t)),
+                }],
+                ..Default::default()
+            };
+        }
+        t
+    }
+
+    let _serial = serial();
+    let mut cluster = TestCluster::start(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(10));
+    let follower = (leader + 1) % 3;
+    let (leader_ep, follower_ep) = (
+        cluster.members[leader].endpoint(),
+        cluster.members[follower].endpoint(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        for ep in [&leader_ep, &follower_ep] {
+            let mut kv = grpc::kv(ep).await;
+            for depth in [MAX_TXN_DEPTH + 1, 49] {
+                let err = kv
+                    .txn(deep(depth, "deep"))
+                    .await
+                    .expect_err("an over-deep txn must be refused");
+                assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+                assert_eq!(
+                    err.message(),
+                    "etcdserver: too many operations in txn request"
+                );
+            }
+        }
+        let mut kv = grpc::kv(&follower_ep).await;
+        let resp = kv
+            .txn(deep(MAX_TXN_DEPTH, "deep"))
+            .await
+            .expect("the deepest accepted txn commits")
+            .into_inner();
+        assert!(resp.succeeded);
+    });
+    // The leader's log holds the deepest accepted txn: it restarts and still serves it.
+    cluster.members[leader].kill9();
+    cluster.members[leader].respawn();
+    cluster.wait_ready(&[leader]);
+    rt.block_on(async {
+        let mut kv = grpc::kv(&leader_ep).await;
+        let resp = grpc::range(&mut kv, b"deep", b"").await;
+        assert_eq!(resp.kvs.len(), 1);
+        assert_eq!(
+            resp.kvs[0].value,
+            format!("depth-{MAX_TXN_DEPTH}").into_bytes()
+        );
+        grpc::put(&mut kv, "after", "restart").await;
+    });
+}

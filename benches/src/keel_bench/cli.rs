@@ -28,24 +28,25 @@ pub struct Global {
     )]
     pub endpoints: Vec<String>,
     /// Concurrent requests in flight (etcd `--clients`; one worker each).
-    #[arg(long, global = true, default_value_t = 1)]
+    #[arg(long, global = true, default_value_t = 1, value_parser = at_least_one)]
     pub clients: usize,
     /// HTTP/2 connections (etcd `--conns`), spread over the endpoints round robin.
-    #[arg(long, global = true, default_value_t = 1)]
+    #[arg(long, global = true, default_value_t = 1, value_parser = at_least_one)]
     pub conns: usize,
     /// Requests to send in total (etcd `--total`).
     #[arg(
         long,
         global = true,
         default_value_t = 10_000,
-        conflicts_with = "duration"
+        conflicts_with = "duration",
+        value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub total: u64,
     /// Run for this long instead of a request count, e.g. `10s`, `1m`.
     #[arg(long, global = true, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
     /// Key size in bytes (etcd `--key-size`).
-    #[arg(long, global = true, default_value_t = 8)]
+    #[arg(long, global = true, default_value_t = 8, value_parser = at_least_one)]
     pub key_size: usize,
     /// Value size in bytes (etcd `--val-size`).
     #[arg(long, global = true, default_value_t = 8)]
@@ -59,7 +60,7 @@ pub struct Global {
     /// Open loop: requests per second over all clients, each with an intended send time;
     /// latency counts from that time, so stalls are not hidden (coordinated omission).
     /// 0 = closed loop (each client sends when its previous request finished).
-    #[arg(long, global = true, default_value_t = 0.0)]
+    #[arg(long, global = true, default_value_t = 0.0, allow_negative_numbers = true, value_parser = non_negative_rate)]
     pub rate: f64,
     /// Deadline of one request (grpc-timeout).
     #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "10s")]
@@ -146,6 +147,24 @@ impl Workload {
     }
 }
 
+/// clap value parser for counts that must be at least 1 (`--clients`, `--conns`, `--key-size`).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// clap value parser for `--rate`: requests per second, 0 (closed loop) or more.
+fn non_negative_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
+        Ok(_) => Err("must be a finite number >= 0 (0 = closed loop)".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,5 +198,25 @@ mod tests {
             Cli::try_parse_from(["keel-bench", "--total", "5", "--duration", "1s", "put"]).is_err(),
             "--total and --duration exclude each other"
         );
+    }
+
+    #[test]
+    fn counts_and_rates_out_of_range_are_flag_errors() {
+        for bad in [
+            &["keel-bench", "--clients", "0", "put"][..],
+            &["keel-bench", "--conns", "0", "put"],
+            &["keel-bench", "--key-size", "0", "put"],
+            &["keel-bench", "--total", "0", "put"],
+            &["keel-bench", "--rate", "-5", "put"],
+        ] {
+            let err = Cli::try_parse_from(bad).expect_err("must be refused");
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad:?}: {err}"
+            );
+        }
+        let cli = Cli::try_parse_from(["keel-bench", "--rate", "0", "put"]).unwrap();
+        assert_eq!(cli.global.rate, 0.0);
     }
 }

@@ -102,9 +102,19 @@ impl Worker for KvWorker {
                 self.client.range(range).await.map(drop)
             }
             KvRequest::TxnPut { ops } => {
-                let puts = (0..ops.max(1))
-                    .map(|_| request_op::Request::RequestPut(self.put_op()))
-                    .collect();
+                // Distinct keys: etcd refuses a txn that puts one key twice (DuplicateKey).
+                // Bounded draws, so a key space smaller than `ops` gives a smaller txn.
+                let mut seen = std::collections::HashSet::new();
+                let mut puts = Vec::with_capacity(ops.max(1));
+                for _ in 0..ops.max(1) * 16 {
+                    if puts.len() == ops.max(1) {
+                        break;
+                    }
+                    let put = self.put_op();
+                    if seen.insert(put.key.clone()) {
+                        puts.push(request_op::Request::RequestPut(put));
+                    }
+                }
                 self.client.txn(txn_of(puts)).await.map(drop)
             }
             KvRequest::TxnMixed {

@@ -71,43 +71,52 @@ pub fn check_compaction(r: &CompactionRequest) -> Result<(), EtcdError> {
     Ok(())
 }
 
+/// Deepest txn nesting Keel accepts (a txn whose ops hold a txn is depth 2). prost refuses to
+/// decode messages nested more than 100 levels (each txn level is two: `TxnRequest` and
+/// `RequestOp`), and a raft entry wraps the client's txn in further messages
+/// (`RaftRequest`, `RequestBatch`, the forward RPC), so a txn near that limit would be
+/// accepted from the client but could never be read back from the log. etcd has no separate
+/// depth limit: its ops budget (`--max-txn-ops`, shared down the nesting) stops nesting at
+/// about 128 levels, with the same `TooManyOps` error (docs/compat.md).
+pub const MAX_TXN_DEPTH: usize = 32;
+
 /// etcd `kvServer.Txn` validation: `checkTxnRequest` (sizes, keys, nested ops) and then the
 /// duplicate-key rule (`checkIntervals`) on the success and the failure branch.
 ///
 /// `max_txn_ops` bounds `max(len(compare), len(success), len(failure))` of the top-level
 /// txn; a nested txn gets what its parent left (`max_txn_ops - parent's count`), as in etcd.
 ///
-/// Errors: `TooManyOps`; `EmptyKey` (a compare or an op with an empty key); `ValueProvided` /
+/// Errors: `TooManyOps` (also for nesting deeper than [`MAX_TXN_DEPTH`]); `EmptyKey` (a compare or an op with an empty key); `ValueProvided` /
 /// `LeaseProvided` (a put, as [`check_put`]); `KeyNotFound` for an op with no request set
 /// (etcd's answer to an empty `RequestOp`); `DuplicateKey` when two puts, or a put and a
 /// delete, of one txn (nested txns included) touch the same key.
 pub fn check_txn(r: &TxnRequest, max_txn_ops: usize) -> Result<(), EtcdError> {
-    check_txn_request(r, i64::try_from(max_txn_ops).unwrap_or(i64::MAX))?;
+    check_txn_request(r, i64::try_from(max_txn_ops).unwrap_or(i64::MAX), 1)?;
     check_intervals(&r.success)?;
     check_intervals(&r.failure)?;
     Ok(())
 }
 
-fn check_txn_request(r: &TxnRequest, max_txn_ops: i64) -> Result<(), EtcdError> {
+fn check_txn_request(r: &TxnRequest, max_txn_ops: i64, depth: usize) -> Result<(), EtcdError> {
     let opc = r.compare.len().max(r.success.len()).max(r.failure.len()) as i64;
-    if opc > max_txn_ops {
+    if opc > max_txn_ops || depth > MAX_TXN_DEPTH {
         return Err(EtcdError::TooManyOps);
     }
     if r.compare.iter().any(|c| c.key.is_empty()) {
         return Err(EtcdError::EmptyKey);
     }
     for op in r.success.iter().chain(&r.failure) {
-        check_request_op(op, max_txn_ops - opc)?;
+        check_request_op(op, max_txn_ops - opc, depth)?;
     }
     Ok(())
 }
 
-fn check_request_op(op: &RequestOp, max_txn_ops: i64) -> Result<(), EtcdError> {
+fn check_request_op(op: &RequestOp, max_txn_ops: i64, depth: usize) -> Result<(), EtcdError> {
     match &op.request {
         Some(Request::RequestRange(r)) => check_range(r),
         Some(Request::RequestPut(p)) => check_put(p),
         Some(Request::RequestDeleteRange(d)) => check_delete_range(d),
-        Some(Request::RequestTxn(t)) => check_txn_request(t, max_txn_ops),
+        Some(Request::RequestTxn(t)) => check_txn_request(t, max_txn_ops, depth + 1),
         None => Err(EtcdError::KeyNotFound),
     }
 }
@@ -319,6 +328,46 @@ mod tests {
             }),
             Ok(())
         );
+    }
+
+    /// A txn nested `depth` levels deep (depth 1 = a plain txn) around one put.
+    fn deep(depth: usize) -> TxnRequest {
+        let mut t = txn(vec![put("n")], vec![]);
+        for _ in 1..depth {
+            t = txn(vec![nested(t)], vec![]);
+        }
+        t
+    }
+
+    #[test]
+    fn nesting_is_bounded_so_every_accepted_txn_decodes_from_the_log() {
+        use keel_proto::keelpb::{RaftRequest, RequestBatch, raft_request};
+        use prost::Message;
+        assert_eq!(check(&deep(MAX_TXN_DEPTH)), Ok(()));
+        assert_eq!(check(&deep(MAX_TXN_DEPTH + 1)), Err(EtcdError::TooManyOps));
+        // The deepest accepted txn, as a batch entry of the raft log (and once more wrapped,
+        // as the forward RPC carries it), still decodes: prost stops at 100 nesting levels.
+        let entry = RaftRequest {
+            id: 1,
+            request: Some(raft_request::Request::Batch(RequestBatch {
+                requests: vec![RaftRequest {
+                    id: 2,
+                    request: Some(raft_request::Request::Txn(deep(MAX_TXN_DEPTH))),
+                }],
+            })),
+        };
+        let wrapped = RaftRequest {
+            id: 3,
+            request: Some(raft_request::Request::Batch(RequestBatch {
+                requests: vec![entry],
+            })),
+        };
+        let bytes = wrapped.encode_to_vec();
+        assert_eq!(RaftRequest::decode(bytes.as_slice()).unwrap(), wrapped);
+        // And the limit is real: at etcd's reach (its ops budget allows ~128 levels) the
+        // client's message itself no longer decodes.
+        let too_deep = deep(60).encode_to_vec();
+        assert!(TxnRequest::decode(too_deep.as_slice()).is_err());
     }
 
     #[test]

@@ -86,9 +86,8 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<DefragmentResponse>, Status> {
         let bytes = self.node.defragment().await?;
         tracing::info!(flushed_bytes = bytes, "defragment: store flushed");
-        Ok(Response::new(DefragmentResponse {
-            header: Some(self.node.header(self.node.store.get().current_revision())),
-        }))
+        // etcd 3.4 answers an empty DefragmentResponse (no header).
+        Ok(Response::new(DefragmentResponse { header: None }))
     }
 
     /// etcd `MoveLeader`: only the leader accepts it (`NotLeader` elsewhere, as in etcd;

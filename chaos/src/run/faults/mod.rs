@@ -73,6 +73,9 @@ impl FaultKind {
     ///
     /// Errors: an unknown name, listing the known ones.
     pub fn parse_list(s: &str) -> Result<Vec<FaultKind>, String> {
+        if s.trim().is_empty() {
+            return Err("empty fault list (use `none` for a run without faults)".into());
+        }
         let mut out = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             if part == "all" {
@@ -258,6 +261,7 @@ mod tests {
             FaultKind::ALL.to_vec()
         );
         assert!(FaultKind::parse_list("none").unwrap().is_empty());
+        assert!(FaultKind::parse_list("").unwrap_err().contains("empty fault list"));
         let err = FaultKind::parse_list("kill,nuke").unwrap_err();
         assert!(err.contains("nuke") && err.contains("partition"), "{err}");
     }
