@@ -177,24 +177,14 @@ fn batch_entry_applies_each_request_at_its_own_revision() {
 /// one group that never reached sled); replaying it applies every request once.
 #[test]
 fn crash_inside_a_batch_entry_loses_the_entry_and_replay_applies_it_once() {
-    let reference_db = sled::Config::new().temporary(true).open().unwrap();
-    let mut reference = open(&reference_db.open_tree("t").unwrap());
-    reference.apply(&put(1)).unwrap();
-    reference.apply(&batch(2, 5)).unwrap();
-
+    let reference = put_then_batch_of_five();
     let db = sled::Config::new().temporary(true).open().unwrap();
     let tree = db.open_tree("t").unwrap();
     {
         let mut a = open(&tree);
         a.apply(&put(1)).unwrap();
         // The first two requests of entry 2 are staged, then the member dies.
-        for (k, req) in batch_requests(2, 5).iter().take(2).enumerate() {
-            let next = crate::cindex::ConsistentIndex {
-                applied: Some(log_id(1)),
-                partial: Some((log_id(2), k as u32 + 1)),
-            };
-            a.apply_request(req.request.as_ref(), next).unwrap();
-        }
+        apply_first_two_of_entry_2(&mut a, false);
         assert_eq!(a.store().current_revision(), 2, "staged, not published");
     }
     let mut a = open(&tree);
@@ -220,24 +210,13 @@ fn crash_inside_a_batch_entry_loses_the_entry_and_replay_applies_it_once() {
 /// not yet applied.
 #[test]
 fn partial_index_from_per_request_commits_resumes_at_the_first_unapplied_request() {
-    let reference_db = sled::Config::new().temporary(true).open().unwrap();
-    let mut reference = open(&reference_db.open_tree("t").unwrap());
-    reference.apply(&put(1)).unwrap();
-    reference.apply(&batch(2, 5)).unwrap();
-
+    let reference = put_then_batch_of_five();
     let db = sled::Config::new().temporary(true).open().unwrap();
     let tree = db.open_tree("t").unwrap();
     {
         let mut a = open(&tree);
         a.apply(&put(1)).unwrap();
-        for (k, req) in batch_requests(2, 5).iter().take(2).enumerate() {
-            let next = crate::cindex::ConsistentIndex {
-                applied: Some(log_id(1)),
-                partial: Some((log_id(2), k as u32 + 1)),
-            };
-            a.apply_request(req.request.as_ref(), next).unwrap();
-            a.store().flush().unwrap(); // the old per-request commit
-        }
+        apply_first_two_of_entry_2(&mut a, true); // the old per-request commits
     }
     let mut a = open(&tree);
     assert_eq!(a.last_applied(), Some(log_id(1)));
@@ -249,6 +228,30 @@ fn partial_index_from_per_request_commits_resumes_at_the_first_unapplied_request
     a.apply(&batch(2, 5)).unwrap();
     assert_eq!(a.last_applied(), Some(log_id(2)));
     assert_eq!(fingerprint(&a), fingerprint(&reference));
+}
+
+/// A store that applied `put(1)` and then `batch(2, 5)` without interruption.
+fn put_then_batch_of_five() -> Applier {
+    let db = sled::Config::new().temporary(true).open().unwrap();
+    let mut a = open(&db.open_tree("t").unwrap());
+    a.apply(&put(1)).unwrap();
+    a.apply(&batch(2, 5)).unwrap();
+    a
+}
+
+/// Applies the first two requests of `batch(2, 5)` with the partial consistent index each
+/// stages, flushing each one (as Keel did before group commit) when `flush_each`.
+fn apply_first_two_of_entry_2(a: &mut Applier, flush_each: bool) {
+    for (k, req) in batch_requests(2, 5).iter().take(2).enumerate() {
+        let next = crate::cindex::ConsistentIndex {
+            applied: Some(log_id(1)),
+            partial: Some((log_id(2), k as u32 + 1)),
+        };
+        a.apply_request(req.request.as_ref(), next).unwrap();
+        if flush_each {
+            a.store().flush().unwrap();
+        }
+    }
 }
 
 fn batch_requests(index: u64, n: u64) -> Vec<RaftRequest> {

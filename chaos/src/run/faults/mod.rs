@@ -261,7 +261,11 @@ mod tests {
             FaultKind::ALL.to_vec()
         );
         assert!(FaultKind::parse_list("none").unwrap().is_empty());
-        assert!(FaultKind::parse_list("").unwrap_err().contains("empty fault list"));
+        assert!(
+            FaultKind::parse_list("")
+                .unwrap_err()
+                .contains("empty fault list")
+        );
         let err = FaultKind::parse_list("kill,nuke").unwrap_err();
         assert!(err.contains("nuke") && err.contains("partition"), "{err}");
     }
