@@ -5,34 +5,29 @@
 //! time after its invoke, or never). Evidence, from Keel's sources:
 //!
 //! - Reads (`Range`) change nothing, so a failed read is always `Failed`.
-//! - A TCP connect error (`tcp connect error`, `Connection refused`) means no byte of the
-//!   request left the client.
-//! - `InvalidArgument` comes from `api/kv_validate.rs`, run before `Node::propose`
-//!   (server/src/api/kv.rs); `ResourceExhausted` is `NoSpace` from `Node::check_quota`, also
-//!   checked before proposing; `etcdserver: rpc not supported for learner` is returned by
-//!   `KvService::write` before proposing.
-//! - Everything else may come after the request entered the raft log: `NoLeader`/`Timeout`/
-//!   `TimeoutDueToLeaderFail` from `Node::propose_entry` can follow a forward whose answer was
-//!   lost or a proposal the old leader appended; `Stopped` can follow an append; deadline
-//!   expiry and broken connections say nothing. These are `Unknown`.
+//! - A TCP connect error (`tcp connect error`, `Connection refused`, also when only its text
+//!   survived in the status) means no byte of the request left the client.
+//! - Otherwise keel-client's [`ClientError::may_have_applied`] decides: it is the project's
+//!   one record of which etcd errors Keel returns before proposing (`InvalidArgument` from
+//!   `api/kv_validate.rs`, `NoSpace` from the quota check, "not supported for learner", ...)
+//!   and which may follow an append (`NoLeader`, `Timeout`, `TimeoutDueToLeaderFail`,
+//!   `Stopped`, deadline expiry, broken connections): those are `Unknown`.
 
+use keel_client::ClientError;
 use tonic::{Code, Status};
 
 use crate::history::{Input, Outcome};
 
-/// etcd's message for a write refused on a learner (rpctypes.ErrGRPCNotSupportedForLearner).
-const NOT_FOR_LEARNER: &str = "etcdserver: rpc not supported for learner";
-
 /// The outcome of `input` that ended with `status`. See the module docs.
 pub fn classify(input: &Input, status: &Status) -> Outcome {
     let what = format!("{:?}: {}", status.code(), status.message());
-    if !input.is_write() || is_connect_error(status) {
-        return Outcome::Failed(what);
-    }
-    match status.code() {
-        Code::InvalidArgument | Code::ResourceExhausted => Outcome::Failed(what),
-        _ if status.message() == NOT_FOR_LEARNER => Outcome::Failed(what),
-        _ => Outcome::Unknown(what),
+    if !input.is_write()
+        || is_connect_error(status)
+        || !ClientError::from_status(status, "").may_have_applied()
+    {
+        Outcome::Failed(what)
+    } else {
+        Outcome::Unknown(what)
     }
 }
 
@@ -78,6 +73,8 @@ mod tests {
         assert!(matches!(classify(&put(), &invalid), Outcome::Failed(_)));
         let quota = Status::resource_exhausted("etcdserver: mvcc: database space exceeded");
         assert!(matches!(classify(&put(), &quota), Outcome::Failed(_)));
+        let learner = Status::unavailable("etcdserver: rpc not supported for learner");
+        assert!(matches!(classify(&put(), &learner), Outcome::Failed(_)));
         let refused = Status::unavailable("tcp connect error: Connection refused (os error 111)");
         assert!(matches!(classify(&put(), &refused), Outcome::Failed(_)));
         let reset = Status::unavailable("error reading a body from connection");

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use keel_proto::keelpb::{
     ApplyError, RaftRequest, RaftResponse, ResponseBatch, raft_request, raft_response,
 };
-use keel_proto::mvccpb::Event;
 use openraft::{EntryPayload, StorageIOError, StoredMembership};
 
 use crate::cindex::{self, ConsistentIndex};
@@ -47,11 +46,9 @@ pub struct Applier {
     lessor: Arc<Lessor>,
     ci: ConsistentIndex,
     membership: StoredMembership<NodeId, MemberNode>,
-    /// Receives the events of every committed revision (watchers on this member).
+    /// Receives the events of every committed revision (watchers on this member), after
+    /// their group is in sled (a watcher that catches up from the store must find them).
     watch: Option<Arc<WatchHub>>,
-    /// Events of the revisions staged in the current entry, handed to `watch` after the
-    /// flush (a watcher that catches up from the store must find their records).
-    notify: Vec<(i64, Vec<Event>)>,
 }
 
 impl Applier {
@@ -92,7 +89,6 @@ impl Applier {
             ci,
             membership,
             watch: None,
-            notify: Vec::new(),
         })
     }
 
@@ -186,16 +182,15 @@ impl Applier {
     pub fn flush(&mut self) -> Result<(), StorageError> {
         // Crash with the group's changes staged but not written with their consistent index.
         crate::failpoint::crash_point!("apply_before_cindex");
-        self.store
+        let changes = self
+            .store
             .flush()
             .map_err(|e| StorageIOError::write_state_machine(&e))?;
         if let Some(hub) = &self.watch {
-            for (revision, events) in self.notify.drain(..) {
+            for (revision, events) in changes {
                 // Never blocks: slow watchers fall behind and catch up from the store.
                 hub.notify(revision, events);
             }
-        } else {
-            self.notify.clear();
         }
         Ok(())
     }
@@ -299,9 +294,6 @@ impl Applier {
                 self.ci = next;
                 lessor.publish(lease_outcome, &committed.events);
                 let revision = committed.revision;
-                if !committed.events.is_empty() {
-                    self.notify.push((revision, committed.events));
-                }
                 if let Some(Rq::MemberAttributes(a)) = req {
                     self.attributes.publish(a.clone());
                 }

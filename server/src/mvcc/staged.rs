@@ -75,6 +75,13 @@ pub(super) struct Staged {
 }
 
 impl Staged {
+    /// The staged changes in revision order (what watchers hear of once the group is in sled).
+    pub fn into_events(self) -> Vec<(i64, Vec<Event>)> {
+        let mut events: Vec<_> = self.records.into_iter().collect();
+        events.sort_unstable_by_key(|(revision, _)| *revision);
+        events
+    }
+
     /// The staged change with revision `main`/`sub`, if that revision is staged.
     pub fn event(&self, main: i64, sub: u32) -> Option<&Event> {
         self.records.get(&main)?.get(sub as usize)

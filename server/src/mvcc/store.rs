@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use keel_proto::etcdserverpb::{RangeRequest, RangeResponse};
-use keel_proto::mvccpb::KeyValue;
+use keel_proto::mvccpb::{Event, KeyValue};
 
 use super::MvccError;
 use super::backend::{self, FORMAT_VERSION, META_COMPACT, META_FORMAT};
@@ -253,16 +253,17 @@ impl MvccStore {
     }
 
     /// Applies every staged txn to sled as ONE batch, then publishes the last staged view
-    /// and hands staged compaction removals to the compactor. A no-op when nothing is
-    /// staged. Only the apply loop calls it, with no [`WriteTxn`] open.
+    /// and hands staged compaction removals to the compactor. Returns the group's changes,
+    /// `(revision, events)` in revision order, for watchers. A no-op (returning nothing) when
+    /// nothing is staged. Only the apply loop calls it, with no [`WriteTxn`] open.
     ///
-    /// Errors: sled I/O; then nothing is published (the member must stop: its applied state
-    /// is behind what it acknowledged to the group).
-    pub fn flush(&self) -> Result<(), MvccError> {
-        let group = {
+    /// Errors: sled I/O, or an abandoned group; then nothing is published (the member must
+    /// stop: its applied state is behind what it acknowledged to the group).
+    pub fn flush(&self) -> Result<Vec<(i64, Vec<Event>)>, MvccError> {
+        let mut group = {
             let mut staged = self.staged();
             if staged.is_empty() {
-                return Ok(());
+                return Ok(Vec::new());
             }
             if let Some(why) = &staged.abandoned {
                 return Err(MvccError::Abandoned(why.clone()));
@@ -274,15 +275,15 @@ impl MvccStore {
             self.compact_floor.fetch_max(floor, Ordering::AcqRel);
         }
         if group.dirty {
-            self.tree.apply_batch(group.batch)?;
+            self.tree.apply_batch(std::mem::take(&mut group.batch))?;
         }
-        if let Some(view) = group.view {
+        if let Some(view) = group.view.take() {
             self.publish(view);
         }
-        for job in group.jobs {
+        for job in std::mem::take(&mut group.jobs) {
             self.compactor.submit(job);
         }
-        Ok(())
+        Ok(group.into_events())
     }
 
     /// Called by [`WriteTxn`]'s drop.

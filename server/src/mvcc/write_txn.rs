@@ -270,7 +270,7 @@ impl<'a> WriteTxn<'a> {
     pub fn commit(self) -> Result<Committed, MvccError> {
         let store = self.store;
         let committed = self.stage();
-        store.flush()?;
+        store.flush()?; // the events are in `committed` already
         Ok(committed)
     }
 
