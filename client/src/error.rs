@@ -5,99 +5,79 @@
 //! not. [`ClientError::may_have_applied`] answers from what each error proves, based on
 //! where Keel returns it (evidence per variant below; server sources: `server/src/node.rs`
 //! `propose`/`propose_entry`, `server/src/raft/proposer.rs`, `server/src/api/kv.rs`,
-//! `server/src/api/lease_leader.rs`, `server/src/error.rs`). The etcd error texts are
-//! etcd's `api/v3rpc/rpctypes/error.go`, which Keel returns verbatim.
+//! `server/src/api/lease_leader.rs`, `server/src/error.rs`). The etcd error texts and codes
+//! come from [`keel_proto::rpctypes`], the catalogue Keel's server answers from (etcd's
+//! `api/v3rpc/rpctypes/error.go`, verbatim).
 
 use std::error::Error as _;
 
+use keel_proto::rpctypes::RpcError;
 use tonic::{Code, Status};
 
 /// An etcd error text a client reacts to (etcd `rpctypes.ErrGRPC*`), recognised from the
-/// gRPC status message.
+/// gRPC status message: a group of [`RpcError`] catalogue entries ([`EtcdText::of`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EtcdText {
-    /// `etcdserver: no leader` (Unavailable).
+    /// [`RpcError::NoLeader`] (Unavailable).
     NoLeader,
-    /// `etcdserver: not leader` (FailedPrecondition).
+    /// [`RpcError::NotLeader`] (FailedPrecondition).
     NotLeader,
-    /// `etcdserver: leader changed` (Unavailable).
+    /// [`RpcError::LeaderChanged`] (Unavailable).
     LeaderChanged,
-    /// `etcdserver: server stopped` (Unavailable).
+    /// [`RpcError::Stopped`] (Unavailable).
     Stopped,
-    /// `etcdserver: request timed out` and its two variants naming a leader failure or a
-    /// leadership transfer (Unavailable).
+    /// [`RpcError::Timeout`] and its two variants naming a leader failure or a leadership
+    /// transfer, [`RpcError::TimeoutDueToLeaderFail`] and [`RpcError::TimeoutLeaderTransfer`]
+    /// (Unavailable).
     RequestTimedOut,
-    /// `etcdserver: unhealthy cluster` (Unavailable).
+    /// [`RpcError::Unhealthy`] (Unavailable).
     Unhealthy,
-    /// `etcdserver: rpc not supported for learner` (Unavailable).
+    /// [`RpcError::NotSupportedForLearner`] (Unavailable).
     NotSupportedForLearner,
-    /// `etcdserver: mvcc: required revision has been compacted` (OutOfRange).
+    /// [`RpcError::Compacted`] (OutOfRange).
     Compacted,
-    /// `etcdserver: mvcc: required revision is a future revision` (OutOfRange).
+    /// [`RpcError::FutureRev`] (OutOfRange).
     FutureRevision,
-    /// `etcdserver: mvcc: database space exceeded` (ResourceExhausted, NOSPACE alarm).
+    /// [`RpcError::NoSpace`] (ResourceExhausted, NOSPACE alarm).
     NoSpace,
-    /// `etcdserver: too many requests` (ResourceExhausted).
+    /// [`RpcError::TooManyRequests`] (ResourceExhausted).
     TooManyRequests,
-    /// `etcdserver: requested lease not found` (NotFound).
+    /// [`RpcError::LeaseNotFound`] (NotFound).
     LeaseNotFound,
-    /// `etcdserver: request is too large` (InvalidArgument).
+    /// [`RpcError::RequestTooLarge`] (InvalidArgument).
     RequestTooLarge,
-    /// `etcdserver: corrupt cluster` (DataLoss).
+    /// [`RpcError::Corrupt`] (DataLoss).
     Corrupt,
 }
 
 impl EtcdText {
-    /// Every recognised text, with the exact message etcd and Keel send.
-    const ALL: &'static [(EtcdText, &'static str)] = &[
-        (EtcdText::NoLeader, "etcdserver: no leader"),
-        (EtcdText::NotLeader, "etcdserver: not leader"),
-        (EtcdText::LeaderChanged, "etcdserver: leader changed"),
-        (EtcdText::Stopped, "etcdserver: server stopped"),
-        (EtcdText::RequestTimedOut, "etcdserver: request timed out"),
-        (
-            EtcdText::RequestTimedOut,
-            "etcdserver: request timed out, possibly due to previous leader failure",
-        ),
-        (
-            EtcdText::RequestTimedOut,
-            "etcdserver: request timed out, leader transfer took too long",
-        ),
-        (EtcdText::Unhealthy, "etcdserver: unhealthy cluster"),
-        (
-            EtcdText::NotSupportedForLearner,
-            "etcdserver: rpc not supported for learner",
-        ),
-        (
-            EtcdText::Compacted,
-            "etcdserver: mvcc: required revision has been compacted",
-        ),
-        (
-            EtcdText::FutureRevision,
-            "etcdserver: mvcc: required revision is a future revision",
-        ),
-        (
-            EtcdText::NoSpace,
-            "etcdserver: mvcc: database space exceeded",
-        ),
-        (EtcdText::TooManyRequests, "etcdserver: too many requests"),
-        (
-            EtcdText::LeaseNotFound,
-            "etcdserver: requested lease not found",
-        ),
-        (
-            EtcdText::RequestTooLarge,
-            "etcdserver: request is too large",
-        ),
-        (EtcdText::Corrupt, "etcdserver: corrupt cluster"),
-    ];
-
     /// Recognises an etcd error text (exact match, as etcd's clientv3 does).
     pub fn parse(message: &str) -> Option<EtcdText> {
-        EtcdText::ALL
-            .iter()
-            .find(|(_, text)| *text == message)
-            .map(|(e, _)| *e)
+        RpcError::from_message(message).and_then(EtcdText::of)
+    }
+
+    /// The text a catalogue entry belongs to, if the client reacts to it; the other entries
+    /// (refusals of the request itself) are classified by their gRPC code.
+    pub fn of(error: RpcError) -> Option<EtcdText> {
+        Some(match error {
+            RpcError::NoLeader => EtcdText::NoLeader,
+            RpcError::NotLeader => EtcdText::NotLeader,
+            RpcError::LeaderChanged => EtcdText::LeaderChanged,
+            RpcError::Stopped => EtcdText::Stopped,
+            RpcError::Timeout
+            | RpcError::TimeoutDueToLeaderFail
+            | RpcError::TimeoutLeaderTransfer => EtcdText::RequestTimedOut,
+            RpcError::Unhealthy => EtcdText::Unhealthy,
+            RpcError::NotSupportedForLearner => EtcdText::NotSupportedForLearner,
+            RpcError::Compacted => EtcdText::Compacted,
+            RpcError::FutureRev => EtcdText::FutureRevision,
+            RpcError::NoSpace => EtcdText::NoSpace,
+            RpcError::TooManyRequests => EtcdText::TooManyRequests,
+            RpcError::LeaseNotFound => EtcdText::LeaseNotFound,
+            RpcError::RequestTooLarge => EtcdText::RequestTooLarge,
+            RpcError::Corrupt => EtcdText::Corrupt,
+            _ => return None,
+        })
     }
 
     /// A short stable name, e.g. `no_leader` (used as an error kind in reports).
@@ -272,6 +252,22 @@ impl ClientError {
         }
     }
 
+    /// The etcd catalogue entry this error's message is, whatever its classification (also
+    /// for refusals such as [`RpcError::UserAlreadyExist`] or [`RpcError::PermissionDenied`]),
+    /// looked up by exact text as clientv3's `rpctypes.Error` does; `None` for other texts
+    /// and for errors the client built itself.
+    pub fn rpc_error(&self) -> Option<RpcError> {
+        match self {
+            ClientError::Etcd { message, .. }
+            | ClientError::Rejected { message, .. }
+            | ClientError::Server { message, .. } => RpcError::from_message(message),
+            ClientError::NotSent { .. }
+            | ClientError::DeadlineExceeded { .. }
+            | ClientError::ConnectionLost { .. }
+            | ClientError::WatchCanceled { .. } => None,
+        }
+    }
+
     /// Whether the request may have been applied (taken effect) despite this error. `false`
     /// is a proof that it was not (see [`EtcdText::may_have_applied`] for the evidence per
     /// etcd text); `true` means "unknown".
@@ -384,6 +380,61 @@ mod tests {
             "etcdserver: rpc not supported for learner",
         );
         assert!(!e.may_have_applied() && e.is_transient());
+    }
+
+    /// Every text the client reacted to before the catalogue moved to `keel-proto`.
+    #[rustfmt::skip]
+    const RECOGNISED: &[(&str, EtcdText)] = &[
+        ("etcdserver: no leader", EtcdText::NoLeader),
+        ("etcdserver: not leader", EtcdText::NotLeader),
+        ("etcdserver: leader changed", EtcdText::LeaderChanged),
+        ("etcdserver: server stopped", EtcdText::Stopped),
+        ("etcdserver: request timed out", EtcdText::RequestTimedOut),
+        ("etcdserver: request timed out, possibly due to previous leader failure", EtcdText::RequestTimedOut),
+        ("etcdserver: request timed out, leader transfer took too long", EtcdText::RequestTimedOut),
+        ("etcdserver: unhealthy cluster", EtcdText::Unhealthy),
+        ("etcdserver: rpc not supported for learner", EtcdText::NotSupportedForLearner),
+        ("etcdserver: mvcc: required revision has been compacted", EtcdText::Compacted),
+        ("etcdserver: mvcc: required revision is a future revision", EtcdText::FutureRevision),
+        ("etcdserver: mvcc: database space exceeded", EtcdText::NoSpace),
+        ("etcdserver: too many requests", EtcdText::TooManyRequests),
+        ("etcdserver: requested lease not found", EtcdText::LeaseNotFound),
+        ("etcdserver: request is too large", EtcdText::RequestTooLarge),
+        ("etcdserver: corrupt cluster", EtcdText::Corrupt),
+    ];
+
+    #[test]
+    fn every_recognised_text_maps_to_its_etcd_text() {
+        for &(message, expected) in RECOGNISED {
+            assert_eq!(EtcdText::parse(message), Some(expected), "{message}");
+        }
+        // Catalogued texts the client does not react to are classified by their code.
+        assert_eq!(EtcdText::parse("etcdserver: key is not provided"), None);
+        assert_eq!(
+            EtcdText::parse("etcdserver: user name already exists"),
+            None
+        );
+        assert_eq!(EtcdText::parse("etcdserver: no leader."), None);
+    }
+
+    #[test]
+    fn received_statuses_map_back_to_catalogue_entries_by_text() {
+        let e = classify(
+            Code::FailedPrecondition,
+            "etcdserver: user name already exists",
+        );
+        assert_eq!(e.kind(), "rejected_failed_precondition");
+        assert_eq!(e.rpc_error(), Some(RpcError::UserAlreadyExist));
+        let e = classify(Code::Unauthenticated, "etcdserver: invalid auth token");
+        assert_eq!(e.rpc_error(), Some(RpcError::InvalidAuthToken));
+        let e = classify(Code::Unavailable, "etcdserver: no leader");
+        assert_eq!(e.rpc_error(), Some(RpcError::NoLeader));
+        assert_eq!(classify(Code::Internal, "disk on fire").rpc_error(), None);
+        let timeout = Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        assert_eq!(
+            ClientError::from_status(&timeout, "127.0.0.1:1").rpc_error(),
+            None
+        );
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!   offers typed calls (`put`, `get`, `delete`, `txn`, `compact`, `lease_grant`,
 //!   `lease_keep_alive`, `watch_key`).
 //! - [`ClientError`]: a failed call, classified from the gRPC status and etcd's error texts
-//!   (`api/v3rpc/rpctypes/error.go`), with [`ClientError::may_have_applied`].
+//!   ([`rpctypes`], etcd's `api/v3rpc/rpctypes/error.go`), with
+//!   [`ClientError::may_have_applied`] and [`ClientError::rpc_error`].
 //! - [`RetryPolicy`]: bounded attempts and time; reads retry on another member when the
 //!   cluster is briefly unavailable, writes only when the error proves they were not applied.
 
@@ -27,5 +28,6 @@ pub use options::ClientOptions;
 pub use retry::{Decision, RetryPolicy};
 pub use watch::WatchStream;
 
-/// The etcd v3 protocol types this client speaks (re-exported from `keel-proto`).
-pub use keel_proto::{etcdserverpb, mvccpb};
+/// The etcd v3 protocol types this client speaks and etcd's error catalogue (re-exported
+/// from `keel-proto`).
+pub use keel_proto::{etcdserverpb, mvccpb, rpctypes};

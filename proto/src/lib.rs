@@ -5,12 +5,15 @@
 //!   numbers), written from etcd's public API reference.
 //! - [`keelpb`]: Keel's internal protocol: the raft request carried in log entries and the
 //!   peer RPCs between members.
+//! - [`rpctypes`]: etcd's error catalogue (codes and exact texts), shared by server and client.
 
 #![allow(clippy::all, missing_docs)]
 
 /// The etcd API version the protos of this crate implement; Keel reports it in
 /// `Maintenance.Status` as `StatusResponse.version` (etcd's `api/etcdserverpb/rpc.proto`).
 pub const ETCD_API_VERSION: &str = "3.6.0";
+
+pub mod rpctypes;
 
 /// etcd `mvccpb`: `KeyValue` and watch `Event` (api/mvccpb/kv.proto).
 pub mod mvccpb {

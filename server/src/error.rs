@@ -1,86 +1,26 @@
-//! etcd's client-facing error catalogue.
+//! The error every client-facing server path returns: one of etcd's catalogued errors, or a
+//! Keel-internal failure.
 //!
 //! Every error a client can see carries etcd's gRPC status code and etcd's exact message, so
-//! etcdctl and clientv3 react to Keel's errors as they do to etcd's. Source of the texts and
-//! codes: etcd `api/v3rpc/rpctypes/error.go` (`ErrGRPC*`), unchanged from 3.4 to 3.6.
+//! etcdctl and clientv3 react to Keel's errors as they do to etcd's. The codes and texts are
+//! defined once, in [`keel_proto::rpctypes`] (etcd `api/v3rpc/rpctypes/error.go`), which the
+//! client shares.
 
+use std::fmt;
+
+use keel_proto::rpctypes::RpcError;
 use tonic::{Code, Status};
 
 /// An etcd API error: a gRPC status code plus etcd's message text.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// The associated constants (`EtcdError::Compacted`, `EtcdError::NoLeader`, ...) name the
+/// catalogue entries Keel returns; they work as values and in patterns. Another entry is
+/// `EtcdError::from(RpcError::X)`.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EtcdError {
-    #[error("etcdserver: key is not provided")]
-    EmptyKey,
-    #[error("etcdserver: key not found")]
-    KeyNotFound,
-    #[error("etcdserver: value is provided")]
-    ValueProvided,
-    #[error("etcdserver: lease is provided")]
-    LeaseProvided,
-    #[error("etcdserver: too many operations in txn request")]
-    TooManyOps,
-    #[error("etcdserver: duplicate key given in txn request")]
-    DuplicateKey,
-    #[error("etcdserver: request is too large")]
-    RequestTooLarge,
-    #[error("etcdserver: too many requests")]
-    TooManyRequests,
-    #[error("etcdserver: mvcc: required revision has been compacted")]
-    Compacted,
-    #[error("etcdserver: mvcc: required revision is a future revision")]
-    FutureRev,
-    #[error("etcdserver: mvcc: database space exceeded")]
-    NoSpace,
-    #[error("etcdserver: requested lease not found")]
-    LeaseNotFound,
-    #[error("etcdserver: lease already exists")]
-    LeaseExist,
-    #[error("etcdserver: too large lease TTL")]
-    LeaseTtlTooLarge,
-    #[error("etcdserver: member ID already exist")]
-    MemberExist,
-    #[error("etcdserver: Peer URLs already exists")]
-    PeerUrlExist,
-    #[error("etcdserver: re-configuration failed due to not enough started members")]
-    MemberNotEnoughStarted,
-    #[error("etcdserver: given member URLs are invalid")]
-    MemberBadUrls,
-    #[error("etcdserver: member not found")]
-    MemberNotFound,
-    #[error("etcdserver: can only promote a learner member")]
-    MemberNotLearner,
-    #[error("etcdserver: can only promote a learner member which is in sync with leader")]
-    LearnerNotReady,
-    #[error("etcdserver: too many learner members in cluster")]
-    TooManyLearners,
-    #[error("etcdserver: no leader")]
-    NoLeader,
-    #[error("etcdserver: not leader")]
-    NotLeader,
-    #[error("etcdserver: leader changed")]
-    LeaderChanged,
-    #[error("etcdserver: server stopped")]
-    Stopped,
-    #[error("etcdserver: request timed out")]
-    Timeout,
-    #[error("etcdserver: bad leader transferee")]
-    BadLeaderTransferee,
-    #[error("etcdserver: request timed out, leader transfer took too long")]
-    TimeoutLeaderTransfer,
-    #[error("etcdserver: request timed out, possibly due to previous leader failure")]
-    TimeoutDueToLeaderFail,
-    #[error("etcdserver: unhealthy cluster")]
-    Unhealthy,
-    #[error("etcdserver: rpc not supported for learner")]
-    NotSupportedForLearner,
-    #[error("etcdserver: corrupt cluster")]
-    Corrupt,
-    #[error("etcdserver: authentication is not enabled")]
-    AuthNotEnabled,
-    #[error("etcdserver: invalid auth token")]
-    InvalidAuthToken,
-    #[error("etcdserver: permission denied")]
-    PermissionDenied,
+    /// One of etcd's errors, with the catalogue's code and text.
+    #[error(transparent)]
+    Rpc(RpcError),
     /// A Keel-internal failure (storage I/O, a broken invariant). The text is Keel's own.
     #[error("{0}")]
     Internal(String),
@@ -89,90 +29,123 @@ pub enum EtcdError {
     InvalidArgument(String),
 }
 
+/// The catalogue entries Keel returns today, under the names the server code uses.
+#[allow(non_upper_case_globals)]
+impl EtcdError {
+    /// [`RpcError::EmptyKey`].
+    pub const EmptyKey: EtcdError = EtcdError::Rpc(RpcError::EmptyKey);
+    /// [`RpcError::KeyNotFound`].
+    pub const KeyNotFound: EtcdError = EtcdError::Rpc(RpcError::KeyNotFound);
+    /// [`RpcError::ValueProvided`].
+    pub const ValueProvided: EtcdError = EtcdError::Rpc(RpcError::ValueProvided);
+    /// [`RpcError::LeaseProvided`].
+    pub const LeaseProvided: EtcdError = EtcdError::Rpc(RpcError::LeaseProvided);
+    /// [`RpcError::TooManyOps`].
+    pub const TooManyOps: EtcdError = EtcdError::Rpc(RpcError::TooManyOps);
+    /// [`RpcError::DuplicateKey`].
+    pub const DuplicateKey: EtcdError = EtcdError::Rpc(RpcError::DuplicateKey);
+    /// [`RpcError::RequestTooLarge`].
+    pub const RequestTooLarge: EtcdError = EtcdError::Rpc(RpcError::RequestTooLarge);
+    /// [`RpcError::TooManyRequests`].
+    pub const TooManyRequests: EtcdError = EtcdError::Rpc(RpcError::TooManyRequests);
+    /// [`RpcError::Compacted`].
+    pub const Compacted: EtcdError = EtcdError::Rpc(RpcError::Compacted);
+    /// [`RpcError::FutureRev`].
+    pub const FutureRev: EtcdError = EtcdError::Rpc(RpcError::FutureRev);
+    /// [`RpcError::NoSpace`].
+    pub const NoSpace: EtcdError = EtcdError::Rpc(RpcError::NoSpace);
+    /// [`RpcError::LeaseNotFound`].
+    pub const LeaseNotFound: EtcdError = EtcdError::Rpc(RpcError::LeaseNotFound);
+    /// [`RpcError::LeaseExist`].
+    pub const LeaseExist: EtcdError = EtcdError::Rpc(RpcError::LeaseExist);
+    /// [`RpcError::LeaseTtlTooLarge`].
+    pub const LeaseTtlTooLarge: EtcdError = EtcdError::Rpc(RpcError::LeaseTtlTooLarge);
+    /// [`RpcError::MemberExist`].
+    pub const MemberExist: EtcdError = EtcdError::Rpc(RpcError::MemberExist);
+    /// [`RpcError::PeerUrlExist`].
+    pub const PeerUrlExist: EtcdError = EtcdError::Rpc(RpcError::PeerUrlExist);
+    /// [`RpcError::MemberNotEnoughStarted`].
+    pub const MemberNotEnoughStarted: EtcdError = EtcdError::Rpc(RpcError::MemberNotEnoughStarted);
+    /// [`RpcError::MemberBadUrls`].
+    pub const MemberBadUrls: EtcdError = EtcdError::Rpc(RpcError::MemberBadUrls);
+    /// [`RpcError::MemberNotFound`].
+    pub const MemberNotFound: EtcdError = EtcdError::Rpc(RpcError::MemberNotFound);
+    /// [`RpcError::MemberNotLearner`].
+    pub const MemberNotLearner: EtcdError = EtcdError::Rpc(RpcError::MemberNotLearner);
+    /// [`RpcError::LearnerNotReady`].
+    pub const LearnerNotReady: EtcdError = EtcdError::Rpc(RpcError::LearnerNotReady);
+    /// [`RpcError::TooManyLearners`].
+    pub const TooManyLearners: EtcdError = EtcdError::Rpc(RpcError::TooManyLearners);
+    /// [`RpcError::NoLeader`].
+    pub const NoLeader: EtcdError = EtcdError::Rpc(RpcError::NoLeader);
+    /// [`RpcError::NotLeader`].
+    pub const NotLeader: EtcdError = EtcdError::Rpc(RpcError::NotLeader);
+    /// [`RpcError::LeaderChanged`].
+    pub const LeaderChanged: EtcdError = EtcdError::Rpc(RpcError::LeaderChanged);
+    /// [`RpcError::Stopped`].
+    pub const Stopped: EtcdError = EtcdError::Rpc(RpcError::Stopped);
+    /// [`RpcError::Timeout`].
+    pub const Timeout: EtcdError = EtcdError::Rpc(RpcError::Timeout);
+    /// [`RpcError::BadLeaderTransferee`].
+    pub const BadLeaderTransferee: EtcdError = EtcdError::Rpc(RpcError::BadLeaderTransferee);
+    /// [`RpcError::TimeoutLeaderTransfer`].
+    pub const TimeoutLeaderTransfer: EtcdError = EtcdError::Rpc(RpcError::TimeoutLeaderTransfer);
+    /// [`RpcError::TimeoutDueToLeaderFail`].
+    pub const TimeoutDueToLeaderFail: EtcdError = EtcdError::Rpc(RpcError::TimeoutDueToLeaderFail);
+    /// [`RpcError::Unhealthy`].
+    pub const Unhealthy: EtcdError = EtcdError::Rpc(RpcError::Unhealthy);
+    /// [`RpcError::NotSupportedForLearner`].
+    pub const NotSupportedForLearner: EtcdError = EtcdError::Rpc(RpcError::NotSupportedForLearner);
+    /// [`RpcError::Corrupt`].
+    pub const Corrupt: EtcdError = EtcdError::Rpc(RpcError::Corrupt);
+    /// [`RpcError::AuthNotEnabled`].
+    pub const AuthNotEnabled: EtcdError = EtcdError::Rpc(RpcError::AuthNotEnabled);
+    /// [`RpcError::InvalidAuthToken`].
+    pub const InvalidAuthToken: EtcdError = EtcdError::Rpc(RpcError::InvalidAuthToken);
+    /// [`RpcError::PermissionDenied`].
+    pub const PermissionDenied: EtcdError = EtcdError::Rpc(RpcError::PermissionDenied);
+}
+
 impl EtcdError {
     /// The gRPC status code etcd uses for this error.
     pub fn code(&self) -> Code {
-        use EtcdError::*;
         match self {
-            EmptyKey | KeyNotFound | ValueProvided | LeaseProvided | TooManyOps | DuplicateKey
-            | RequestTooLarge | MemberBadUrls | InvalidArgument(_) => Code::InvalidArgument,
-            Compacted | FutureRev | LeaseTtlTooLarge => Code::OutOfRange,
-            NoSpace | TooManyRequests => Code::ResourceExhausted,
-            LeaseNotFound | MemberNotFound => Code::NotFound,
-            LeaseExist
-            | MemberExist
-            | PeerUrlExist
-            | MemberNotEnoughStarted
-            | MemberNotLearner
-            | LearnerNotReady
-            | TooManyLearners
-            | NotLeader
-            | BadLeaderTransferee
-            | AuthNotEnabled => Code::FailedPrecondition,
-            NoLeader
-            | LeaderChanged
-            | Stopped
-            | Timeout
-            | NotSupportedForLearner
-            | TimeoutLeaderTransfer
-            | TimeoutDueToLeaderFail
-            | Unhealthy => Code::Unavailable,
-            Corrupt => Code::DataLoss,
-            InvalidAuthToken => Code::Unauthenticated,
-            PermissionDenied => Code::PermissionDenied,
-            Internal(_) => Code::Internal,
+            EtcdError::Rpc(e) => e.code(),
+            EtcdError::Internal(_) => Code::Internal,
+            EtcdError::InvalidArgument(_) => Code::InvalidArgument,
         }
     }
 
-    /// Rebuilds an error from the (code, message) pair carried in a raft response.
-    /// Unknown pairs keep their code and text.
+    /// Rebuilds an error from the (code, message) pair carried in a raft response or a peer's
+    /// answer: a catalogued message gives its entry (matched by text alone, as clientv3
+    /// does); unknown pairs keep their text, as `InvalidArgument` when that was the code and
+    /// `Internal` otherwise.
     pub fn from_parts(code: i32, message: &str) -> EtcdError {
-        use EtcdError::*;
-        const KNOWN: &[EtcdError] = &[
-            EmptyKey,
-            KeyNotFound,
-            ValueProvided,
-            LeaseProvided,
-            TooManyOps,
-            DuplicateKey,
-            RequestTooLarge,
-            Compacted,
-            FutureRev,
-            NoSpace,
-            LeaseNotFound,
-            LeaseExist,
-            LeaseTtlTooLarge,
-            MemberExist,
-            PeerUrlExist,
-            MemberNotEnoughStarted,
-            MemberBadUrls,
-            MemberNotFound,
-            MemberNotLearner,
-            LearnerNotReady,
-            TooManyLearners,
-            NoLeader,
-            NotLeader,
-            LeaderChanged,
-            Stopped,
-            Timeout,
-            BadLeaderTransferee,
-            TimeoutLeaderTransfer,
-            TimeoutDueToLeaderFail,
-            Unhealthy,
-            NotSupportedForLearner,
-            Corrupt,
-            AuthNotEnabled,
-            InvalidAuthToken,
-            PermissionDenied,
-        ];
-        if let Some(e) = KNOWN.iter().find(|e| e.to_string() == message) {
-            return e.clone();
-        }
-        if code == Code::InvalidArgument as i32 {
-            InvalidArgument(message.to_string())
+        if let Some(e) = RpcError::from_message(message) {
+            EtcdError::Rpc(e)
+        } else if code == Code::InvalidArgument as i32 {
+            EtcdError::InvalidArgument(message.to_string())
         } else {
-            Internal(message.to_string())
+            EtcdError::Internal(message.to_string())
         }
+    }
+}
+
+/// Like the catalogue entry's name (`Compacted`), so logs and test failures read as before
+/// the catalogue moved to `keel-proto`.
+impl fmt::Debug for EtcdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EtcdError::Rpc(e) => fmt::Debug::fmt(e, f),
+            EtcdError::Internal(s) => f.debug_tuple("Internal").field(s).finish(),
+            EtcdError::InvalidArgument(s) => f.debug_tuple("InvalidArgument").field(s).finish(),
+        }
+    }
+}
+
+impl From<RpcError> for EtcdError {
+    fn from(e: RpcError) -> EtcdError {
+        EtcdError::Rpc(e)
     }
 }
 
@@ -211,6 +184,28 @@ mod tests {
         assert_eq!(
             EtcdError::from_parts(Code::InvalidArgument as i32, "odd"),
             EtcdError::InvalidArgument("odd".into())
+        );
+    }
+
+    #[test]
+    fn every_catalogue_entry_round_trips_and_keeps_its_debug_name() {
+        for &r in RpcError::ALL {
+            let e = EtcdError::from(r);
+            assert_eq!(
+                (e.code(), e.to_string()),
+                (r.code(), r.message().to_string())
+            );
+            assert_eq!(EtcdError::from_parts(e.code() as i32, &e.to_string()), e);
+            assert_eq!(format!("{e:?}"), format!("{r:?}"));
+        }
+        assert_eq!(format!("{:?}", EtcdError::Compacted), "Compacted");
+        assert_eq!(
+            format!("{:?}", EtcdError::Internal("disk".into())),
+            "Internal(\"disk\")"
+        );
+        assert_eq!(
+            EtcdError::from_parts(Code::Internal as i32, "disk on fire"),
+            EtcdError::Internal("disk on fire".into())
         );
     }
 }

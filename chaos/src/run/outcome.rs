@@ -14,6 +14,7 @@
 //!   `Stopped`, deadline expiry, broken connections): those are `Unknown`.
 
 use keel_client::ClientError;
+use keel_proto::rpctypes;
 use tonic::{Code, Status};
 
 use crate::history::{Input, Outcome};
@@ -40,7 +41,7 @@ pub fn is_connect_error(status: &Status) -> bool {
 /// Whether the error came from the transport rather than from Keel (the cached connection
 /// should be dropped and re-established).
 pub fn is_transport_error(status: &Status) -> bool {
-    !status.message().starts_with("etcdserver:")
+    !rpctypes::is_etcd_message(status.message())
         && matches!(
             status.code(),
             Code::Unavailable | Code::Unknown | Code::Cancelled | Code::Internal

@@ -134,13 +134,13 @@ impl Lessor {
     /// Called at start-up and after a snapshot is installed. If this member is leader, its
     /// schedule is rebuilt for the new set of leases.
     ///
-    /// Errors: sled I/O or an undecodable record. A key attached to an unknown lease is
-    /// logged and skipped (etcd does the same).
+    /// Errors: sled I/O or an undecodable record ([`record::RecordError`]). A key attached to
+    /// an unknown lease is logged and skipped (etcd does the same).
     pub fn load(
         &self,
         tree: &sled::Tree,
         leased_keys: Vec<(Vec<u8>, LeaseId)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), record::RecordError> {
         let mut leases: HashMap<LeaseId, Lease> = record::load_all(tree)?
             .into_iter()
             .map(|r| {

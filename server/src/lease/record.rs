@@ -44,23 +44,57 @@ pub fn encode(r: &LeaseRecord) -> [u8; VALUE_LEN] {
     v
 }
 
+/// Why lease records cannot be read ([`decode`], [`load_all`]). The text names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// A key that is not `l` + 8 bytes.
+    #[error("lease record {}: key is not `l` + 8 bytes", key.escape_ascii())]
+    BadKey {
+        /// The stored key.
+        key: Vec<u8>,
+    },
+    /// A value whose first byte is not [`FORMAT`] (`None`: an empty value).
+    #[error("lease record {}: unsupported format {found:?} (this binary reads {FORMAT})", key.escape_ascii())]
+    UnsupportedFormat {
+        /// The stored key.
+        key: Vec<u8>,
+        /// The value's first byte.
+        found: Option<u8>,
+    },
+    /// A value of a size other than 17 bytes.
+    #[error("lease record {}: value has the wrong size", key.escape_ascii())]
+    WrongSize {
+        /// The stored key.
+        key: Vec<u8>,
+    },
+    /// sled failed to read the records.
+    #[error("reading lease records: {0}")]
+    Read(#[from] sled::Error),
+}
+
+/// For callers that still carry errors as text (`Applier::open_with_lessor`).
+impl From<RecordError> for String {
+    fn from(e: RecordError) -> String {
+        e.to_string()
+    }
+}
+
 /// Decodes one `l` key/value pair.
 ///
-/// Errors: a key or value of the wrong size, or an unknown format version (text names the
-/// key).
-pub fn decode(key: &[u8], value: &[u8]) -> Result<LeaseRecord, String> {
-    let bad = |why: &str| format!("lease record {}: {why}", key.escape_ascii());
+/// Errors: [`RecordError`]: a key or value of the wrong size, or an unknown format version.
+pub fn decode(key: &[u8], value: &[u8]) -> Result<LeaseRecord, RecordError> {
+    let key_vec = || key.to_vec();
     if key.len() != KEY_LEN || key[0] != PREFIX {
-        return Err(bad("key is not `l` + 8 bytes"));
+        return Err(RecordError::BadKey { key: key_vec() });
     }
     if value.first() != Some(&FORMAT) {
-        return Err(bad(&format!(
-            "unsupported format {:?} (this binary reads {FORMAT})",
-            value.first()
-        )));
+        return Err(RecordError::UnsupportedFormat {
+            key: key_vec(),
+            found: value.first().copied(),
+        });
     }
     if value.len() != VALUE_LEN {
-        return Err(bad("value has the wrong size"));
+        return Err(RecordError::WrongSize { key: key_vec() });
     }
     let i64_at = |b: &[u8]| i64::from_be_bytes(b.try_into().expect("8 bytes"));
     Ok(LeaseRecord {
@@ -72,11 +106,11 @@ pub fn decode(key: &[u8], value: &[u8]) -> Result<LeaseRecord, String> {
 
 /// Reads every lease record of `tree`, in key order.
 ///
-/// Errors: sled I/O or an undecodable record.
-pub fn load_all(tree: &sled::Tree) -> Result<Vec<LeaseRecord>, String> {
+/// Errors: sled I/O or an undecodable record ([`RecordError`]).
+pub fn load_all(tree: &sled::Tree) -> Result<Vec<LeaseRecord>, RecordError> {
     tree.scan_prefix([PREFIX])
         .map(|kv| {
-            let (k, v) = kv.map_err(|e| format!("reading lease records: {e}"))?;
+            let (k, v) = kv?;
             decode(&k, &v)
         })
         .collect()
@@ -126,11 +160,13 @@ mod tests {
         assert!(
             decode(&key(7), &v)
                 .unwrap_err()
+                .to_string()
                 .contains("unsupported format")
         );
         assert!(
             decode(&key(7), &encode(&r)[..10])
                 .unwrap_err()
+                .to_string()
                 .contains("wrong size")
         );
         assert!(decode(b"lx", &encode(&r)).is_err());

@@ -133,7 +133,7 @@ fn replay_segment(
     let mut buf = Vec::new();
     file.read_to_end(&mut buf)?;
     let header =
-        SegmentHeader::decode(&buf).map_err(|reason| WalError::corrupt(&f.path, 0, reason))?;
+        SegmentHeader::decode(&buf).map_err(|e| WalError::corrupt(&f.path, 0, e.to_string()))?;
     if header.seq != f.seq || header.first_index != f.first_index {
         return Err(WalError::corrupt(
             &f.path,

@@ -37,6 +37,40 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 /// Size of the segment header; the first record starts here.
 pub(crate) const HEADER_LEN: u64 = 48;
 
+/// Why bytes are not a valid segment header ([`SegmentHeader::decode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum HeaderError {
+    /// Fewer bytes than a header.
+    #[error("file is {len} bytes, shorter than the {HEADER_LEN}-byte header")]
+    Short {
+        /// Length of what was read, in bytes.
+        len: usize,
+    },
+    /// The first 8 bytes are not [`MAGIC`].
+    #[error("bad magic: not a Keel WAL segment")]
+    BadMagic,
+    /// A format version this build cannot read.
+    #[error("unsupported format version {found} (this build reads {FORMAT_VERSION})")]
+    UnsupportedVersion {
+        /// The version in the header.
+        found: u32,
+    },
+    /// A header length other than [`HEADER_LEN`].
+    #[error("unexpected header length {found}")]
+    Length {
+        /// The length in the header.
+        found: u32,
+    },
+    /// The header's crc32 does not match its bytes.
+    #[error("header crc mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Crc {
+        /// The crc32 stored at offset 40.
+        stored: u32,
+        /// The crc32 of bytes 0..40.
+        computed: u32,
+    },
+}
+
 /// The fixed header at the start of every segment file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SegmentHeader {
@@ -66,34 +100,31 @@ impl SegmentHeader {
         b
     }
 
-    /// Parses and checks a header; the error says what is wrong.
-    pub(crate) fn decode(b: &[u8]) -> Result<SegmentHeader, String> {
+    /// Parses and checks a header.
+    ///
+    /// Errors: [`HeaderError`], naming what is wrong.
+    pub(crate) fn decode(b: &[u8]) -> Result<SegmentHeader, HeaderError> {
         if b.len() < HEADER_LEN as usize {
-            return Err(format!(
-                "file is {} bytes, shorter than the {HEADER_LEN}-byte header",
-                b.len()
-            ));
+            return Err(HeaderError::Short { len: b.len() });
         }
         if b[0..8] != MAGIC {
-            return Err("bad magic: not a Keel WAL segment".into());
+            return Err(HeaderError::BadMagic);
         }
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
         let version = u32_at(8);
         if version != FORMAT_VERSION {
-            return Err(format!(
-                "unsupported format version {version} (this build reads {FORMAT_VERSION})"
-            ));
+            return Err(HeaderError::UnsupportedVersion { found: version });
         }
         if u32_at(12) != HEADER_LEN as u32 {
-            return Err(format!("unexpected header length {}", u32_at(12)));
+            return Err(HeaderError::Length { found: u32_at(12) });
         }
         let crc = crc32fast::hash(&b[0..40]);
         if crc != u32_at(40) {
-            return Err(format!(
-                "header crc mismatch: stored {:#010x}, computed {crc:#010x}",
-                u32_at(40)
-            ));
+            return Err(HeaderError::Crc {
+                stored: u32_at(40),
+                computed: crc,
+            });
         }
         Ok(SegmentHeader {
             seq: u64_at(16),

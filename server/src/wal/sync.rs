@@ -11,6 +11,8 @@
 //! The writer mutex is never held across an fdatasync. Lock order: writer, then durability.
 
 use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
@@ -143,7 +145,8 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 shared.stats.record_sync(started.elapsed());
                 finish_round(&shared, round);
             }
-            Err(reason) => {
+            Err(e) => {
+                let reason = e.to_string();
                 tracing::error!(error = %reason, "WAL fdatasync failed; refusing further writes");
                 shared.lock_writer().failed.get_or_insert(reason);
             }
@@ -200,19 +203,48 @@ fn next_round(shared: &Shared) -> Option<Round> {
     }
 }
 
+/// The step of a sync round that failed; its text becomes the WAL's sticky failure reason
+/// ([`WalError::Failed`]).
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    /// fdatasync of a segment file.
+    #[error("fdatasync {}: {source}", path.display())]
+    Fdatasync {
+        /// The segment file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Renaming a `.wal.tmp` segment to its final name.
+    #[error("rename {} into place: {source}", path.display())]
+    Rename {
+        /// The segment file, by its name before the rename.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// fsync of the WAL directory after a rename.
+    #[error("fsync WAL directory: {0}")]
+    FsyncDir(#[source] io::Error),
+}
+
 /// fdatasyncs the segments oldest first and names each unnamed one after it and all earlier
 /// ones are durable, so a named segment is never preceded by a torn one.
-fn sync_segments(shared: &Shared, segments: &[Arc<Segment>]) -> Result<(), String> {
+fn sync_segments(shared: &Shared, segments: &[Arc<Segment>]) -> Result<(), SyncError> {
     for seg in segments {
         // `sleep(ms)` here models a slow disk.
         crate::failpoint::crash_point!("wal_slow_fsync");
-        seg.sync_data()
-            .map_err(|e| format!("fdatasync {}: {e}", seg.path().display()))?;
+        seg.sync_data().map_err(|source| SyncError::Fdatasync {
+            path: seg.path(),
+            source,
+        })?;
         shared.stats.fdatasyncs.fetch_add(1, Ordering::Relaxed);
         if !seg.is_named() {
-            seg.rename_to_final()
-                .map_err(|e| format!("rename {} into place: {e}", seg.path().display()))?;
-            fsutil::fsync_dir(&shared.dir_file).map_err(|e| format!("fsync WAL directory: {e}"))?;
+            seg.rename_to_final().map_err(|source| SyncError::Rename {
+                path: seg.path(),
+                source,
+            })?;
+            fsutil::fsync_dir(&shared.dir_file).map_err(SyncError::FsyncDir)?;
             seg.mark_named();
         }
     }

@@ -12,8 +12,8 @@ use keel_proto::etcdserverpb::watch_create_request::FilterType;
 use keel_proto::mvccpb::Event;
 use keel_proto::mvccpb::event::EventType;
 
-/// etcd's `mvcc.ErrEmptyWatcherRange` text, sent as `cancel_reason`.
-pub const EMPTY_RANGE_REASON: &str = "mvcc: watcher range is empty";
+/// etcd's `mvcc.ErrEmptyWatcherRange` text, sent as `cancel_reason` (from the catalogue).
+pub const EMPTY_RANGE_REASON: &str = keel_proto::rpctypes::WATCH_EMPTY_RANGE;
 
 /// The keys one watcher follows. Keys are shared (`Arc<[u8]>`) between the watcher and the
 /// hub's index, so a watcher's key bytes are stored once.

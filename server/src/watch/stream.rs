@@ -31,8 +31,8 @@ use super::outbox::{Outbox, bare_response};
 use super::response::push_responses;
 use super::watcher::{WatcherFlags, WatcherId};
 
-/// etcd's `mvcc.ErrWatcherDuplicateID` text, sent as `cancel_reason`.
-pub const DUPLICATE_ID_REASON: &str = "mvcc: duplicate watch ID provided on the WatchStream";
+/// etcd's `mvcc.ErrWatcherDuplicateID` text, sent as `cancel_reason` (from the catalogue).
+pub const DUPLICATE_ID_REASON: &str = keel_proto::rpctypes::WATCH_DUPLICATE_ID;
 
 /// `watch_id` value asking the server to choose (etcd's `AutoWatchID`).
 pub const AUTO_WATCH_ID: i64 = 0;

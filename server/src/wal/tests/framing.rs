@@ -190,6 +190,7 @@ fn header_round_trips_and_rejects_damage() {
     assert!(
         SegmentHeader::decode(&bytes[..20])
             .unwrap_err()
+            .to_string()
             .contains("shorter")
     );
 }
@@ -208,6 +209,7 @@ fn unknown_format_version_is_named_in_the_error() {
     assert!(
         SegmentHeader::decode(&bytes)
             .unwrap_err()
+            .to_string()
             .contains("version 2")
     );
 }
