@@ -31,6 +31,8 @@ mod txn;
 mod write_txn;
 
 #[cfg(test)]
+pub(crate) mod tests_golden;
+#[cfg(test)]
 mod tests_model;
 #[cfg(test)]
 mod tests_perf;
