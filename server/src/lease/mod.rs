@@ -32,6 +32,8 @@ pub mod runner;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_golden;
 
 pub use lessor::{ApplyOutcome, LeaseInfo, Lessor, LessorStats, Remaining, Renewal};
 pub use primary::{Primary, PrimaryConfig};

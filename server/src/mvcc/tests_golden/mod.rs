@@ -204,7 +204,11 @@ impl goldenscript::Runner for MvccRunner {
                 writeln!(out, "last_revision={}", batch.last_revision)?;
             }
             "leased_keys" => {
-                for (key, lease) in self.f().store.leased_keys() {
+                let keys = self.f().store.leased_keys();
+                if keys.is_empty() {
+                    writeln!(out, "no leased keys")?;
+                }
+                for (key, lease) in keys {
                     writeln!(out, "{} lease={lease}", ops::quoted(&key))?;
                 }
             }

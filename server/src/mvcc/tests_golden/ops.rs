@@ -125,6 +125,11 @@ impl Args {
         v.parse().map_err(|e| format!("{what} {v:?}: {e}").into())
     }
 
+    /// The next key/value argument, if any.
+    pub fn next_key(&mut self) -> Option<(String, String)> {
+        (!self.keys.is_empty()).then(|| self.keys.remove(0))
+    }
+
     /// Removes and returns every value of `key`.
     pub fn take_all(&mut self, key: &str) -> Vec<String> {
         let (taken, kept) = std::mem::take(&mut self.keys)
