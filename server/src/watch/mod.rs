@@ -26,6 +26,8 @@ pub mod watcher;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_golden;
+#[cfg(test)]
 mod tests_model;
 
 use std::time::Duration;

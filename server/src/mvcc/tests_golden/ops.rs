@@ -182,7 +182,7 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 /// `KEY [END] [prefix=true] [from_key=true]`: the key and range end of a request.
-fn key_range(args: &mut Args) -> Result<(Vec<u8>, Vec<u8>)> {
+pub fn key_range(args: &mut Args) -> Result<(Vec<u8>, Vec<u8>)> {
     let key = args.pos("key")?.into_bytes();
     let mut end = args.next_pos().map(String::into_bytes).unwrap_or_default();
     if args.flag("prefix")? {
