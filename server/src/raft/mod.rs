@@ -17,6 +17,8 @@ mod snapshot_race_test;
 mod storage_suite_test;
 #[cfg(test)]
 mod test_support;
+#[cfg(test)]
+mod tests_golden;
 
 pub use log_store::LogStore;
 pub use network::PeerNetwork;
