@@ -32,6 +32,7 @@ pub mod runner;
 
 #[cfg(test)]
 mod tests;
+/// Scenario tests: the goldenscripts in `testscripts/` (docs/testing.md).
 #[cfg(test)]
 mod tests_golden;
 

@@ -188,6 +188,14 @@ impl ApplyingProposer {
         })
     }
 
+    /// A proposer over a fresh member set up by `setup`, and the member's lessor.
+    fn setup(setup: impl FnOnce(&mut Member)) -> (Arc<ApplyingProposer>, Arc<Lessor>) {
+        let mut member = Member::new();
+        setup(&mut member);
+        let lessor = member.lessor();
+        (ApplyingProposer::new(member), lessor)
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Member) -> T) -> T {
         f(&mut self.member.lock().unwrap())
     }
@@ -218,6 +226,34 @@ fn runner_config(rate: u64, batch: usize, checkpoint: Option<Duration>) -> Runne
     }
 }
 
+/// The leader loop over `p`'s member, with the leadership signal in the test's hands.
+struct LeaderLoop {
+    leader: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeaderLoop {
+    fn start(
+        p: &Arc<ApplyingProposer>,
+        lessor: &Arc<Lessor>,
+        leader: bool,
+        config: RunnerConfig,
+    ) -> LeaderLoop {
+        let (tx, signal) = watch::channel(leader);
+        let task = tokio::spawn(runner::run(lessor.clone(), p.clone(), signal, config));
+        LeaderLoop { leader: tx, task }
+    }
+
+    /// Closes the signal: the loop must end.
+    async fn stop(self) {
+        drop(self.leader);
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .expect("runner ends when the signal closes")
+            .unwrap();
+    }
+}
+
 /// Waits up to `limit` for `cond`.
 async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
@@ -232,21 +268,13 @@ async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runner_expires_leases_through_entries_only_while_leader() {
-    let p = ApplyingProposer::new(Member::new());
-    let lessor = p.with(|m| {
+    let (p, lessor) = ApplyingProposer::setup(|m| {
         for id in 1..=50 {
             m.grant(id, 1);
             m.put(&format!("k{id}"), id);
         }
-        m.lessor()
     });
-    let (leader, signal) = watch::channel(false);
-    let task = tokio::spawn(runner::run(
-        lessor.clone(),
-        p.clone(),
-        signal,
-        runner_config(100_000, 1000, None),
-    ));
+    let run = LeaderLoop::start(&p, &lessor, false, runner_config(100_000, 1000, None));
     // A follower: no schedule, no proposals, however long it waits.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(lessor.stats().primary_expiry, None);
@@ -258,7 +286,7 @@ async fn runner_expires_leases_through_entries_only_while_leader() {
     assert_eq!(lessor.len(), 50);
 
     let promoted = Instant::now();
-    leader.send(true).unwrap();
+    run.leader.send(true).unwrap();
     assert!(
         eventually(Duration::from_secs(10), || lessor.is_empty()).await,
         "leases were not expired"
@@ -277,34 +305,22 @@ async fn runner_expires_leases_through_entries_only_while_leader() {
         "50 leases fit one or two batched entries"
     );
 
-    leader.send(false).unwrap();
+    run.leader.send(false).unwrap();
     assert!(
         eventually(Duration::from_secs(5), || !lessor.is_primary()).await,
         "step-down keeps the schedule"
     );
-    drop(leader);
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .expect("runner ends when the signal closes")
-        .unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runner_rate_limits_a_storm() {
-    let p = ApplyingProposer::new(Member::new());
-    let lessor = p.with(|m| {
+    let (p, lessor) = ApplyingProposer::setup(|m| {
         for id in 1..=1000 {
             m.grant(id, 1);
         }
-        m.lessor()
     });
-    let (leader, signal) = watch::channel(true);
-    let task = tokio::spawn(runner::run(
-        lessor.clone(),
-        p.clone(),
-        signal,
-        runner_config(500, 100, None),
-    ));
+    let run = LeaderLoop::start(&p, &lessor, true, runner_config(500, 100, None));
     let start = Instant::now();
     assert!(eventually(Duration::from_secs(20), || lessor.is_empty()).await);
     let took = start.elapsed();
@@ -319,28 +335,21 @@ async fn runner_rate_limits_a_storm() {
         (5..=40).contains(&entries),
         "{entries} expiry entries for 1000 leases in batches of <= 100"
     );
-    drop(leader);
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runner_checkpoints_remaining_ttl() {
-    let p = ApplyingProposer::new(Member::new());
-    let lessor = p.with(|m| {
+    let (p, lessor) = ApplyingProposer::setup(|m| {
         m.grant(1, 30);
         m.grant(2, 1);
-        m.lessor()
     });
-    let (leader, signal) = watch::channel(true);
-    let task = tokio::spawn(runner::run(
-        lessor.clone(),
-        p.clone(),
-        signal,
+    let run = LeaderLoop::start(
+        &p,
+        &lessor,
+        true,
         runner_config(100_000, 1000, Some(Duration::from_millis(500))),
-    ));
+    );
     // Lease 1 is checkpointed every 0.5 s with a remaining TTL of ~29-30 s; a promoted
     // member would schedule that instead of the full TTL.
     let reopened_remaining = || {
@@ -359,9 +368,5 @@ async fn runner_checkpoints_remaining_ttl() {
     assert!(
         !lessor.contains(2) || eventually(Duration::from_secs(5), || !lessor.contains(2)).await
     );
-    drop(leader);
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    run.stop().await;
 }

@@ -19,10 +19,11 @@
 //!   `remaining ID [within=LO..HI]` (seconds left, rounded down, are time-dependent: a
 //!   `Secs` answer must fall within the given bounds and prints them).
 
-use std::error::Error;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use keel_proto::etcdserverpb::request_op::Request;
+use keel_proto::etcdserverpb::response_op::Response;
 use keel_proto::etcdserverpb::{
     LeaseCheckpoint, LeaseCheckpointRequest, LeaseGrantRequest, LeaseRevokeRequest,
 };
@@ -31,12 +32,13 @@ use keel_proto::keelpb::{LeaseExpire, RaftResponse, raft_request::Request as Rq}
 
 use super::tests::Member;
 use super::{PrimaryConfig, Remaining};
-use crate::mvcc::tests_golden::ops::{self, Args, Result};
+use crate::mvcc::tests_golden::ops;
+use crate::mvcc::tests_golden::script::{self, Args, Cmd, Result};
 
 test_each_file::test_each_path! { in "server/src/lease/testscripts" as scripts => run_script }
 
 fn run_script(path: &std::path::Path) {
-    goldenscript::run(&mut LeaseRunner { m: Member::new() }, path).expect("goldenscript")
+    script::run(path, LeaseRunner { m: Member::new() })
 }
 
 struct LeaseRunner {
@@ -48,7 +50,7 @@ struct LeaseRunner {
 /// against it), a lease response as `revision=R`.
 fn response(out: &mut String, resp: RaftResponse) -> Result<()> {
     let rev = resp.revision;
-    let header = match &resp.response {
+    let kv = match &resp.response {
         Some(Rs::Error(e)) => {
             return Err(format!("{} (code {}) revision={rev}", e.message, e.code).into());
         }
@@ -65,23 +67,15 @@ fn response(out: &mut String, resp: RaftResponse) -> Result<()> {
             )?);
         }
         Some(Rs::LeaseCheckpoint(_)) => return Ok(writeln!(out, "checkpoint: revision={rev}")?),
-        Some(Rs::Put(p)) => {
-            ops::put_response(out, 0, p);
-            &p.header
-        }
-        Some(Rs::DeleteRange(d)) => {
-            ops::delete_response(out, 0, d);
-            &d.header
-        }
-        Some(Rs::Txn(t)) => {
-            ops::txn_response(out, 0, t);
-            &t.header
-        }
+        Some(Rs::Put(p)) => Response::ResponsePut(p.clone()),
+        Some(Rs::DeleteRange(d)) => Response::ResponseDeleteRange(d.clone()),
+        Some(Rs::Txn(t)) => Response::ResponseTxn(t.clone()),
         other => return Err(format!("unexpected response {other:?}").into()),
     };
-    match header {
-        Some(h) if h.revision == rev => Ok(()),
-        _ => Err(format!("header {header:?} is not the entry's revision {rev}").into()),
+    ops::response(out, 0, &kv);
+    match ops::header_of(&kv) {
+        Some(h) if h == rev => Ok(()),
+        h => Err(format!("header revision {h:?} is not the entry's revision {rev}").into()),
     }
 }
 
@@ -93,36 +87,29 @@ fn ids(args: &mut Args) -> Result<Vec<i64>> {
     Ok(ids)
 }
 
-impl goldenscript::Runner for LeaseRunner {
-    type Command = goldenscript::Command;
-
-    fn run(
-        &mut self,
-        command: &goldenscript::Command,
-        _: &goldenscript::Context,
-    ) -> std::result::Result<String, Box<dyn Error>> {
-        let mut out = String::new();
-        let mut args = Args::of(command);
+impl script::Commands for LeaseRunner {
+    fn command(&mut self, cmd: &mut Cmd<'_>) -> Result<()> {
+        let (name, args, out) = (cmd.name, &mut cmd.args, &mut cmd.out);
         let lessor = self.m.lessor();
-        match command.name.as_str() {
+        match name {
             "grant" => {
                 let id = args.pos_num("id")?;
                 let ttl = args.pos_num("ttl")?;
                 response(
-                    &mut out,
+                    out,
                     self.m.apply(Rq::LeaseGrant(LeaseGrantRequest { id, ttl })),
                 )?;
             }
             "revoke" => {
                 let id = args.pos_num("id")?;
                 response(
-                    &mut out,
+                    out,
                     self.m.apply(Rq::LeaseRevoke(LeaseRevokeRequest { id })),
                 )?;
             }
             "expire" => {
-                let ids = ids(&mut args)?;
-                response(&mut out, self.m.apply(Rq::LeaseExpire(LeaseExpire { ids })))?;
+                let ids = ids(args)?;
+                response(out, self.m.apply(Rq::LeaseExpire(LeaseExpire { ids })))?;
             }
             "checkpoint" => {
                 let checkpoints = std::iter::from_fn(|| args.next_key())
@@ -134,22 +121,19 @@ impl goldenscript::Runner for LeaseRunner {
                     })
                     .collect::<Result<_>>()?;
                 let req = LeaseCheckpointRequest { checkpoints };
-                response(&mut out, self.m.apply(Rq::LeaseCheckpoint(req)))?;
+                response(out, self.m.apply(Rq::LeaseCheckpoint(req)))?;
             }
-            "put" => {
-                let req = ops::put_request(&mut args)?;
-                response(&mut out, self.m.apply(Rq::Put(req)))?;
-            }
-            "delete" => {
-                let req = ops::delete_request(&mut args)?;
-                response(&mut out, self.m.apply(Rq::DeleteRange(req)))?;
-            }
-            "txn" => {
-                let req = ops::txn_request(&mut args)?;
-                response(&mut out, self.m.apply(Rq::Txn(req)))?;
+            "put" | "delete" | "txn" => {
+                let entry = match ops::request(name, args)?.ok_or("not a KV request")? {
+                    Request::RequestPut(p) => Rq::Put(p),
+                    Request::RequestDeleteRange(d) => Rq::DeleteRange(d),
+                    Request::RequestTxn(t) => Rq::Txn(t),
+                    Request::RequestRange(_) => return Err("a range is no entry".into()),
+                };
+                response(out, self.m.apply(entry))?;
             }
             "revoke_direct" => {
-                let ids = ids(&mut args)?;
+                let ids = ids(args)?;
                 let store = self.m.applier.store().clone();
                 let mut w = store.write();
                 let outcome = lessor.apply_revoke(&mut w, &ids, true)?;
@@ -235,7 +219,6 @@ impl goldenscript::Runner for LeaseRunner {
             }
             name => return Err(format!("unknown command {name:?}").into()),
         }
-        args.done()?;
-        Ok(out)
+        Ok(())
     }
 }

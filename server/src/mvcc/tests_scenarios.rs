@@ -70,6 +70,13 @@ impl Fixture {
     fn get(&self, req: RangeRequest) -> Result<RangeResponse, EtcdError> {
         self.store.range(&req)
     }
+
+    /// Every key at revision `rev`.
+    fn all_at(&self, rev: i64) -> RangeResponse {
+        let mut req = rq("\0", "\0");
+        req.revision = rev;
+        self.get(req).unwrap()
+    }
 }
 
 fn rq(key: &str, end: &str) -> RangeRequest {
@@ -122,11 +129,7 @@ fn reopen_rebuilds_the_same_state() {
     f.compact(r(120)).unwrap();
     let ranges: Vec<RangeResponse> = (120..=f.store.current_revision() - R0)
         .step_by(13)
-        .map(|n| {
-            let mut req = rq("\0", "\0");
-            req.revision = r(n);
-            f.get(req).unwrap()
-        })
+        .map(|n| f.all_at(r(n)))
         .collect();
     let hash = f.store.hash_kv(0).unwrap();
     let stats = f.store.index_stats();
@@ -139,9 +142,7 @@ fn reopen_rebuilds_the_same_state() {
     assert_eq!(f.store.hash_kv(0).unwrap(), hash);
     assert_eq!(f.store.index_stats().keys, stats.keys);
     for (i, want) in ranges.iter().enumerate() {
-        let mut req = rq("\0", "\0");
-        req.revision = r(120 + 13 * i as i64);
-        assert_eq!(&f.get(req).unwrap(), want);
+        assert_eq!(&f.all_at(r(120 + 13 * i as i64)), want);
     }
 }
 
@@ -173,13 +174,7 @@ fn reopen_finishes_an_interrupted_compaction() {
         .collect();
     // a@2, a@3 (tombstone) and b@4 go; c@6 stays (its tombstone at 8 is after 7).
     assert_eq!(removed.len(), 3, "{removed:?}");
-    let want_ranges: Vec<_> = (7..=9)
-        .map(|n| {
-            let mut q = rq("\0", "\0");
-            q.revision = n;
-            f.get(q).unwrap()
-        })
-        .collect();
+    let want_ranges: Vec<_> = (7..=9).map(|n| f.all_at(n)).collect();
     let want_hash = f.store.hash_kv(0).unwrap();
     let want_events = f.store.events(7, i64::MAX, 0).unwrap();
     // Crash after removing only the oldest record: the later ones come back.
@@ -188,9 +183,7 @@ fn reopen_finishes_an_interrupted_compaction() {
     }
     let f = f.reopen();
     for (i, want) in want_ranges.iter().enumerate() {
-        let mut q = rq("\0", "\0");
-        q.revision = 7 + i as i64;
-        assert_eq!(&f.get(q).unwrap(), want);
+        assert_eq!(&f.all_at(7 + i as i64), want);
     }
     assert_eq!(f.store.hash_kv(0).unwrap(), want_hash);
     assert_eq!(f.store.events(7, i64::MAX, 0).unwrap(), want_events);
@@ -205,9 +198,9 @@ fn reopen_finishes_an_interrupted_compaction() {
 fn a_missing_record_is_compacted_only_if_a_compaction_passed_the_read_revision() {
     use std::sync::atomic::Ordering;
     let f = fixture();
-    f.put("a", "1"); // 2
-    f.put("b", "1"); // 3
-    f.put("a", "2"); // 4
+    for (k, v) in [("a", "1"), ("b", "1"), ("a", "2")] {
+        f.put(k, v); // revisions 2, 3, 4
+    }
     let tree = f.db.open_tree("keel").unwrap();
     // Simulate the record of b@3 vanishing under a reader.
     let rkey = crate::mvcc::revision::record_key(crate::mvcc::Revision::new(3, 0), false);

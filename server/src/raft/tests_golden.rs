@@ -21,7 +21,6 @@
 //!   `wait_physical NAME REV` (background compaction reached REV).
 
 use std::collections::HashMap;
-use std::error::Error;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -33,7 +32,7 @@ use tokio::task::JoinHandle;
 
 use super::snapshot_race_test::{Built, Member, STEP};
 use super::types::{Entry, TypeConfig};
-use crate::mvcc::tests_golden::ops::{Args, Result};
+use crate::mvcc::tests_golden::script::{self, Cmd, Result};
 
 /// How long a blocked operation must stay blocked to count as waiting.
 const STILL_BLOCKED: Duration = Duration::from_millis(300);
@@ -46,13 +45,13 @@ fn run_script(path: &std::path::Path) {
         .enable_all()
         .build()
         .expect("runtime");
-    let mut runner = SnapshotRunner {
+    let runner = SnapshotRunner {
         rt,
         members: HashMap::new(),
         exports: HashMap::new(),
         snapshots: HashMap::new(),
     };
-    goldenscript::run(&mut runner, path).expect("goldenscript")
+    script::run(path, runner)
 }
 
 /// A member, or the task that holds it while an operation runs (the task hands it back
@@ -179,21 +178,14 @@ fn describe(name: &str, snap: &Built) -> String {
     format!("{name}: snapshot at log index {index}")
 }
 
-impl goldenscript::Runner for SnapshotRunner {
-    type Command = goldenscript::Command;
-
-    fn run(
-        &mut self,
-        command: &goldenscript::Command,
-        ctx: &goldenscript::Context,
-    ) -> std::result::Result<String, Box<dyn Error>> {
-        let mut out = String::new();
-        let mut args = Args::of(command);
+impl script::Commands for SnapshotRunner {
+    fn command(&mut self, cmd: &mut Cmd<'_>) -> Result<()> {
+        let (name, args, ctx, out) = (cmd.name, &mut cmd.args, cmd.ctx, &mut cmd.out);
         let background = ctx.tags.contains("background");
         // Timers are created here, outside `block_on`: they need the runtime's context.
         let handle = self.rt.handle().clone();
         let _context = handle.enter();
-        match command.name.as_str() {
+        match name {
             "member" => {
                 while let Some(name) = args.next_pos() {
                     self.members.insert(name, Slot::Idle(Member::new()));
@@ -344,11 +336,10 @@ impl goldenscript::Runner for SnapshotRunner {
             }
             name => return Err(format!("unknown command {name:?}").into()),
         }
-        args.done()?;
-        Ok(out)
+        Ok(())
     }
 
-    fn end_script(&mut self) -> std::result::Result<(), Box<dyn Error>> {
+    fn finish(&mut self) -> Result<()> {
         let busy: Vec<&String> = self
             .members
             .iter()

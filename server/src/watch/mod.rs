@@ -26,8 +26,6 @@ pub mod watcher;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests_golden;
-#[cfg(test)]
 mod tests_model;
 
 use std::time::Duration;
@@ -97,3 +95,7 @@ impl WatchConfig {
         }
     }
 }
+
+/// Scenario tests: the goldenscripts in `testscripts/` (docs/testing.md).
+#[cfg(test)]
+mod tests_golden;

@@ -20,7 +20,6 @@
 //!   `sync_round`; `catch_up`: receive and sync until the hub is idle, printing every
 //!   response; `spawn_sync_thread`; `stats`.
 
-use std::error::Error;
 use std::fmt::Write as _;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -37,17 +36,18 @@ use keel_proto::etcdserverpb::{
 use super::sync::SyncOutcome;
 use super::tests::{Harness, read};
 use super::{WatchConfig, WatchOutput, WatchStream};
-use crate::mvcc::tests_golden::ops::{self, Args, Result};
+use crate::mvcc::tests_golden::ops;
+use crate::mvcc::tests_golden::script::{self, Args, Cmd, Result};
 
 test_each_file::test_each_path! { in "server/src/watch/testscripts" as scripts => run_script }
 
 fn run_script(path: &std::path::Path) {
-    let mut runner = WatchRunner {
+    let runner = WatchRunner {
         h: Harness::new(WatchConfig::default()),
         stream: None,
         output: None,
     };
-    goldenscript::run(&mut runner, path).expect("goldenscript")
+    script::run(path, runner)
 }
 
 struct WatchRunner {
@@ -160,17 +160,10 @@ fn create_request(args: &mut Args) -> Result<WatchCreateRequest> {
     })
 }
 
-impl goldenscript::Runner for WatchRunner {
-    type Command = goldenscript::Command;
-
-    fn run(
-        &mut self,
-        command: &goldenscript::Command,
-        _: &goldenscript::Context,
-    ) -> std::result::Result<String, Box<dyn Error>> {
-        let mut out = String::new();
-        let mut args = Args::of(command);
-        match command.name.as_str() {
+impl script::Commands for WatchRunner {
+    fn command(&mut self, cmd: &mut Cmd<'_>) -> Result<()> {
+        let (name, args, out) = (cmd.name, &mut cmd.args, &mut cmd.out);
+        match name {
             "hub" => {
                 let d = WatchConfig::default();
                 let config = WatchConfig {
@@ -182,30 +175,16 @@ impl goldenscript::Runner for WatchRunner {
                 (self.stream, self.output) = (None, None);
                 self.h = Harness::new(config);
             }
-            "put" => {
-                let req = ops::put_request(&mut args)?;
-                self.write(&mut out, |w, out| {
-                    ops::put_response(out, 0, &w.put(&req)?);
-                    Ok(())
-                })?;
-            }
-            "delete" => {
-                let req = ops::delete_request(&mut args)?;
-                self.write(&mut out, |w, out| {
-                    ops::delete_response(out, 0, &w.delete_range(&req)?);
-                    Ok(())
-                })?;
-            }
-            "txn" => {
-                let req = ops::txn_request(&mut args)?;
-                self.write(&mut out, |w, out| {
-                    ops::txn_response(out, 0, &w.txn(&req)?);
+            "put" | "delete" | "txn" => {
+                let req = ops::request(name, args)?.ok_or("not a KV request")?;
+                self.write(out, |w, out| {
+                    ops::response(out, 0, &ops::apply(w, &req)?);
                     Ok(())
                 })?;
             }
             "compact" => {
                 let rev = args.pos_num("revision")?;
-                self.write(&mut out, |w, out| {
+                self.write(out, |w, out| {
                     let resp = w.compact(rev)?;
                     writeln!(out, "compact: rev={}", ops::header(&resp.header))?;
                     Ok(())
@@ -232,7 +211,7 @@ impl goldenscript::Runner for WatchRunner {
             "begin_install" => self.h.hub.begin_install(),
             "finish_install" => self.h.hub.finish_install(),
             "watch" => {
-                let req = create_request(&mut args)?;
+                let req = create_request(args)?;
                 self.request(RequestUnion::CreateRequest(req));
             }
             "cancel" => {
@@ -250,7 +229,7 @@ impl goldenscript::Runner for WatchRunner {
                 let max = args.num("n", usize::MAX)?;
                 let mut got = Vec::new();
                 let polled = self.poll(max, &mut got);
-                print_responses(&mut out, &got)?;
+                print_responses(out, &got)?;
                 if let Polled::Ended = polled {
                     writeln!(out, "end of stream")?;
                 } else if got.is_empty() {
@@ -265,7 +244,7 @@ impl goldenscript::Runner for WatchRunner {
                     self.poll(want, &mut got);
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                print_responses(&mut out, &got)?;
+                print_responses(out, &got)?;
                 if got.len() < want {
                     return Err(format!("{} of {want} responses in 10 s", got.len()).into());
                 }
@@ -287,7 +266,7 @@ impl goldenscript::Runner for WatchRunner {
                     }
                 }
                 self.poll(usize::MAX, &mut got);
-                print_responses(&mut out, &got)?;
+                print_responses(out, &got)?;
             }
             "spawn_sync_thread" => self.h.hub.spawn_sync_thread()?,
             "stats" => {
@@ -300,11 +279,10 @@ impl goldenscript::Runner for WatchRunner {
             }
             name => return Err(format!("unknown command {name:?}").into()),
         }
-        args.done()?;
-        Ok(out)
+        Ok(())
     }
 
-    fn end_script(&mut self) -> std::result::Result<(), Box<dyn Error>> {
+    fn finish(&mut self) -> Result<()> {
         self.h.hub.check_invariants();
         Ok(())
     }

@@ -19,12 +19,14 @@
 //!   compaction reached REV, 20 s bound).
 
 pub mod ops;
+pub mod script;
 
-use std::error::Error;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use ops::{Args, Result};
+use keel_proto::etcdserverpb::request_op::Request;
+use keel_proto::etcdserverpb::response_op::Response;
+use script::{Cmd, Result};
 
 use super::WriteTxn;
 use super::tests_scenarios::{Fixture, fixture};
@@ -32,7 +34,7 @@ use super::tests_scenarios::{Fixture, fixture};
 test_each_file::test_each_path! { in "server/src/mvcc/testscripts" as scripts => run_script }
 
 fn run_script(path: &std::path::Path) {
-    goldenscript::run(&mut MvccRunner { f: Some(fixture()) }, path).expect("goldenscript")
+    script::run(path, MvccRunner { f: Some(fixture()) })
 }
 
 /// Runs one script's commands against its own store.
@@ -81,55 +83,37 @@ impl MvccRunner {
     }
 }
 
-impl goldenscript::Runner for MvccRunner {
-    type Command = goldenscript::Command;
-
-    fn run(
-        &mut self,
-        command: &goldenscript::Command,
-        ctx: &goldenscript::Context,
-    ) -> std::result::Result<String, Box<dyn Error>> {
-        let mut out = String::new();
-        let mut args = Args::of(command);
-        match command.name.as_str() {
-            "put" => {
-                let req = ops::put_request(&mut args)?;
-                self.write(ctx, &mut out, |w, out| {
-                    let resp = w.put(&req)?;
-                    ops::put_response(out, 0, &resp);
-                    Ok(resp.header.map(|h| h.revision))
-                })?;
-            }
-            "range" => {
-                let req = ops::range_request(&mut args)?;
-                ops::range_response(&mut out, 0, &self.f().store.range(&req)?);
-            }
-            "delete" => {
-                let req = ops::delete_request(&mut args)?;
-                self.write(ctx, &mut out, |w, out| {
-                    let resp = w.delete_range(&req)?;
-                    ops::delete_response(out, 0, &resp);
-                    Ok(resp.header.map(|h| h.revision))
-                })?;
-            }
-            "txn" => {
-                let leases: Option<Vec<i64>> = args
-                    .take("leases")
-                    .map(|l| l.split(',').map(str::parse).collect())
-                    .transpose()?;
-                let req = ops::txn_request(&mut args)?;
-                self.write(ctx, &mut out, |w, out| {
-                    let resp = match &leases {
-                        None => w.txn(&req)?,
-                        Some(ids) => w.txn_with_lease_check(&req, &|id| ids.contains(&id))?,
+impl script::Commands for MvccRunner {
+    fn command(&mut self, cmd: &mut Cmd<'_>) -> Result<()> {
+        let (name, args, ctx, out) = (cmd.name, &mut cmd.args, cmd.ctx, &mut cmd.out);
+        match name {
+            "put" | "range" | "delete" | "txn" => {
+                let leases: Option<Vec<i64>> = match name {
+                    "txn" => args.take("leases"),
+                    _ => None,
+                }
+                .map(|l| l.split(',').map(str::parse).collect())
+                .transpose()?;
+                let req = ops::request(name, args)?.ok_or("not a KV request")?;
+                if let Request::RequestRange(r) = &req {
+                    let resp = Response::ResponseRange(self.f().store.range(r)?);
+                    ops::response(out, 0, &resp);
+                    return Ok(());
+                }
+                self.write(ctx, out, |w, out| {
+                    let resp = match (&req, &leases) {
+                        (Request::RequestTxn(t), Some(ids)) => Response::ResponseTxn(
+                            w.txn_with_lease_check(t, &|id| ids.contains(&id))?,
+                        ),
+                        _ => ops::apply(w, &req)?,
                     };
-                    ops::txn_response(out, 0, &resp);
-                    Ok(resp.header.map(|h| h.revision))
+                    ops::response(out, 0, &resp);
+                    Ok(ops::header_of(&resp))
                 })?;
             }
             "compact" => {
                 let rev = args.pos_num("revision")?;
-                self.write(ctx, &mut out, |w, out| {
+                self.write(ctx, out, |w, out| {
                     let resp = w.compact(rev)?;
                     writeln!(out, "compact: rev={}", ops::header(&resp.header))?;
                     Ok(resp.header.map(|h| h.revision))
@@ -154,7 +138,7 @@ impl goldenscript::Runner for MvccRunner {
             "extra" => {
                 let key = args.pos("key")?;
                 let value = args.pos("value")?;
-                self.write(ctx, &mut out, |w, out| {
+                self.write(ctx, out, |w, out| {
                     w.batch_mut().insert(key.as_bytes(), value.as_bytes());
                     writeln!(out, "staged {}", ops::quoted(key.as_bytes()))?;
                     Ok(None)
@@ -238,7 +222,6 @@ impl goldenscript::Runner for MvccRunner {
             }
             name => return Err(format!("unknown command {name:?}").into()),
         }
-        args.done()?;
-        Ok(out)
+        Ok(())
     }
 }

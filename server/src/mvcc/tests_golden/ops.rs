@@ -14,7 +14,6 @@
 //! A compare is `KEY [RANGE_END] TARGET OP VALUE` with TARGET one of `version`, `create`,
 //! `mod`, `value`, `lease` and OP one of `=`, `!=`, `<`, `>`.
 
-use std::error::Error;
 use std::fmt::Write as _;
 
 use keel_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
@@ -22,163 +21,22 @@ use keel_proto::etcdserverpb::range_request::{SortOrder, SortTarget};
 use keel_proto::etcdserverpb::request_op::Request;
 use keel_proto::etcdserverpb::response_op::Response;
 use keel_proto::etcdserverpb::{
-    Compare, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, RangeRequest,
-    RangeResponse, RequestOp, ResponseHeader, TxnRequest, TxnResponse,
+    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, ResponseHeader, ResponseOp,
+    TxnRequest,
 };
 use keel_proto::mvccpb::event::EventType;
 use keel_proto::mvccpb::{Event, KeyValue};
 
-/// A runner's result.
-pub type Result<T> = std::result::Result<T, Box<dyn Error>>;
+use super::script::{Args, Result};
+use crate::mvcc::WriteTxn;
 
-/// Arguments of one command or one nested operation, consumed by name or position; what
-/// is left over is an error (a typo must not be silently ignored).
-pub struct Args {
-    pos: Vec<String>,
-    keys: Vec<(String, String)>,
-}
-
-impl Args {
-    /// The arguments of a goldenscript command.
-    pub fn of(command: &goldenscript::Command) -> Args {
-        let mut args = Args {
-            pos: Vec::new(),
-            keys: Vec::new(),
-        };
-        for arg in &command.args {
-            match arg {
-                goldenscript::Argument::Positional(v) => args.pos.push(v.clone()),
-                goldenscript::Argument::KeyValue(k, v) => args.keys.push((k.clone(), v.clone())),
-                other => args.pos.push(other.to_string()),
-            }
-        }
-        args
+/// `prefix` as etcdctl computes its range end (`clientv3.GetPrefixRangeEnd`): the last
+/// byte below 0xff incremented, what follows it dropped; `"\0"` (to the end) if none.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    match prefix.iter().rposition(|&b| b < 0xff) {
+        Some(i) => [&prefix[..i], &[prefix[i] + 1]].concat(),
+        None => vec![0],
     }
-
-    /// Splits a nested operation (`put k v lease=1`) into its name and arguments: tokens
-    /// are separated by spaces, `'...'` and `"..."` quote (with `\` escaping the next
-    /// character), and `name=value` outside quotes is a key/value argument.
-    pub fn parse(text: &str) -> Result<(String, Args)> {
-        let mut tokens: Vec<(Option<String>, String)> = Vec::new();
-        let mut chars = text.chars().peekable();
-        loop {
-            while chars.next_if(|c| c.is_whitespace()).is_some() {}
-            if chars.peek().is_none() {
-                break;
-            }
-            let (mut key, mut cur, mut quote) = (None, String::new(), None);
-            while let Some(c) = chars.next() {
-                match (quote, c) {
-                    (None, c) if c.is_whitespace() => break,
-                    (None, '\'' | '"') => quote = Some(c),
-                    (Some(q), c) if c == q => quote = None,
-                    (Some(_), '\\') => cur.push(chars.next().ok_or("dangling \\")?),
-                    (None, '=')
-                        if key.is_none()
-                            && !cur.is_empty()
-                            && cur.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
-                    {
-                        key = Some(std::mem::take(&mut cur));
-                    }
-                    (_, c) => cur.push(c),
-                }
-            }
-            if quote.is_some() {
-                return Err(format!("unterminated quote in {text:?}").into());
-            }
-            tokens.push((key, cur));
-        }
-        let mut args = Args {
-            pos: Vec::new(),
-            keys: Vec::new(),
-        };
-        for (k, v) in tokens {
-            match k {
-                Some(k) => args.keys.push((k, v)),
-                None => args.pos.push(v),
-            }
-        }
-        if args.pos.is_empty() {
-            return Err(format!("no operation in {text:?}").into());
-        }
-        let name = args.pos.remove(0);
-        Ok((name, args))
-    }
-
-    /// The next positional argument, if any.
-    pub fn next_pos(&mut self) -> Option<String> {
-        (!self.pos.is_empty()).then(|| self.pos.remove(0))
-    }
-
-    /// The next positional argument, or an error naming `what`.
-    pub fn pos(&mut self, what: &str) -> Result<String> {
-        self.next_pos()
-            .ok_or_else(|| format!("missing {what}").into())
-    }
-
-    /// The next positional argument parsed as a number.
-    pub fn pos_num<T: std::str::FromStr>(&mut self, what: &str) -> Result<T>
-    where
-        T::Err: std::fmt::Display,
-    {
-        let v = self.pos(what)?;
-        v.parse().map_err(|e| format!("{what} {v:?}: {e}").into())
-    }
-
-    /// The next key/value argument, if any.
-    pub fn next_key(&mut self) -> Option<(String, String)> {
-        (!self.keys.is_empty()).then(|| self.keys.remove(0))
-    }
-
-    /// Removes and returns every value of `key`.
-    pub fn take_all(&mut self, key: &str) -> Vec<String> {
-        let (taken, kept) = std::mem::take(&mut self.keys)
-            .into_iter()
-            .partition(|(k, _)| k == key);
-        self.keys = kept;
-        taken.into_iter().map(|(_, v)| v).collect()
-    }
-
-    /// The value of `key` (the last one if repeated).
-    pub fn take(&mut self, key: &str) -> Option<String> {
-        self.take_all(key).pop()
-    }
-
-    /// `key` parsed with `FromStr`, or `default` when absent.
-    pub fn num<T: std::str::FromStr>(&mut self, key: &str, default: T) -> Result<T>
-    where
-        T::Err: std::fmt::Display,
-    {
-        match self.take(key) {
-            None => Ok(default),
-            Some(v) => v.parse().map_err(|e| format!("{key}={v:?}: {e}").into()),
-        }
-    }
-
-    /// A `key=true|false` flag, false when absent.
-    pub fn flag(&mut self, key: &str) -> Result<bool> {
-        self.num(key, false)
-    }
-
-    /// Fails if any argument was not consumed.
-    pub fn done(self) -> Result<()> {
-        if self.pos.is_empty() && self.keys.is_empty() {
-            return Ok(());
-        }
-        Err(format!("unexpected arguments: {:?} {:?}", self.pos, self.keys).into())
-    }
-}
-
-/// `prefix` as etcdctl computes its range end (`clientv3.GetPrefixRangeEnd`).
-pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 /// `KEY [END] [prefix=true] [from_key=true]`: the key and range end of a request.
@@ -196,7 +54,7 @@ pub fn key_range(args: &mut Args) -> Result<(Vec<u8>, Vec<u8>)> {
 
 /// `put KEY [VALUE] [lease=ID] [prev_kv=true] [ignore_value=true] [ignore_lease=true]
 /// [size=N]` (`size` makes the value N bytes of `v`).
-pub fn put_request(args: &mut Args) -> Result<PutRequest> {
+fn put_request(args: &mut Args) -> Result<PutRequest> {
     let key = args.pos("key")?.into_bytes();
     let mut value = args.next_pos().map(String::into_bytes).unwrap_or_default();
     if let Some(n) = args.take("size") {
@@ -216,7 +74,7 @@ pub fn put_request(args: &mut Args) -> Result<PutRequest> {
 /// proto name: `revision`, `limit`, `sort_order` (`none|ascend|descend`), `sort_target`
 /// (`key|version|create|mod|value`), `serializable`, `keys_only`, `count_only`,
 /// `min_mod_revision`, `max_mod_revision`, `min_create_revision`, `max_create_revision`.
-pub fn range_request(args: &mut Args) -> Result<RangeRequest> {
+fn range_request(args: &mut Args) -> Result<RangeRequest> {
     let (key, range_end) = key_range(args)?;
     let sort_order = match args.take("sort_order").as_deref() {
         None | Some("none") => SortOrder::None,
@@ -250,7 +108,7 @@ pub fn range_request(args: &mut Args) -> Result<RangeRequest> {
 }
 
 /// `delete KEY [END] [prefix=true] [from_key=true] [prev_kv=true]`.
-pub fn delete_request(args: &mut Args) -> Result<DeleteRangeRequest> {
+fn delete_request(args: &mut Args) -> Result<DeleteRangeRequest> {
     let (key, range_end) = key_range(args)?;
     Ok(DeleteRangeRequest {
         key,
@@ -260,7 +118,7 @@ pub fn delete_request(args: &mut Args) -> Result<DeleteRangeRequest> {
 }
 
 /// `txn [if=COMPARE]... [then=OP]... [else=OP]...`; see the module docs.
-pub fn txn_request(args: &mut Args) -> Result<TxnRequest> {
+fn txn_request(args: &mut Args) -> Result<TxnRequest> {
     let ops = |texts: Vec<String>| -> Result<Vec<RequestOp>> {
         texts.iter().map(|t| request_op(t)).collect()
     };
@@ -275,16 +133,32 @@ pub fn txn_request(args: &mut Args) -> Result<TxnRequest> {
     })
 }
 
+/// The request of a `put`, `range`, `delete` or `txn` command; `None` for another name.
+pub fn request(name: &str, args: &mut Args) -> Result<Option<Request>> {
+    Ok(Some(match name {
+        "put" => Request::RequestPut(put_request(args)?),
+        "range" => Request::RequestRange(range_request(args)?),
+        "delete" => Request::RequestDeleteRange(delete_request(args)?),
+        "txn" => Request::RequestTxn(txn_request(args)?),
+        _ => return Ok(None),
+    }))
+}
+
+/// Runs `req` in the write txn `w`, as apply runs a txn's operations.
+pub fn apply(w: &mut WriteTxn<'_>, req: &Request) -> Result<Response> {
+    Ok(match req {
+        Request::RequestPut(p) => Response::ResponsePut(w.put(p)?),
+        Request::RequestRange(r) => Response::ResponseRange(w.range(r)?),
+        Request::RequestDeleteRange(d) => Response::ResponseDeleteRange(w.delete_range(d)?),
+        Request::RequestTxn(t) => Response::ResponseTxn(w.txn(t)?),
+    })
+}
+
 /// One txn operation: `put ...`, `range ...`, `delete ...` or a nested `txn ...`.
 fn request_op(text: &str) -> Result<RequestOp> {
     let (name, mut args) = Args::parse(text)?;
-    let request = match name.as_str() {
-        "put" => Request::RequestPut(put_request(&mut args)?),
-        "range" => Request::RequestRange(range_request(&mut args)?),
-        "delete" => Request::RequestDeleteRange(delete_request(&mut args)?),
-        "txn" => Request::RequestTxn(txn_request(&mut args)?),
-        other => return Err(format!("unknown txn operation {other:?}").into()),
-    };
+    let request =
+        request(&name, &mut args)?.ok_or_else(|| format!("unknown txn operation {name:?}"))?;
     args.done()?;
     Ok(RequestOp {
         request: Some(request),
@@ -380,62 +254,52 @@ pub fn header(h: &Option<ResponseHeader>) -> String {
     h.as_ref().map_or("none".into(), |h| h.revision.to_string())
 }
 
-/// A put response: `put: rev=R` and its `prev_kv`.
-pub fn put_response(out: &mut String, indent: usize, r: &PutResponse) {
-    let pad = " ".repeat(indent);
-    writeln!(out, "{pad}put: rev={}", header(&r.header)).unwrap();
-    if let Some(prev) = &r.prev_kv {
-        writeln!(out, "{pad}  prev: {}", kv(prev)).unwrap();
-    }
+/// The header revision of a response.
+pub fn header_of(resp: &Response) -> Option<i64> {
+    let h = match resp {
+        Response::ResponsePut(p) => &p.header,
+        Response::ResponseRange(r) => &r.header,
+        Response::ResponseDeleteRange(d) => &d.header,
+        Response::ResponseTxn(t) => &t.header,
+    };
+    h.as_ref().map(|h| h.revision)
 }
 
-/// A range response: `range: count=N more=B rev=R` and its key-values.
-pub fn range_response(out: &mut String, indent: usize, r: &RangeResponse) {
+/// One summary line (`put: rev=R`, `range: count=N more=B rev=R`, `delete: deleted=N
+/// rev=R`, `txn: succeeded=B rev=R`), then indented the key-values it carries (`prev:` for
+/// the replaced or deleted ones) and a txn's responses, nested.
+pub fn response(out: &mut String, indent: usize, resp: &Response) {
     let pad = " ".repeat(indent);
-    writeln!(
-        out,
-        "{pad}range: count={} more={} rev={}",
-        r.count,
-        r.more,
-        header(&r.header)
-    )
-    .unwrap();
-    for x in &r.kvs {
-        writeln!(out, "{pad}  {}", kv(x)).unwrap();
+    let rev = header_of(resp).map_or("none".into(), |r| r.to_string());
+    let (summary, kvs, nested): (String, Vec<(&str, &KeyValue)>, &[ResponseOp]) = match resp {
+        Response::ResponsePut(p) => {
+            let prev = p.prev_kv.iter().map(|kv| ("prev: ", kv)).collect();
+            (format!("put: rev={rev}"), prev, &[])
+        }
+        Response::ResponseRange(r) => {
+            let line = format!("range: count={} more={} rev={rev}", r.count, r.more);
+            (line, r.kvs.iter().map(|kv| ("", kv)).collect(), &[])
+        }
+        Response::ResponseDeleteRange(d) => {
+            let prev = d.prev_kvs.iter().map(|kv| ("prev: ", kv)).collect();
+            (
+                format!("delete: deleted={} rev={rev}", d.deleted),
+                prev,
+                &[],
+            )
+        }
+        Response::ResponseTxn(t) => {
+            let line = format!("txn: succeeded={} rev={rev}", t.succeeded);
+            (line, Vec::new(), &t.responses)
+        }
+    };
+    writeln!(out, "{pad}{summary}").unwrap();
+    for (label, x) in kvs {
+        writeln!(out, "{pad}  {label}{}", kv(x)).unwrap();
     }
-}
-
-/// A delete response: `delete: deleted=N rev=R` and its `prev_kvs`.
-pub fn delete_response(out: &mut String, indent: usize, r: &DeleteRangeResponse) {
-    let pad = " ".repeat(indent);
-    writeln!(
-        out,
-        "{pad}delete: deleted={} rev={}",
-        r.deleted,
-        header(&r.header)
-    )
-    .unwrap();
-    for x in &r.prev_kvs {
-        writeln!(out, "{pad}  prev: {}", kv(x)).unwrap();
-    }
-}
-
-/// A txn response: `txn: succeeded=B rev=R` and each operation's response, nested.
-pub fn txn_response(out: &mut String, indent: usize, r: &TxnResponse) {
-    let pad = " ".repeat(indent);
-    writeln!(
-        out,
-        "{pad}txn: succeeded={} rev={}",
-        r.succeeded,
-        header(&r.header)
-    )
-    .unwrap();
-    for op in &r.responses {
+    for op in nested {
         match &op.response {
-            Some(Response::ResponsePut(p)) => put_response(out, indent + 2, p),
-            Some(Response::ResponseRange(g)) => range_response(out, indent + 2, g),
-            Some(Response::ResponseDeleteRange(d)) => delete_response(out, indent + 2, d),
-            Some(Response::ResponseTxn(t)) => txn_response(out, indent + 2, t),
+            Some(r) => response(out, indent + 2, r),
             None => writeln!(out, "{pad}  (empty response)").unwrap(),
         }
     }
