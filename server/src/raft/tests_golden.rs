@@ -57,7 +57,7 @@ fn run_script(path: &std::path::Path) {
 /// A member, or the task that holds it while an operation runs (the task hands it back
 /// with the operation's output).
 enum Slot {
-    Idle(Member),
+    Idle(Box<Member>),
     Busy(JoinHandle<(Member, std::result::Result<String, String>)>),
 }
 
@@ -105,10 +105,11 @@ impl SnapshotRunner {
     /// Runs `op` on `name`'s member in a task: to completion (bounded by [`STEP`]), or under
     /// `background` for [`STILL_BLOCKED`] only.
     fn start(&mut self, name: &str, op: Op, background: bool) -> Result<String> {
-        let Some(Slot::Idle(mut m)) = self.members.remove(name) else {
+        let Some(Slot::Idle(m)) = self.members.remove(name) else {
             return Err(format!("{name} is not an idle member").into());
         };
         let label = name.to_string();
+        let mut m = *m;
         let task = self.rt.spawn(async move {
             let result = match op {
                 Op::Apply(entry, what) => m.sm.apply(vec![entry]).await.map(|_| {
@@ -148,7 +149,8 @@ impl SnapshotRunner {
             .rt
             .block_on(tokio::time::timeout(STEP, task))
             .map_err(|_| format!("{name}: deadlock (no progress in {STEP:?})"))??;
-        self.members.insert(name.to_string(), Slot::Idle(m));
+        self.members
+            .insert(name.to_string(), Slot::Idle(Box::new(m)));
         Ok(result?)
     }
 }
@@ -188,7 +190,8 @@ impl script::Commands for SnapshotRunner {
         match name {
             "member" => {
                 while let Some(name) = args.next_pos() {
-                    self.members.insert(name, Slot::Idle(Member::new()));
+                    self.members
+                        .insert(name, Slot::Idle(Box::new(Member::new())));
                 }
             }
             "load" => {
