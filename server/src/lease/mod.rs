@@ -32,9 +32,6 @@ pub mod runner;
 
 #[cfg(test)]
 mod tests;
-/// Scenario tests: the goldenscripts in `testscripts/` (docs/testing.md).
-#[cfg(test)]
-mod tests_golden;
 
 pub use lessor::{ApplyOutcome, LeaseInfo, Lessor, LessorStats, Remaining, Renewal};
 pub use primary::{Primary, PrimaryConfig};

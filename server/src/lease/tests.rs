@@ -2,7 +2,7 @@
 //! follower's lack of any schedule under a long churn, and the leader loop in real time
 //! (expiry through raft entries, rate limit, checkpoints, step-down). The scenarios (apply
 //! of lease entries, key attachment, reopen, renew and remaining TTL) are goldenscripts:
-//! `lease/testscripts/`, run by `tests_golden.rs` on this file's [`Member`].
+//! `lease/testscripts/`, run by `tests/golden.rs` on this file's [`Member`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,6 +23,9 @@ use crate::error::EtcdError;
 use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
 use crate::raft::types::{Entry, Request};
+
+/// The scenarios: goldenscripts in `lease/testscripts/` (docs/testing.md).
+mod golden;
 
 /// One member's apply path on a temporary sled tree (also the goldenscript runner's).
 pub(super) struct Member {

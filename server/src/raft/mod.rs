@@ -17,9 +17,6 @@ mod snapshot_race_test;
 mod storage_suite_test;
 #[cfg(test)]
 mod test_support;
-/// Scenario tests: the goldenscripts in `testscripts/` (docs/testing.md).
-#[cfg(test)]
-mod tests_golden;
 
 pub use log_store::LogStore;
 pub use network::PeerNetwork;

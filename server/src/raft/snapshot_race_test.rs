@@ -1,6 +1,6 @@
 //! Snapshot export vs. compaction vs. install, on one state machine: the races the export
 //! lock exists for (see `raft/export.rs`). The scenarios are goldenscripts
-//! (`raft/testscripts/`, run by `tests_golden.rs` on this file's [`Member`]); what stays
+//! (`raft/testscripts/`, run by `snapshot_race_test/golden.rs` on this file's [`Member`]); what stays
 //! here are the loops and the background-compaction race over a shared log. Every wait is
 //! bounded, so a deadlock fails the test instead of hanging it.
 
@@ -9,15 +9,18 @@ use std::time::Duration;
 
 use keel_proto::etcdserverpb::{CompactionRequest, PutRequest};
 use keel_proto::keelpb::{RaftRequest, raft_request};
-use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
-use openraft::{CommittedLeaderId, EntryPayload, RaftSnapshotBuilder, StorageError};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{CommittedLeaderId, EntryPayload, RaftSnapshotBuilder};
 use tokio::io::AsyncWriteExt;
 
-use super::types::{Entry, LogId, MemberNode, NodeId, Request, TypeConfig};
-use super::{SharedStore, StateMachine};
+use super::state_machine::{SharedStore, StateMachine};
+use super::types::{Entry, LogId, Request, TypeConfig};
 
 /// Bound on any single step; a step that takes longer is a deadlock.
 pub(super) const STEP: Duration = Duration::from_secs(20);
+
+/// The scenarios: goldenscripts in `raft/testscripts/` (docs/testing.md).
+mod golden;
 
 /// One member's state machine on a temporary directory, fed entries it numbers itself
 /// (also the goldenscript runner's member).
@@ -96,7 +99,7 @@ impl Member {
 /// A built snapshot, read into memory (test snapshots are small): installable any number
 /// of times, and corruptible.
 pub(super) struct Built {
-    pub meta: SnapshotMeta<NodeId, MemberNode>,
+    pub meta: openraft::SnapshotMeta<super::types::NodeId, super::types::MemberNode>,
     pub data: Vec<u8>,
 }
 
@@ -113,7 +116,10 @@ impl Built {
     }
 
     /// Feeds the snapshot to `sm` as if it came from the leader and installs it.
-    pub async fn install(&self, sm: &mut StateMachine) -> Result<(), StorageError<NodeId>> {
+    pub async fn install(
+        &self,
+        sm: &mut StateMachine,
+    ) -> Result<(), openraft::StorageError<super::types::NodeId>> {
         let mut receiving = sm.begin_receiving_snapshot().await?;
         receiving.write_all(&self.data).await.unwrap();
         sm.install_snapshot(&self.meta, receiving).await

@@ -95,7 +95,3 @@ impl WatchConfig {
         }
     }
 }
-
-/// Scenario tests: the goldenscripts in `testscripts/` (docs/testing.md).
-#[cfg(test)]
-mod tests_golden;

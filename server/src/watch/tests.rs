@@ -1,6 +1,6 @@
 //! The harness of the watch tests: a real MVCC store and a hub fed the way apply feeds it,
 //! and a client's view of a stream's output. The scenarios are goldenscripts
-//! (`watch/testscripts/`, run by `tests_golden.rs`); the model test is `tests_model.rs`.
+//! (`watch/testscripts/`, run by `tests/golden.rs`); the model test is `tests_model.rs`.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,6 +16,9 @@ use super::sync::SyncOutcome;
 use super::{StoreHistory, WatchConfig, WatchHub, WatchOutput};
 use crate::mvcc::MvccStore;
 use crate::raft::SharedStore;
+
+/// The scenarios: goldenscripts in `watch/testscripts/` (docs/testing.md).
+mod golden;
 
 /// A store plus a hub fed the way apply feeds it.
 pub(super) struct Harness {

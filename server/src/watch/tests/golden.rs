@@ -33,11 +33,11 @@ use keel_proto::etcdserverpb::{
     WatchResponse,
 };
 
-use super::sync::SyncOutcome;
-use super::tests::{Harness, read};
-use super::{WatchConfig, WatchOutput, WatchStream};
+use super::{Harness, read};
 use crate::mvcc::tests_golden::ops;
 use crate::mvcc::tests_golden::script::{self, Args, Cmd, Result};
+use crate::watch::sync::SyncOutcome;
+use crate::watch::{WatchConfig, WatchOutput, WatchStream};
 
 test_each_file::test_each_path! { in "server/src/watch/testscripts" as scripts => run_script }
 

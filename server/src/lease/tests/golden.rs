@@ -30,8 +30,8 @@ use keel_proto::etcdserverpb::{
 use keel_proto::keelpb::raft_response::Response as Rs;
 use keel_proto::keelpb::{LeaseExpire, RaftResponse, raft_request::Request as Rq};
 
-use super::tests::Member;
-use super::{PrimaryConfig, Remaining};
+use super::Member;
+use crate::lease::{PrimaryConfig, Remaining};
 use crate::mvcc::tests_golden::ops;
 use crate::mvcc::tests_golden::script::{self, Args, Cmd, Result};
 

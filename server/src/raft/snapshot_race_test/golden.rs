@@ -30,9 +30,9 @@ use openraft::RaftSnapshotBuilder;
 use openraft::storage::{RaftStateMachine, Snapshot};
 use tokio::task::JoinHandle;
 
-use super::snapshot_race_test::{Built, Member, STEP};
-use super::types::{Entry, TypeConfig};
+use super::{Built, Member, STEP};
 use crate::mvcc::tests_golden::script::{self, Cmd, Result};
+use crate::raft::types::{Entry, TypeConfig};
 
 /// How long a blocked operation must stay blocked to count as waiting.
 const STILL_BLOCKED: Duration = Duration::from_millis(300);
@@ -158,7 +158,7 @@ impl SnapshotRunner {
 /// An export hook that announces the export started, then holds it until released; only
 /// the first export it sees.
 fn holding_hook() -> (
-    super::export::ExportHook,
+    crate::raft::export::ExportHook,
     mpsc::Receiver<()>,
     mpsc::Sender<()>,
 ) {
@@ -290,7 +290,7 @@ impl script::Commands for SnapshotRunner {
                     Some(Slot::Idle(m)) => m.dir.path().join("snap"),
                     _ => return Err(format!("{source} is not an idle member").into()),
                 };
-                let file = super::snapshot::file_name(&source_dir, &built.meta);
+                let file = crate::raft::snapshot::file_name(&source_dir, &built.meta);
                 let target_dir = self.idle(&name)?.dir.path().join("snap");
                 let kept = target_dir.join(file.file_name().ok_or("snapshot file name")?);
                 std::fs::copy(&file, &kept)?;
