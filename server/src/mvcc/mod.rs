@@ -30,6 +30,10 @@ mod store;
 mod txn;
 mod write_txn;
 
+/// Scenario tests: the goldenscripts in `testscripts/` (docs/testing.md), and the runner
+/// frame and etcd request vocabulary the lease, watch and raft runners share.
+#[cfg(test)]
+pub(crate) mod tests_golden;
 #[cfg(test)]
 mod tests_model;
 #[cfg(test)]
