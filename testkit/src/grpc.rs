@@ -85,11 +85,11 @@ pub async fn watch(endpoint: &str) -> WatchClient<Channel> {
 }
 
 /// Puts `key = value` and returns the revision of the write (`header.revision`).
-pub async fn put(kv: &mut KvClient<Channel>, key: &str, value: impl Into<Vec<u8>>) -> i64 {
+pub async fn put(kv: &mut KvClient<Channel>, key: &str, value: impl AsRef<[u8]>) -> i64 {
     let resp = kv
         .put(PutRequest {
             key: key.into(),
-            value: value.into(),
+            value: value.as_ref().to_vec(),
             ..Default::default()
         })
         .await

@@ -2,7 +2,8 @@
 //! `keel --version`), and facts about running processes (signals, resident memory).
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::process::{Command, Stdio};
+use std::ops::{Deref, DerefMut};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// What a finished process printed.
@@ -78,10 +79,35 @@ pub fn run_bounded(command: &mut Command, stdin: &str, limit: Duration) -> Outpu
 
 fn read_all(file: &mut std::fs::File) -> String {
     let mut text = String::new();
-    file.seek(SeekFrom::Start(0)).expect("rewind an output file");
+    file.seek(SeekFrom::Start(0))
+        .expect("rewind an output file");
     file.read_to_string(&mut text)
         .expect("process output is UTF-8");
     text
+}
+
+/// A child process (a helper in the background, or a member outside [`crate::Member`]) that is
+/// SIGKILLed and reaped when dropped, so a failing assertion never leaks it.
+pub struct KillOnDrop(pub Child);
+
+impl Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Sends signal `sig` (e.g. `libc::SIGSTOP`) to process `pid`.

@@ -259,7 +259,10 @@ impl MemberSpec {
             ("listen-client-urls", self.listen_client_url.clone()),
             ("advertise-client-urls", self.advertise_client_url.clone()),
             ("listen-peer-urls", self.listen_peer_url.clone()),
-            ("initial-advertise-peer-urls", self.advertise_peer_url.clone()),
+            (
+                "initial-advertise-peer-urls",
+                self.advertise_peer_url.clone(),
+            ),
             ("initial-cluster", self.initial_cluster.clone()),
             ("initial-cluster-state", state),
             ("initial-cluster-token", self.initial_cluster_token.clone()),
@@ -352,10 +355,7 @@ mod tests {
             .peer_dial_override([("http://a:1", "http://b:2")]);
         assert_eq!(
             spec.to_args(),
-            [
-                "--experimental-peer-dial-override",
-                "http://a:1=http://b:2"
-            ]
+            ["--experimental-peer-dial-override", "http://a:1=http://b:2"]
         );
     }
 }
