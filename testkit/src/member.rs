@@ -148,7 +148,7 @@ impl Member {
         url.strip_prefix("http://").unwrap_or(&url).to_string()
     }
 
-    /// The advertised peer URL (`--initial-advertise-peer-urls`).
+    /// The advertised peer URL (see [`MemberSpec::peer_urls`]).
     pub fn peer_url(&self) -> String {
         self.spec
             .get_peer_url()
