@@ -86,20 +86,27 @@ fn assert_crashed_at(keel: &mut Member, failpoint: &str) {
     );
 }
 
+/// A fresh member, started once without failpoints (so it bootstraps normally), then stopped
+/// and restarted with `FAILPOINTS=failpoints`.
+fn start_with_failpoints(failpoints: &str) -> Member {
+    let mut keel = Member::start(&keel_bin());
+    keel.terminate();
+    keel.set_failpoints(Some(failpoints));
+    keel.restart();
+    keel
+}
+
 /// Restarts a member with `FAILPOINTS=failpoints`, writes until it crashes at `failpoint`,
 /// restarts it without failpoints and checks the sequential writer's history.
 fn crash_and_recover(failpoint: &str, failpoints: &str) {
-    let mut keel = Member::start(&keel_bin());
-    keel.terminate();
-    keel.set_env("FAILPOINTS", Some(failpoints));
-    keel.restart();
+    let mut keel = start_with_failpoints(failpoints);
     let acked = write_until_crash(&keel.endpoint());
     assert_crashed_at(&mut keel, failpoint);
     assert!(
         !acked.is_empty(),
         "no write was acknowledged before the crash"
     );
-    keel.set_env("FAILPOINTS", None);
+    keel.set_failpoints(None);
     keel.restart();
     check_sequential_history(&keel.endpoint(), &acked);
 }
@@ -177,10 +184,7 @@ fn crash_mid_apply_applies_each_entry_exactly_once() {
 
 #[test]
 fn slow_fsync_delays_acknowledgement() {
-    let mut keel = Member::start(&keel_bin());
-    keel.terminate();
-    keel.set_env("FAILPOINTS", Some("wal_slow_fsync=sleep(300)"));
-    keel.restart();
+    let keel = start_with_failpoints("wal_slow_fsync=sleep(300)");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut kv = grpc::kv(&keel.endpoint()).await;
@@ -231,10 +235,7 @@ async fn write_rounds(
 fn crash_mid_compaction_keeps_the_compacted_state() {
     const ROUNDS: usize = 20;
     const KEYS: usize = 100;
-    let mut keel = Member::start(&keel_bin());
-    keel.terminate();
-    keel.set_env("FAILPOINTS", Some("compact_mid=return"));
-    keel.restart();
+    let mut keel = start_with_failpoints("compact_mid=return");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (rev, hash) = rt.block_on(async {
         let mut kv = grpc::kv(&keel.endpoint()).await;
@@ -258,7 +259,7 @@ fn crash_mid_compaction_keeps_the_compacted_state() {
         (rev, hash)
     });
     assert_crashed_at(&mut keel, "compact_mid");
-    keel.set_env("FAILPOINTS", None);
+    keel.set_failpoints(None);
     keel.restart();
     rt.block_on(async {
         let mut kv = grpc::kv(&keel.endpoint()).await;
@@ -294,10 +295,7 @@ fn crash_mid_compaction_keeps_the_compacted_state() {
 
 #[test]
 fn crash_mid_defragment_loses_nothing() {
-    let mut keel = Member::start(&keel_bin());
-    keel.terminate();
-    keel.set_env("FAILPOINTS", Some("defrag_mid=return"));
-    keel.restart();
+    let mut keel = start_with_failpoints("defrag_mid=return");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let rev = rt.block_on(async {
         let mut kv = grpc::kv(&keel.endpoint()).await;
@@ -309,7 +307,7 @@ fn crash_mid_defragment_loses_nothing() {
         rev
     });
     assert_crashed_at(&mut keel, "defrag_mid");
-    keel.set_env("FAILPOINTS", None);
+    keel.set_failpoints(None);
     keel.restart();
     rt.block_on(async {
         let mut m = grpc::maintenance(&keel.endpoint()).await;
@@ -350,7 +348,7 @@ fn crash_mid_snapshot_install_finishes_the_install_on_restart() {
             grpc::put(&mut kv, &format!("s{k:03}"), "x").await;
         }
     });
-    c.members[lagger].set_env("FAILPOINTS", Some("snapshot_install_mid=return"));
+    c.members[lagger].set_failpoints(Some("snapshot_install_mid=return"));
     c.members[lagger].spawn();
     let status = c.members[lagger]
         .wait_exit(CRASH_TIMEOUT)
@@ -361,7 +359,7 @@ fn crash_mid_snapshot_install_finishes_the_install_on_restart() {
             .log()
             .contains("keel: failpoint snapshot_install_mid fired: aborting")
     );
-    c.members[lagger].set_env("FAILPOINTS", None);
+    c.members[lagger].set_failpoints(None);
     c.members[lagger].spawn();
     c.wait_ready(&[lagger]);
     assert!(
@@ -419,7 +417,7 @@ fn stale_read_failpoint_skips_read_index() {
     let mut c = Cluster::start(&keel_bin(), 3, &[]);
     let stale = 2;
     c.members[stale].terminate();
-    c.members[stale].set_env("FAILPOINTS", Some("linearizable_read_stale=return"));
+    c.members[stale].set_failpoints(Some("linearizable_read_stale=return"));
     c.members[stale].spawn();
     c.wait_ready(&[stale]);
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -152,3 +152,11 @@ pub fn hashkv(endpoint: &str, rev: i64) -> u64 {
         .as_u64()
         .unwrap_or_else(|| panic!("no HashKV.hash in {out}"))
 }
+
+/// [`hashkv`] of each of `endpoints` at `rev`, in order.
+pub fn hashkvs<S: AsRef<str>>(endpoints: impl IntoIterator<Item = S>, rev: i64) -> Vec<u64> {
+    endpoints
+        .into_iter()
+        .map(|endpoint| hashkv(endpoint.as_ref(), rev))
+        .collect()
+}

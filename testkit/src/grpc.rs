@@ -99,16 +99,37 @@ pub async fn put(kv: &mut KvClient<Channel>, key: &str, value: impl AsRef<[u8]>)
 }
 
 /// Linearizable Range over `[key, range_end)` at the current revision (`range_end` empty =
-/// the single key, `"\0"` = every key >= `key`).
+/// the single key, `"\0"` = every key >= `key`); panics on an error.
 pub async fn range(kv: &mut KvClient<Channel>, key: &[u8], range_end: &[u8]) -> RangeResponse {
-    kv.range(RangeRequest {
+    range_request(kv, key, range_end, false).await
+}
+
+/// [`range`] with `serializable: true`: served from the member's local state, without a
+/// ReadIndex round (what that member has applied).
+pub async fn range_serializable(
+    kv: &mut KvClient<Channel>,
+    key: &[u8],
+    range_end: &[u8],
+) -> RangeResponse {
+    range_request(kv, key, range_end, true).await
+}
+
+async fn range_request(
+    kv: &mut KvClient<Channel>,
+    key: &[u8],
+    range_end: &[u8],
+    serializable: bool,
+) -> RangeResponse {
+    let request = RangeRequest {
         key: key.to_vec(),
         range_end: range_end.to_vec(),
+        serializable,
         ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|s| panic!("range {:?}..{:?}: {s:?}", lossy(key), lossy(range_end)))
-    .into_inner()
+    };
+    match kv.range(request).await {
+        Ok(response) => response.into_inner(),
+        Err(s) => panic!("range {:?}..{:?}: {s:?}", lossy(key), lossy(range_end)),
+    }
 }
 
 /// The range end that selects every key with prefix `prefix` (etcd's `GetPrefixRangeEnd`:
@@ -124,11 +145,21 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// Asserts that `status` is etcd's error `message` with gRPC `code` (etcd's rpctypes pair).
+/// Asserts that `result` failed with etcd's error `message` and gRPC `code` (etcd's rpctypes
+/// pair, e.g. `InvalidArgument`, `"etcdserver: key is not provided"`).
 #[track_caller]
-pub fn assert_status(status: &tonic::Status, code: tonic::Code, message: &str) {
-    assert_eq!(status.code(), code, "{status:?}");
-    assert_eq!(status.message(), message, "{status:?}");
+pub fn assert_fails_with<T: std::fmt::Debug>(
+    result: Result<T, tonic::Status>,
+    code: tonic::Code,
+    message: &str,
+) {
+    match result {
+        Ok(ok) => panic!("expected the error {code:?} {message:?}, got {ok:?}"),
+        Err(status) => {
+            assert_eq!(status.code(), code, "{status:?}");
+            assert_eq!(status.message(), message, "{status:?}");
+        }
+    }
 }
 
 /// Runs `future` to completion on a new thread with its own current-thread runtime, so a

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use crate::grpc;
 use crate::ports::free_ports;
 use crate::process::{rss_kib, signal};
-use crate::spec::MemberSpec;
+use crate::spec::{FAILPOINTS_ENV, MemberSpec};
 
 /// How long a member may take from spawn to answering a linearizable Range.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -132,6 +132,12 @@ impl Member {
     /// (e.g. `FAILPOINTS` of a failpoint build); the running process is not affected.
     pub fn set_env(&mut self, key: &str, value: Option<&str>) {
         self.spec.set_env(key, value);
+    }
+
+    /// Sets (`Some`) or removes (`None`) the failpoints of the next starts of a failpoint
+    /// build ([`MemberSpec::failpoints`]); the running process is not affected.
+    pub fn set_failpoints(&mut self, spec: Option<&str>) {
+        self.spec.set_env(FAILPOINTS_ENV, spec);
     }
 
     /// `http://127.0.0.1:<client port>`, the advertised client URL.

@@ -6,18 +6,15 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
-use keel_testkit::Cluster;
+use keel_proto::etcdserverpb::PutRequest;
 use keel_testkit::etcdctl::{self, etcdctl, etcdctl_stdin};
-use keel_testkit::grpc;
-use keel_testkit::schedule::exclusive;
+use keel_testkit::{Member, grpc};
 
-use crate::keel_bin;
+use crate::cluster;
 
 #[test]
 fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
-    let _alone = exclusive();
-    let cluster = Cluster::start(&keel_bin(), 3, &[]);
+    let (_alone, cluster) = cluster(3, &[]);
     let all = cluster.endpoints();
 
     // Writes through each member, each read back (linearizably) through every member.
@@ -107,18 +104,15 @@ fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
 
     // HashKV agrees at the same revision.
     let rev = *revisions.iter().next().unwrap();
-    let hashes: BTreeSet<u64> = cluster
-        .members
-        .iter()
-        .map(|m| etcdctl::hashkv(&m.endpoint(), rev))
+    let hashes: BTreeSet<u64> = etcdctl::hashkvs(cluster.members.iter().map(Member::endpoint), rev)
+        .into_iter()
         .collect();
     assert_eq!(hashes.len(), 1, "{hashes:?}");
 }
 
 #[test]
 fn reads_on_followers_see_every_acknowledged_write() {
-    let _alone = exclusive();
-    let cluster = Cluster::start(&keel_bin(), 3, &[]);
+    let (_alone, cluster) = cluster(3, &[]);
     let leader = cluster.leader(Duration::from_secs(10));
     let followers: Vec<String> = (0..3)
         .filter(|i| *i != leader)
@@ -151,15 +145,7 @@ fn reads_on_followers_see_every_acknowledged_write() {
         for i in 0..30 {
             let r = &mut readers[i % 2];
             let rev = grpc::put(r, "ryw-local", &i.to_string()).await;
-            let resp = r
-                .range(RangeRequest {
-                    key: b"ryw-local".to_vec(),
-                    serializable: true,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
+            let resp = grpc::range_serializable(r, b"ryw-local", b"").await;
             assert_eq!(
                 resp.kvs.first().map(|kv| kv.value.clone()),
                 Some(i.to_string().into_bytes())
@@ -169,15 +155,7 @@ fn reads_on_followers_see_every_acknowledged_write() {
         // Serializable reads are served locally and converge.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         loop {
-            let resp = readers[0]
-                .range(RangeRequest {
-                    key: b"ryw".to_vec(),
-                    serializable: true,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
+            let resp = grpc::range_serializable(&mut readers[0], b"ryw", b"").await;
             if resp.kvs.first().map(|kv| kv.value.clone()) == Some(b"59".to_vec()) {
                 break;
             }
@@ -192,8 +170,7 @@ fn reads_on_followers_see_every_acknowledged_write() {
 
 #[test]
 fn concurrent_writes_share_append_entries_rpcs() {
-    let _alone = exclusive();
-    let mut cluster = Cluster::start(&keel_bin(), 3, &[]);
+    let (_alone, mut cluster) = cluster(3, &[]);
     let leader = cluster.leader(Duration::from_secs(10));
     let endpoint = cluster.members[leader].endpoint();
     const WRITERS: usize = 32;
@@ -308,8 +285,7 @@ fn over_deep_txns_are_refused_and_accepted_ones_survive_a_restart() {
         t
     }
 
-    let _alone = exclusive();
-    let mut cluster = Cluster::start(&keel_bin(), 3, &[]);
+    let (_alone, mut cluster) = cluster(3, &[]);
     let leader = cluster.leader(Duration::from_secs(10));
     let follower = (leader + 1) % 3;
     let (leader_ep, follower_ep) = (
@@ -321,12 +297,9 @@ fn over_deep_txns_are_refused_and_accepted_ones_survive_a_restart() {
         for ep in [&leader_ep, &follower_ep] {
             let mut kv = grpc::kv(ep).await;
             for depth in [MAX_TXN_DEPTH + 1, 49] {
-                let err = kv
-                    .txn(deep(depth, "deep"))
-                    .await
-                    .expect_err("an over-deep txn must be refused");
-                grpc::assert_status(
-                    &err,
+                // An over-deep txn is refused.
+                grpc::assert_fails_with(
+                    kv.txn(deep(depth, "deep")).await,
                     tonic::Code::InvalidArgument,
                     "etcdserver: too many operations in txn request",
                 );

@@ -18,11 +18,9 @@ use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::kv_client::KvClient;
 use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
-use keel_testkit::Cluster;
-use keel_testkit::schedule::exclusive;
-use keel_testkit::{etcdctl, grpc};
+use keel_testkit::{Member, etcdctl, grpc};
 
-use crate::keel_bin;
+use crate::cluster;
 
 /// etcd's default `--election-timeout` (ms), which the members run with.
 const ELECTION_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -90,8 +88,7 @@ async fn time_to_first_write(endpoint: &str, since: Instant, limit: Duration) ->
 
 #[test]
 fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
-    let _alone = exclusive();
-    let mut cluster = Cluster::start(&keel_bin(), 3, &[]);
+    let (_alone, mut cluster) = cluster(3, &[]);
     let endpoints: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let acked: Acked = Arc::default();
@@ -151,11 +148,7 @@ fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
     let committed = cluster.status(leader).unwrap().raft_index;
     cluster.wait_applied(committed, Duration::from_secs(20));
     let rev = etcdctl::revision(&cluster.endpoints());
-    let hashes: Vec<u64> = cluster
-        .members
-        .iter()
-        .map(|m| etcdctl::hashkv(&m.endpoint(), rev))
-        .collect();
+    let hashes = etcdctl::hashkvs(cluster.members.iter().map(Member::endpoint), rev);
     assert!(
         hashes.iter().all(|h| *h == hashes[0]),
         "HashKV at revision {rev} differs: {hashes:?}"

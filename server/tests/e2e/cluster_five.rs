@@ -3,16 +3,14 @@
 
 use std::time::Duration;
 
-use keel_testkit::Cluster;
+use keel_testkit::Member;
 use keel_testkit::etcdctl::{self, etcdctl};
-use keel_testkit::schedule::exclusive;
 
-use crate::keel_bin;
+use crate::cluster;
 
 #[test]
 fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
-    let _alone = exclusive();
-    let mut cluster = Cluster::start(&keel_bin(), 5, &[]);
+    let (_alone, mut cluster) = cluster(5, &[]);
     etcdctl(&cluster.endpoints(), &["put", "before", "1"]).ok();
 
     // Take down the leader and one follower.
@@ -79,10 +77,6 @@ fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
         );
     }
     let rev = etcdctl::revision(&cluster.endpoints());
-    let hashes: Vec<u64> = cluster
-        .members
-        .iter()
-        .map(|m| etcdctl::hashkv(&m.endpoint(), rev))
-        .collect();
+    let hashes = etcdctl::hashkvs(cluster.members.iter().map(Member::endpoint), rev);
     assert!(hashes.iter().all(|h| *h == hashes[0]), "{hashes:?}");
 }

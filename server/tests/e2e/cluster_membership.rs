@@ -10,9 +10,8 @@ use keel_proto::etcdserverpb::{MemberAddRequest, MoveLeaderRequest, PutRequest, 
 use keel_testkit::Cluster;
 use keel_testkit::etcdctl::{self, CtlOutput, etcdctl};
 use keel_testkit::grpc;
-use keel_testkit::schedule::exclusive;
 
-use crate::keel_bin;
+use crate::cluster;
 
 /// Member ID → (name, is learner), from `etcdctl member list`.
 fn members(endpoints: &str) -> BTreeMap<u64, (String, bool)> {
@@ -44,9 +43,7 @@ fn member_cmd(endpoints: &str, args: &[&str]) -> CtlOutput {
 
 #[test]
 fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed() {
-    let _alone = exclusive();
-    let mut cluster = Cluster::start(
-        &keel_bin(),
+    let (_alone, mut cluster) = cluster(
         3,
         &[
             "--snapshot-count",
@@ -202,8 +199,7 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
 
 #[test]
 fn bad_membership_requests_get_etcd_errors_and_change_nothing() {
-    let _alone = exclusive();
-    let mut cluster = Cluster::start(&keel_bin(), 3, &[]);
+    let (_alone, mut cluster) = cluster(3, &[]);
     let all = cluster.endpoints();
     let before = members(&all);
     let voter = cluster.member_id(0).unwrap();
@@ -246,7 +242,7 @@ fn bad_membership_requests_get_etcd_errors_and_change_nothing() {
 
     // Malformed URLs (etcdctl checks them itself, so ask over gRPC).
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let status = rt.block_on(async {
+    let added = rt.block_on(async {
         grpc::cluster(&cluster.members[0].endpoint())
             .await
             .member_add(MemberAddRequest {
@@ -254,10 +250,9 @@ fn bad_membership_requests_get_etcd_errors_and_change_nothing() {
                 is_learner: false,
             })
             .await
-            .unwrap_err()
     });
-    grpc::assert_status(
-        &status,
+    grpc::assert_fails_with(
+        added,
         tonic::Code::InvalidArgument,
         "etcdserver: given member URLs are invalid",
     );
@@ -321,8 +316,7 @@ fn bad_membership_requests_get_etcd_errors_and_change_nothing() {
 
 #[test]
 fn move_leader_moves_leadership_and_refuses_bad_targets() {
-    let _alone = exclusive();
-    let cluster = Cluster::start(&keel_bin(), 3, &[]);
+    let (_alone, cluster) = cluster(3, &[]);
     let all = cluster.endpoints();
     let leader = cluster.leader(Duration::from_secs(15));
     let target = (0..3).find(|i| *i != leader).unwrap();
@@ -359,17 +353,16 @@ fn move_leader_moves_leadership_and_refuses_bad_targets() {
     // etcd's errors: an unknown transferee; asking a member that is not the leader.
     etcdctl(&all, &["move-leader", "1234"]).fails_with("Error: etcdserver: bad leader transferee");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let status = rt.block_on(async {
+    let moved = rt.block_on(async {
         grpc::maintenance(&cluster.members[target].endpoint())
             .await
             .move_leader(MoveLeaderRequest {
                 target_id: leader_id,
             })
             .await
-            .unwrap_err()
     });
-    grpc::assert_status(
-        &status,
+    grpc::assert_fails_with(
+        moved,
         tonic::Code::FailedPrecondition,
         "etcdserver: not leader",
     );

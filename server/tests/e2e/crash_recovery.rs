@@ -19,13 +19,12 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::{CompactionRequest, RangeRequest};
-use keel_testkit::schedule::shared;
 use keel_testkit::{Member, grpc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use store::Store;
 
-use crate::keel_bin;
+use crate::member;
 
 /// Concurrent writing clients.
 const WRITERS: usize = 8;
@@ -50,13 +49,11 @@ const SMALL_SNAPSHOT_COUNT: &str = "200";
 
 #[test]
 fn acknowledged_writes_survive_repeated_sigkill() {
-    let _guard = shared();
     crash_and_check(&[]);
 }
 
 #[test]
 fn acknowledged_writes_survive_repeated_sigkill_around_snapshots() {
-    let _guard = shared();
     crash_and_check(&["--snapshot-count", SMALL_SNAPSHOT_COUNT]);
 }
 
@@ -69,7 +66,7 @@ fn crash_and_check(member_args: &[&str]) {
     eprintln!("crash schedule seed: KEEL_CRASH_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
 
-    let mut keel = Member::start_with(&keel_bin(), member_args);
+    let (_guard, mut keel) = member(member_args);
     let rt = grpc::runtime();
     let base = rt.block_on(Store::read(&keel.endpoint())).revision;
     let writers = writer::Writers::start(&rt, &keel.endpoint(), WRITERS);
@@ -114,8 +111,7 @@ fn crash_and_check(member_args: &[&str]) {
 
 #[test]
 fn compaction_and_revisions_survive_sigkill() {
-    let _guard = shared();
-    let mut keel = Member::start(&keel_bin());
+    let (_guard, mut keel) = member(&[]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -146,12 +142,9 @@ fn compaction_and_revisions_survive_sigkill() {
             revision,
             ..Default::default()
         };
-        let err = kv
-            .range(at(r0 + 1))
-            .await
-            .expect_err("revision below the compact revision");
-        grpc::assert_status(
-            &err,
+        // A revision below the compact revision is gone.
+        grpc::assert_fails_with(
+            kv.range(at(r0 + 1)).await,
             tonic::Code::OutOfRange,
             "etcdserver: mvcc: required revision has been compacted",
         );

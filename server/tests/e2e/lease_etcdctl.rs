@@ -7,11 +7,10 @@ use std::time::{Duration, Instant};
 
 use keel_testkit::etcdctl::{self, CtlOutput, etcdctl};
 use keel_testkit::process::KillOnDrop;
-use keel_testkit::schedule::shared;
 use keel_testkit::{Member, b64};
 use serde_json::Value;
 
-use crate::keel_bin;
+use crate::member;
 
 const LEASE_NOT_FOUND: &str = "Error: etcdserver: requested lease not found";
 
@@ -65,8 +64,7 @@ fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duratio
 
 #[test]
 fn grant_attach_timetolive_list_and_revoke() {
-    let _guard = shared();
-    let keel = Member::start(&keel_bin());
+    let (_guard, keel) = member(&[]);
     let (id, ttl) = grant(&keel, 60);
     assert_eq!(ttl, 60);
     assert!(id > 0, "a generated lease ID is positive: {id}");
@@ -111,8 +109,7 @@ fn grant_attach_timetolive_list_and_revoke() {
 
 #[test]
 fn grant_ttl_is_raised_to_the_minimum_and_capped_at_the_maximum() {
-    let _guard = shared();
-    let keel = Member::start(&keel_bin());
+    let (_guard, keel) = member(&[]);
     // etcd's minimum with the default 100 ms heartbeat and 1000 ms election timeout: 2 s.
     assert_eq!(grant(&keel, 1).1, 2);
     let out = ctl(&keel, &["lease", "grant", "9000000001"]);
@@ -125,8 +122,7 @@ fn grant_ttl_is_raised_to_the_minimum_and_capped_at_the_maximum() {
 
 #[test]
 fn put_with_an_unknown_lease_fails_and_writes_nothing() {
-    let _guard = shared();
-    let keel = Member::start(&keel_bin());
+    let (_guard, keel) = member(&[]);
     let before = etcdctl::revision(&keel.endpoint());
     ctl(&keel, &["put", "k", "v", "--lease=1234abcd"]).fails_with(LEASE_NOT_FOUND);
     assert_eq!(etcdctl::revision(&keel.endpoint()), before);
@@ -135,8 +131,7 @@ fn put_with_an_unknown_lease_fails_and_writes_nothing() {
 
 #[test]
 fn keepalive_keeps_keys_and_expiry_deletes_them() {
-    let _guard = shared();
-    let keel = Member::start(&keel_bin());
+    let (_guard, keel) = member(&[]);
     let (id, _) = grant(&keel, 3);
     ctl(
         &keel,
@@ -180,8 +175,7 @@ fn keepalive_keeps_keys_and_expiry_deletes_them() {
 
 #[test]
 fn leases_and_attachments_survive_a_restart() {
-    let _guard = shared();
-    let mut keel = Member::start(&keel_bin());
+    let (_guard, mut keel) = member(&[]);
     let (long, _) = grant(&keel, 600);
     let (short, _) = grant(&keel, 4);
     ctl(

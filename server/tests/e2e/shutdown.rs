@@ -6,13 +6,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::{Compare, PutRequest, RequestOp, TxnRequest, compare, request_op};
+use keel_testkit::grpc;
 use keel_testkit::process::run_bounded;
-use keel_testkit::schedule::shared;
-use keel_testkit::{Member, grpc};
 
 use crate::crash_recovery::store::Store;
 use crate::crash_recovery::{check, writer};
-use crate::keel_bin;
+use crate::{keel_bin, member};
 
 /// Writes acknowledged before SIGTERM in the under-load test.
 const ACKS_BEFORE_SIGTERM: u64 = 50;
@@ -21,8 +20,7 @@ const LOAD_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[test]
 fn sigterm_exits_zero_and_keeps_every_write() {
-    let _guard = shared();
-    let mut keel = Member::start(&keel_bin());
+    let (_guard, mut keel) = member(&[]);
     let endpoint = keel.endpoint();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -100,8 +98,7 @@ fn sigterm_exits_zero_and_keeps_every_write() {
 
 #[test]
 fn sigterm_under_load_exits_zero_and_keeps_acknowledged_writes() {
-    let _guard = shared();
-    let mut keel = Member::start(&keel_bin());
+    let (_guard, mut keel) = member(&[]);
     let rt = grpc::runtime();
     let base = rt.block_on(Store::read(&keel.endpoint())).revision;
     let writers = writer::Writers::start(&rt, &keel.endpoint(), 4);

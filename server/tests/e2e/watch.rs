@@ -15,17 +15,16 @@ use keel_proto::etcdserverpb::{
     WatchProgressRequest, WatchRequest, WatchResponse,
 };
 use keel_proto::mvccpb::event::EventType;
+use keel_testkit::Member;
 use keel_testkit::etcdctl::{self, etcdctl};
 use keel_testkit::grpc::{self, put, runtime};
 use keel_testkit::process::{KillOnDrop, rss_kib};
-use keel_testkit::schedule::{exclusive, shared};
-use keel_testkit::{Cluster, Member};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tonic::transport::Channel;
 
-use crate::keel_bin;
+use crate::{cluster, member};
 
 /// How long a test waits for one expected watch response.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -175,8 +174,7 @@ impl BgCtl {
 
 #[test]
 fn etcdctl_watch_replays_history_then_follows_live_writes() {
-    let _guard = shared();
-    let keel = Member::start(&keel_bin());
+    let (_guard, keel) = member(&[]);
     let ep = keel.endpoint();
     etcdctl(&ep, &["put", "foo", "1"]).ok();
     etcdctl(&ep, &["put", "bar", "x"]).ok();
@@ -198,8 +196,7 @@ fn etcdctl_watch_replays_history_then_follows_live_writes() {
 
 #[test]
 fn etcdctl_watch_prefix_sees_a_txn_and_a_compacted_start_is_canceled() {
-    let _guard = shared();
-    let keel = Member::start(&keel_bin());
+    let (_guard, keel) = member(&[]);
     let ep = keel.endpoint();
     let watch = BgCtl::start(&ep, &["watch", "t", "--prefix"]);
     std::thread::sleep(Duration::from_millis(500));
@@ -224,8 +221,7 @@ fn etcdctl_watch_prefix_sees_a_txn_and_a_compacted_start_is_canceled() {
 
 #[test]
 fn grpc_watch_follows_etcd_semantics_on_one_stream() {
-    let _guard = shared();
-    let keel = Member::start(&keel_bin());
+    let (_guard, keel) = member(&[]);
     let ep = keel.endpoint();
     runtime().block_on(async {
         let mut kv = kv(&ep).await;
@@ -380,9 +376,8 @@ fn rss_bytes(pid: u32) -> u64 {
 
 #[test]
 fn a_stalled_stream_never_blocks_writes_and_catches_up_in_order() {
-    let _guard = shared();
     // A small per-watcher buffer so the stalled watcher falls behind early.
-    let keel = Member::start_with(&keel_bin(), &["--watch-buffer-len", "4"]);
+    let (_guard, keel) = member(&["--watch-buffer-len", "4"]);
     let ep = keel.endpoint();
     let pid = keel.pid().expect("running");
     runtime().block_on(async {
@@ -437,8 +432,7 @@ fn a_stalled_stream_never_blocks_writes_and_catches_up_in_order() {
 
 #[test]
 fn every_member_serves_watches_including_followers() {
-    let _alone = exclusive();
-    let cluster = Cluster::start(&keel_bin(), 3, &[]);
+    let (_alone, cluster) = cluster(3, &[]);
     let eps: Vec<String> = cluster.members.iter().map(Member::endpoint).collect();
     runtime().block_on(async {
         let mut watches = Vec::new();
