@@ -23,11 +23,13 @@ use keel_testkit::process::{Output, run_bounded};
 /// Ports the chaos tests' members and proxies use.
 const PORT_RANGE: &str = "26000-27999";
 
-/// Runs `keel-chaos <args> --port-range 26000-27999 --keel-bin <keel>`, killing it (and
-/// failing the test) after `limit`; returns its output and the totals of its last line.
-fn run_chaos(keel: &Path, args: &[&str], limit: Duration) -> (Output, Totals) {
+/// Runs `keel-chaos --nodes 3 --duration 20s --faults <faults> <args> --port-range
+/// 26000-27999 --keel-bin <keel>`, killing it (and failing the test) after `limit`; returns its
+/// output and the totals of its last line.
+fn run_chaos(keel: &Path, faults: &str, args: &[&str], limit: Duration) -> (Output, Totals) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel-chaos"));
     command
+        .args(["--nodes", "3", "--duration", "20s", "--faults", faults])
         .args(args)
         .args(["--port-range", PORT_RANGE, "--keel-bin"])
         .arg(keel);
@@ -45,28 +47,13 @@ fn run_chaos(keel: &Path, args: &[&str], limit: Duration) -> (Output, Totals) {
 #[test]
 fn kill_pause_partition_run_has_no_violations() {
     let keel = keel_testkit::keel_binary!();
-    let (run, totals) = run_chaos(
-        &keel,
-        &[
-            "--nodes",
-            "3",
-            "--duration",
-            "20s",
-            "--faults",
-            "kill,pause,partition",
-        ],
-        Duration::from_secs(150),
-    );
-    let Totals {
-        ops,
-        faults,
-        violations,
-    } = totals;
-    assert_eq!(run.code, Some(0), "{}", run.dump());
-    assert_eq!(violations, 0, "{}", run.dump());
-    assert!(faults >= 3, "only {faults} faults in 20 s\n{}", run.dump());
-    assert!(ops >= 200, "only {ops} operations in 20 s\n{}", run.dump());
-    assert!(run.stdout.contains("seed: "), "{}", run.dump());
+    let (run, totals) = run_chaos(&keel, "kill,pause,partition", &[], Duration::from_secs(150));
+    let dump = run.dump();
+    assert_eq!(run.code, Some(0), "{dump}");
+    assert_eq!(totals.violations, 0, "{dump}");
+    assert!(totals.faults >= 3, "only {totals:?} in 20 s\n{dump}");
+    assert!(totals.ops >= 200, "only {totals:?} in 20 s\n{dump}");
+    assert!(run.stdout.contains("seed: "), "{dump}");
 }
 
 /// The `keel` with failpoints (see the module docs).
@@ -89,25 +76,13 @@ fn stale_reads_are_reported_as_violations() {
     let keel = failpoints_binary();
     let (run, totals) = run_chaos(
         &keel,
-        &[
-            "--nodes",
-            "3",
-            "--duration",
-            "20s",
-            "--faults",
-            "partition",
-            "--inject",
-            "stale-read",
-        ],
+        "partition",
+        &["--inject", "stale-read"],
         Duration::from_secs(200),
     );
-    let Totals {
-        ops,
-        faults,
-        violations,
-    } = totals;
-    assert!(faults >= 1, "no partition was injected\n{}", run.dump());
-    assert!(ops > 0, "{}", run.dump());
-    assert!(violations > 0, "stale reads went unnoticed\n{}", run.dump());
-    assert_eq!(run.code, Some(1), "{}", run.dump());
+    let dump = run.dump();
+    assert!(totals.faults >= 1, "no partition was injected\n{dump}");
+    assert!(totals.ops > 0, "{dump}");
+    assert!(totals.violations > 0, "stale reads went unnoticed\n{dump}");
+    assert_eq!(run.code, Some(1), "{dump}");
 }
