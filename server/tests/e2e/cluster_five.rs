@@ -26,7 +26,7 @@ fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
         let ep = cluster.members[i].endpoint();
         let out = etcdctl(
             &ep,
-            &["put", &format!("down2/{n}"), &cluster.members[i].name()],
+            &["put", &format!("down2/{n}"), cluster.members[i].name()],
         );
         out.ok();
     }
