@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::process::{Output, run_bounded};
 
 /// Hard bound on one etcdctl invocation; its own `--command-timeout` is 5 s.
-const PROCESS_TIMEOUT: Duration = Duration::from_secs(30);
+pub const PROCESS_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What one etcdctl invocation produced.
 #[derive(Debug, Clone)]

@@ -122,12 +122,6 @@ impl Member {
         &self.spec
     }
 
-    /// Changes the flags or environment of the next starts; the running process is not
-    /// affected.
-    pub fn update_spec(&mut self, change: impl FnOnce(MemberSpec) -> MemberSpec) {
-        self.spec = change(std::mem::take(&mut self.spec));
-    }
-
     /// Sets (`Some`) or removes (`None`) environment variable `key` for the next starts
     /// (e.g. `FAILPOINTS` of a failpoint build); the running process is not affected.
     pub fn set_env(&mut self, key: &str, value: Option<&str>) {
