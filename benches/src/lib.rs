@@ -1,4 +1,3 @@
 //! Keel benchmarks.
 
 pub mod keel_bench;
-pub mod local_cluster;

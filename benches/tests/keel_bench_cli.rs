@@ -2,19 +2,24 @@
 //! also makes `cargo test --workspace --no-run` build `keel-bench`, which CI's smoke run uses.
 
 use std::process::Command;
+use std::time::Duration;
 
-fn keel_bench(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_keel-bench"))
-        .args(args)
-        .output()
-        .expect("run keel-bench")
+use keel_testkit::process::{Output, run_bounded};
+
+/// Runs `keel-bench <args>`, failing the test if it takes more than 60 s.
+fn keel_bench(args: &[&str]) -> Output {
+    run_bounded(
+        Command::new(env!("CARGO_BIN_EXE_keel-bench")).args(args),
+        "",
+        Duration::from_secs(60),
+    )
 }
 
 #[test]
 fn help_lists_every_workload() {
     let out = keel_bench(&["--help"]);
-    assert!(out.status.success());
-    let help = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.code, Some(0), "{}", out.dump());
+    let help = &out.stdout;
     for w in [
         "put",
         "range",
@@ -31,11 +36,11 @@ fn help_lists_every_workload() {
 #[test]
 fn bad_arguments_and_unreachable_endpoints_fail() {
     let out = keel_bench(&["--total", "1", "--duration", "1s", "put"]);
-    assert_eq!(out.status.code(), Some(2), "clap usage error");
+    assert_eq!(out.code, Some(2), "clap usage error");
 
     // Port 1 on loopback: nothing listens there, so connecting fails at once.
     let out = keel_bench(&["--endpoints", "127.0.0.1:1", "--total", "1", "put"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.code, Some(1));
+    let err = &out.stderr;
     assert!(err.contains("not sent"), "{err}");
 }

@@ -150,7 +150,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     let mut env = Vec::new();
     if cli.inject == Some(Inject::StaleRead) {
         env.push((
-            "FAILPOINTS".to_string(),
+            keel_testkit::spec::FAILPOINTS_ENV.to_string(),
             "linearizable_read_stale=return".to_string(),
         ));
     }

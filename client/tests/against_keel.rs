@@ -1,106 +1,30 @@
-//! keel-client against a real single-member `keel` process.
+//! keel-client against a real single-member `keel` process (keel-testkit's [`Member`]).
 //!
 //! The binary is `$KEEL_BIN` if set, else `keel` in this test's profile directory of the
-//! target dir (`target/<profile>/keel`, found from the test executable's path). `cargo test
-//! --workspace` builds it (keel-server's own end-to-end tests need it); alone, run
-//! `cargo build -p keel-server` (add `--release` for release tests) first.
+//! target dir (`target/<profile>/keel`). `cargo test --workspace` builds it (keel-server's own
+//! end-to-end tests need it); alone, run `cargo build -p keel-server` (add `--release` for
+//! release tests) first.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keel_client::etcdserverpb::{Compare, RequestOp, TxnRequest, compare, request_op};
 use keel_client::{Client, ClientError, ClientOptions, Consistency, RetryPolicy};
+use keel_testkit::Member;
+use keel_testkit::ports::free_port;
 
-struct Keel {
-    child: Child,
-    endpoint: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Keel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn keel_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("KEEL_BIN") {
-        return p.into();
-    }
-    // <target>/<profile>/deps/<test binary>
-    let exe = std::env::current_exe().expect("test executable path");
-    let bin = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("keel"))
-        .expect("target/<profile> directory");
-    assert!(
-        bin.exists(),
-        "{} not found: run `cargo build -p keel-server` (same profile) or set KEEL_BIN",
-        bin.display()
-    );
-    bin
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-async fn start_keel() -> Keel {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (client, peer) = (free_port(), free_port());
-    let curl = format!("http://127.0.0.1:{client}");
-    let purl = format!("http://127.0.0.1:{peer}");
-    let child = Command::new(keel_bin())
-        .args(["--name", "k1", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .args([
-            "--listen-client-urls",
-            &curl,
-            "--advertise-client-urls",
-            &curl,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &purl,
-            "--initial-advertise-peer-urls",
-            &purl,
-        ])
-        .args(["--initial-cluster", &format!("k1={purl}")])
-        .args(["--initial-cluster-state", "new"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn keel");
-    let keel = Keel {
-        child,
-        endpoint: format!("127.0.0.1:{client}"),
-        _dir: dir,
-    };
-    // Ready when a linearizable read succeeds (a leader exists and the API serves).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(c) = Client::connect(&[&keel.endpoint], ClientOptions::default()).await
-            && c.get("ready", Consistency::Linearizable).await.is_ok()
-        {
-            return keel;
-        }
-        assert!(Instant::now() < deadline, "keel not ready within 30 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// A fresh single-member cluster, ready to serve (it blocks the test's runtime meanwhile,
+/// which has nothing else to run yet), and its endpoint.
+fn start_keel() -> (Member, String) {
+    let keel = Member::start(&keel_testkit::keel_binary!());
+    let endpoint = keel.endpoint();
+    (keel, endpoint)
 }
 
 #[tokio::test]
 async fn typed_calls_round_trip() {
-    let keel = start_keel().await;
+    let (_keel, endpoint) = start_keel();
     let c = Client::connect(
-        &[&keel.endpoint],
+        &[&endpoint],
         ClientOptions {
             conns: 3,
             ..Default::default()
@@ -160,8 +84,8 @@ async fn typed_calls_round_trip() {
 
 #[tokio::test]
 async fn watch_and_lease_streams() {
-    let keel = start_keel().await;
-    let c = Client::connect(&[&keel.endpoint], ClientOptions::default())
+    let (_keel, endpoint) = start_keel();
+    let c = Client::connect(&[&endpoint], ClientOptions::default())
         .await
         .expect("connect");
     let mut w = c.watch_key("w", "", 0).await.expect("watch");
@@ -189,11 +113,11 @@ async fn watch_and_lease_streams() {
 
 #[tokio::test]
 async fn a_dead_endpoint_is_skipped_by_retries() {
-    let keel = start_keel().await;
+    let (_keel, endpoint) = start_keel();
     // Nothing listens on `dead` (bound, then released).
     let dead = format!("127.0.0.1:{}", free_port());
     let c = Client::connect(
-        &[dead.as_str(), keel.endpoint.as_str()],
+        &[dead.as_str(), endpoint.as_str()],
         ClientOptions {
             conns: 2,
             connect_timeout: Duration::from_millis(500),
@@ -222,7 +146,7 @@ async fn a_dead_endpoint_is_skipped_by_retries() {
     assert!(c.on_member(2).is_none());
 
     let no_retry = Client::connect(
-        &[dead.as_str(), keel.endpoint.as_str()],
+        &[dead.as_str(), endpoint.as_str()],
         ClientOptions {
             conns: 2,
             retry: RetryPolicy::none(),

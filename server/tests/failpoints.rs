@@ -10,18 +10,21 @@
 
 #![cfg(feature = "failpoints")]
 
-mod support;
-
 use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::{
     CompactionRequest, DefragmentRequest, HashKvRequest, PutRequest, RangeRequest, RequestOp,
     TxnRequest, request_op,
 };
-use support::cluster::TestCluster;
-use support::grpc;
-use support::process::Keel;
+use keel_testkit::{Cluster, Member, grpc};
+
+/// The `keel` under test: always the one cargo built for this test binary, with the
+/// `failpoints` feature (a `$KEEL_BIN` would be a build without failpoints).
+fn keel_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_keel"))
+}
 
 /// How long a member may take to reach its failpoint under load and die.
 const CRASH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -65,7 +68,7 @@ fn write_until_crash(endpoint: &str) -> Vec<Acked> {
 }
 
 /// Asserts that the member exited by abort at `failpoint` (within [`CRASH_TIMEOUT`]).
-fn assert_crashed_at(keel: &mut Keel, failpoint: &str) {
+fn assert_crashed_at(keel: &mut Member, failpoint: &str) {
     let status = keel
         .wait_exit(CRASH_TIMEOUT)
         .unwrap_or_else(|| panic!("keel did not crash at {failpoint}\n{}", keel.log_tail()));
@@ -83,20 +86,27 @@ fn assert_crashed_at(keel: &mut Keel, failpoint: &str) {
     );
 }
 
+/// A fresh member, started once without failpoints (so it bootstraps normally), then stopped
+/// and restarted with `FAILPOINTS=failpoints`.
+fn start_with_failpoints(failpoints: &str) -> Member {
+    let mut keel = Member::start(&keel_bin());
+    keel.terminate();
+    keel.set_failpoints(Some(failpoints));
+    keel.restart();
+    keel
+}
+
 /// Restarts a member with `FAILPOINTS=failpoints`, writes until it crashes at `failpoint`,
 /// restarts it without failpoints and checks the sequential writer's history.
 fn crash_and_recover(failpoint: &str, failpoints: &str) {
-    let mut keel = Keel::start();
-    keel.terminate();
-    keel.set_env("FAILPOINTS", Some(failpoints));
-    keel.restart();
+    let mut keel = start_with_failpoints(failpoints);
     let acked = write_until_crash(&keel.endpoint());
     assert_crashed_at(&mut keel, failpoint);
     assert!(
         !acked.is_empty(),
         "no write was acknowledged before the crash"
     );
-    keel.set_env("FAILPOINTS", None);
+    keel.set_failpoints(None);
     keel.restart();
     check_sequential_history(&keel.endpoint(), &acked);
 }
@@ -174,10 +184,7 @@ fn crash_mid_apply_applies_each_entry_exactly_once() {
 
 #[test]
 fn slow_fsync_delays_acknowledgement() {
-    let mut keel = Keel::start();
-    keel.terminate();
-    keel.set_env("FAILPOINTS", Some("wal_slow_fsync=sleep(300)"));
-    keel.restart();
+    let keel = start_with_failpoints("wal_slow_fsync=sleep(300)");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut kv = grpc::kv(&keel.endpoint()).await;
@@ -228,10 +235,7 @@ async fn write_rounds(
 fn crash_mid_compaction_keeps_the_compacted_state() {
     const ROUNDS: usize = 20;
     const KEYS: usize = 100;
-    let mut keel = Keel::start();
-    keel.terminate();
-    keel.set_env("FAILPOINTS", Some("compact_mid=return"));
-    keel.restart();
+    let mut keel = start_with_failpoints("compact_mid=return");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (rev, hash) = rt.block_on(async {
         let mut kv = grpc::kv(&keel.endpoint()).await;
@@ -255,7 +259,7 @@ fn crash_mid_compaction_keeps_the_compacted_state() {
         (rev, hash)
     });
     assert_crashed_at(&mut keel, "compact_mid");
-    keel.set_env("FAILPOINTS", None);
+    keel.set_failpoints(None);
     keel.restart();
     rt.block_on(async {
         let mut kv = grpc::kv(&keel.endpoint()).await;
@@ -291,10 +295,7 @@ fn crash_mid_compaction_keeps_the_compacted_state() {
 
 #[test]
 fn crash_mid_defragment_loses_nothing() {
-    let mut keel = Keel::start();
-    keel.terminate();
-    keel.set_env("FAILPOINTS", Some("defrag_mid=return"));
-    keel.restart();
+    let mut keel = start_with_failpoints("defrag_mid=return");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let rev = rt.block_on(async {
         let mut kv = grpc::kv(&keel.endpoint()).await;
@@ -306,7 +307,7 @@ fn crash_mid_defragment_loses_nothing() {
         rev
     });
     assert_crashed_at(&mut keel, "defrag_mid");
-    keel.set_env("FAILPOINTS", None);
+    keel.set_failpoints(None);
     keel.restart();
     rt.block_on(async {
         let mut m = grpc::maintenance(&keel.endpoint()).await;
@@ -327,7 +328,8 @@ fn crash_mid_snapshot_install_finishes_the_install_on_restart() {
     const KEYS: usize = 300;
     // Snapshot every 100 entries and keep only 10 after it, so a member that misses 300
     // writes must be sent a snapshot.
-    let mut c = TestCluster::start(
+    let mut c = Cluster::start(
+        &keel_bin(),
         3,
         &[
             "--snapshot-count",
@@ -346,8 +348,8 @@ fn crash_mid_snapshot_install_finishes_the_install_on_restart() {
             grpc::put(&mut kv, &format!("s{k:03}"), "x").await;
         }
     });
-    c.members[lagger].set_env("FAILPOINTS", Some("snapshot_install_mid=return"));
-    c.members[lagger].respawn();
+    c.members[lagger].set_failpoints(Some("snapshot_install_mid=return"));
+    c.members[lagger].spawn();
     let status = c.members[lagger]
         .wait_exit(CRASH_TIMEOUT)
         .unwrap_or_else(|| panic!("no crash in the snapshot install\n{}", c.log_tails()));
@@ -357,8 +359,8 @@ fn crash_mid_snapshot_install_finishes_the_install_on_restart() {
             .log()
             .contains("keel: failpoint snapshot_install_mid fired: aborting")
     );
-    c.members[lagger].set_env("FAILPOINTS", None);
-    c.members[lagger].respawn();
+    c.members[lagger].set_failpoints(None);
+    c.members[lagger].spawn();
     c.wait_ready(&[lagger]);
     assert!(
         c.members[lagger]
@@ -388,13 +390,6 @@ fn crash_mid_snapshot_install_finishes_the_install_on_restart() {
     });
 }
 
-/// Sends `sig` to member `i` of `c`.
-fn signal(c: &TestCluster, i: usize, sig: libc::c_int) {
-    let pid = c.members[i].pid().expect("member runs") as libc::pid_t;
-    // SAFETY: kill(2) on the PID of a child the harness spawned and has not reaped.
-    assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-}
-
 /// A linearizable Range of `key` on `endpoint` with a 3 s deadline.
 fn linearizable_get(endpoint: &str, key: &str) -> Result<Vec<u8>, tonic::Status> {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -419,11 +414,11 @@ fn linearizable_get(endpoint: &str, key: &str) -> Result<Vec<u8>, tonic::Status>
 
 #[test]
 fn stale_read_failpoint_skips_read_index() {
-    let mut c = TestCluster::start(3, &[]);
+    let mut c = Cluster::start(&keel_bin(), 3, &[]);
     let stale = 2;
     c.members[stale].terminate();
-    c.members[stale].set_env("FAILPOINTS", Some("linearizable_read_stale=return"));
-    c.members[stale].respawn();
+    c.members[stale].set_failpoints(Some("linearizable_read_stale=return"));
+    c.members[stale].spawn();
     c.wait_ready(&[stale]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -435,18 +430,18 @@ fn stale_read_failpoint_skips_read_index() {
 
     // With the other two members frozen no ReadIndex can succeed, yet the failpoint member
     // answers a linearizable read from its local state.
-    signal(&c, 0, libc::SIGSTOP);
-    signal(&c, 1, libc::SIGSTOP);
+    c.members[0].pause();
+    c.members[1].pause();
     let got = linearizable_get(&c.members[stale].endpoint(), "r");
-    signal(&c, 0, libc::SIGCONT);
-    signal(&c, 1, libc::SIGCONT);
+    c.members[0].resume();
+    c.members[1].resume();
     assert_eq!(got.expect("served without ReadIndex"), b"before");
 
     // Control: a member without the failpoint cannot serve it in the same situation.
-    signal(&c, 0, libc::SIGSTOP);
-    signal(&c, stale, libc::SIGSTOP);
+    c.members[0].pause();
+    c.members[stale].pause();
     let control = linearizable_get(&c.members[1].endpoint(), "r");
-    signal(&c, 0, libc::SIGCONT);
-    signal(&c, stale, libc::SIGCONT);
+    c.members[0].resume();
+    c.members[stale].resume();
     assert!(control.is_err(), "{control:?}");
 }

@@ -27,13 +27,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use keel_benches::local_cluster::{Cluster, channel, rss_kib};
 use keel_proto::etcdserverpb::kv_client::KvClient;
 use keel_proto::etcdserverpb::lease_client::LeaseClient;
 use keel_proto::etcdserverpb::{
     LeaseGrantRequest, LeaseKeepAliveRequest, LeaseLeasesRequest, LeaseRevokeRequest, PutRequest,
     RangeRequest, RequestOp, TxnRequest, request_op,
 };
+use keel_testkit::process::rss_kib;
+use keel_testkit::{Cluster, MemberSpec, grpc};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -41,7 +42,7 @@ use tonic::transport::Channel;
 #[derive(Parser)]
 #[command(about = "Keel lease benchmarks on a local 3-member cluster")]
 struct Args {
-    /// The keel binary (default: `keel` next to this executable).
+    /// The keel binary (default: `$KEEL_BIN`, else `keel` next to this executable).
     #[arg(long)]
     keel: Option<PathBuf>,
     /// Comma-separated phases: grant, keepalive, churn, storm.
@@ -88,10 +89,10 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let keel = args.keel.clone().unwrap_or_else(|| {
-        let exe = std::env::current_exe().expect("current exe");
-        exe.parent().expect("exe dir").join("keel")
-    });
+    let keel = args
+        .keel
+        .clone()
+        .unwrap_or_else(|| keel_testkit::find_keel(None));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -101,15 +102,17 @@ fn main() {
 
 async fn run(args: Args, keel: PathBuf) {
     let parent = args.dir.clone().unwrap_or_else(|| PathBuf::from("."));
-    let mut cluster = Cluster::start(&keel, 3, &args.member_flag, &parent).expect("start cluster");
-    let leader = cluster
-        .leader(Duration::from_secs(30))
-        .await
-        .expect("no leader");
+    let members = MemberSpec::new().log_level("warn").args(&args.member_flag);
+    let mut cluster = Cluster::start_with(&keel, 3, members, Some(&parent));
+    let leader = cluster.leader_async(Duration::from_secs(30)).await;
     let follower = (0..3).find(|&i| i != leader).unwrap();
     let lep = cluster.members[leader].endpoint();
     let fep = cluster.members[follower].endpoint();
-    println!("cluster: leader m{leader} ({lep}), follower m{follower} ({fep})");
+    println!(
+        "cluster: leader {} ({lep}), follower {} ({fep})",
+        cluster.members[leader].name(),
+        cluster.members[follower].name()
+    );
     for phase in &args.phases {
         match phase.as_str() {
             "grant" => grant_revoke(&lep, args.clients, args.grants).await,
@@ -155,6 +158,11 @@ async fn run(args: Args, keel: PathBuf) {
             other => eprintln!("unknown phase {other}"),
         }
     }
+}
+
+/// A channel to `endpoint` with a 30 s per-RPC deadline (a storm's requests queue long).
+async fn channel(endpoint: &str) -> Result<Channel, String> {
+    grpc::channel(endpoint, Duration::from_secs(30)).await
 }
 
 async fn lease_client(endpoint: &str) -> LeaseClient<Channel> {
@@ -342,14 +350,16 @@ async fn churn(
     );
     let f_pid = cluster.members[follower].pid().expect("follower runs");
     let l_pid = cluster.members[leader].pid().expect("leader runs");
-    let mib = |pid| rss_kib(pid) / 1024;
-    let peak = Arc::new(AtomicU64::new(rss_kib(f_pid)));
+    // KiB, 0 once the process is gone.
+    let rss = |pid| rss_kib(pid).unwrap_or(0);
+    let mib = |pid| rss(pid) / 1024;
+    let peak = Arc::new(AtomicU64::new(rss(f_pid)));
     let sampling = Arc::new(AtomicBool::new(true));
     let sampler = {
         let (peak, sampling) = (peak.clone(), sampling.clone());
         tokio::spawn(async move {
             while sampling.load(Ordering::Relaxed) {
-                peak.fetch_max(rss_kib(f_pid), Ordering::Relaxed);
+                peak.fetch_max(rss(f_pid), Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
@@ -443,10 +453,7 @@ async fn storm(cluster: &mut Cluster, leader: usize, clients: usize, n: usize, t
     // so all of them are due at the same instant.
     cluster.members[leader].kill9();
     let killed = Instant::now();
-    let new_leader = cluster
-        .leader(Duration::from_secs(30))
-        .await
-        .expect("no new leader");
+    let new_leader = cluster.leader_async(Duration::from_secs(30)).await;
     let elected = Instant::now();
     let nep = cluster.members[new_leader].endpoint();
     let mut first_gone = None;

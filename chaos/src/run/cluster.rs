@@ -4,17 +4,18 @@
 //! so all peer traffic i originates crosses a proxy the harness controls; clients talk to the
 //! members' client URLs directly.
 //!
-//! Flags per member (etcd's, as scripts/cluster.sh): `--name mI`, `--data-dir`, client and
-//! peer listen/advertise URLs, one `--initial-cluster` for all, `--initial-cluster-state new`
-//! (`existing` once the member was removed and re-added), a run-unique
-//! `--initial-cluster-token`, `--heartbeat-interval`/`--election-timeout`, and the extra
-//! `--keel-arg`s.
+//! Flags per member (etcd's, as scripts/cluster.sh, built with keel-testkit's `MemberSpec`):
+//! `--name mI`, `--data-dir`, client and peer listen/advertise URLs, one `--initial-cluster`
+//! for all, `--initial-cluster-state new` (`existing` once the member was removed and
+//! re-added), a run-unique `--initial-cluster-token`, `--heartbeat-interval`/
+//! `--election-timeout`, and the extra `--keel-arg`s.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use keel_testkit::spec::{ClusterState, MemberSpec, initial_cluster};
 use tokio::sync::Mutex;
 
 use super::ports::{PortRange, free_ports};
@@ -135,11 +136,7 @@ impl Cluster {
             }
             proxies.push(row);
         }
-        let initial_cluster = members
-            .iter()
-            .map(|m| format!("{}={}", m.name, m.peer_url))
-            .collect::<Vec<_>>()
-            .join(",");
+        let initial_cluster = initial_cluster(members.iter().map(|m| (&m.name, &m.peer_url)));
         let cluster = Cluster {
             members,
             proxies,
@@ -167,50 +164,31 @@ impl Cluster {
     /// The flags member `i` starts with.
     fn args(&self, i: usize) -> Vec<String> {
         let m = &self.members[i];
-        let overrides = (0..self.len())
-            .filter(|&j| j != i)
-            .map(|j| {
-                let proxy = self.proxies[i][j].as_ref().expect("off-diagonal proxy");
-                format!("{}=http://{}", self.members[j].peer_url, proxy.listen)
-            })
-            .collect::<Vec<_>>()
-            .join(",");
+        let overrides = (0..self.len()).filter(|&j| j != i).map(|j| {
+            let proxy = self.proxies[i][j].as_ref().expect("off-diagonal proxy");
+            (
+                self.members[j].peer_url.clone(),
+                format!("http://{}", proxy.listen),
+            )
+        });
         let state = if m.joined_existing.load(Ordering::SeqCst) {
-            "existing"
+            ClusterState::Existing
         } else {
-            "new"
+            ClusterState::New
         };
-        let mut args: Vec<String> = [
-            "--name",
-            &m.name,
-            "--data-dir",
-            &m.data_dir.display().to_string(),
-            "--listen-client-urls",
-            &m.client_url,
-            "--advertise-client-urls",
-            &m.client_url,
-            "--listen-peer-urls",
-            &m.peer_url,
-            "--initial-advertise-peer-urls",
-            &m.peer_url,
-            "--initial-cluster",
-            &self.initial_cluster,
-            "--initial-cluster-state",
-            state,
-            "--initial-cluster-token",
-            &self.token,
-            "--heartbeat-interval",
-            &self.spec.heartbeat_ms.to_string(),
-            "--election-timeout",
-            &self.spec.election_ms.to_string(),
-            "--experimental-peer-dial-override",
-            &overrides,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(self.spec.extra_args.iter().cloned());
-        args
+        MemberSpec::new()
+            .name(&m.name)
+            .data_dir(&m.data_dir)
+            .client_url(&m.client_url)
+            .peer_url(&m.peer_url)
+            .initial_cluster(&self.initial_cluster)
+            .initial_cluster_state(state)
+            .initial_cluster_token(&self.token)
+            .heartbeat_interval(self.spec.heartbeat_ms)
+            .election_timeout(self.spec.election_ms)
+            .peer_dial_override(overrides)
+            .args(&self.spec.extra_args)
+            .to_args()
     }
 
     /// Starts member `i` (not running) with the cluster's environment plus `extra_env`.

@@ -115,10 +115,62 @@ pub fn render(header: &RunHeader, result: &RunResult) -> String {
 
 /// `chaos: N ops, F faults, V violations`.
 pub fn last_line(result: &RunResult) -> String {
+    format_totals(Totals {
+        ops: result.history.operations.len() as u64,
+        faults: result.faults.len() as u64,
+        violations: result.report.violations.len() as u64,
+    })
+}
+
+/// The counts of a report's last line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Totals {
+    /// Operations recorded.
+    pub ops: u64,
+    /// Faults injected.
+    pub faults: u64,
+    /// Checker violations.
+    pub violations: u64,
+}
+
+fn format_totals(t: Totals) -> String {
     format!(
         "chaos: {} ops, {} faults, {} violations",
-        result.history.operations.len(),
-        result.faults.len(),
-        result.report.violations.len()
+        t.ops, t.faults, t.violations
     )
+}
+
+/// Reads the totals back from a report's last line (`None` if `line` is not one), for scripts
+/// and tests that run `keel-chaos`.
+pub fn parse_totals(line: &str) -> Option<Totals> {
+    let rest = line.strip_prefix("chaos: ")?;
+    let mut parts = rest.split(", ");
+    let mut count = |unit: &str| -> Option<u64> {
+        let (n, found) = parts.next()?.split_once(' ')?;
+        (found == unit).then_some(())?;
+        n.parse().ok()
+    };
+    let totals = Totals {
+        ops: count("ops")?,
+        faults: count("faults")?,
+        violations: count("violations")?,
+    };
+    parts.next().is_none().then_some(totals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_line_parses_back() {
+        let t = Totals {
+            ops: 1234,
+            faults: 5,
+            violations: 0,
+        };
+        assert_eq!(parse_totals(&format_totals(t)), Some(t));
+        assert_eq!(parse_totals("chaos: 3 ops, 1 faults"), None);
+        assert_eq!(parse_totals("chaos: seed 7, run dir /tmp/x"), None);
+    }
 }

@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use keel_proto::etcdserverpb::kv_client::KvClient;
 use keel_proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use keel_proto::etcdserverpb::{CompactionRequest, DefragmentRequest};
+use keel_testkit::spec::FAILPOINTS_ENV;
 use tokio::time::Instant;
 
 use super::pick_target;
@@ -77,7 +78,7 @@ pub async fn failpoint_crash(
     let m = &cluster.members[t];
     m.process.lock().await.kill("fault failpoint: re-arm").await;
     cluster
-        .start_member(t, &[("FAILPOINTS".to_string(), spec.clone())])
+        .start_member(t, &[(FAILPOINTS_ENV.to_string(), spec.clone())])
         .await?;
     // Compaction and defragmentation only run when asked: ask, so their points are reached.
     if matches!(name, "compact_mid" | "defrag_mid") {

@@ -2,24 +2,24 @@
 //! keep-alive / timetolive / list` and `put --lease`. Expected texts are etcd 3.4's (see
 //! `../shared/conformance/cases/lease/`).
 
-mod support;
-
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use keel_testkit::etcdctl::{self, CtlOutput, etcdctl};
+use keel_testkit::process::KillOnDrop;
+use keel_testkit::{Member, b64};
 use serde_json::Value;
-use support::b64;
-use support::etcdctl::{CtlOutput, etcdctl, etcdctl_path};
-use support::process::Keel;
+
+use crate::member;
 
 const LEASE_NOT_FOUND: &str = "Error: etcdserver: requested lease not found";
 
-fn ctl(keel: &Keel, args: &[&str]) -> CtlOutput {
+fn ctl(keel: &Member, args: &[&str]) -> CtlOutput {
     etcdctl(&keel.endpoint(), args)
 }
 
 /// `lease grant <ttl> -w json` → (ID, TTL).
-fn grant(keel: &Keel, ttl: i64) -> (i64, i64) {
+fn grant(keel: &Member, ttl: i64) -> (i64, i64) {
     let out = ctl(keel, &["lease", "grant", &ttl.to_string(), "-w", "json"]).json();
     (
         out["ID"].as_i64().expect("ID"),
@@ -28,7 +28,7 @@ fn grant(keel: &Keel, ttl: i64) -> (i64, i64) {
 }
 
 /// `lease timetolive <id> --keys -w json`.
-fn time_to_live(keel: &Keel, id: i64) -> Value {
+fn time_to_live(keel: &Member, id: i64) -> Value {
     ctl(
         keel,
         &["lease", "timetolive", &hex(id), "--keys", "-w", "json"],
@@ -40,7 +40,7 @@ fn hex(id: i64) -> String {
     format!("{id:016x}")
 }
 
-fn keys(keel: &Keel) -> Vec<String> {
+fn keys(keel: &Member) -> Vec<String> {
     let out = ctl(keel, &["get", "", "--from-key", "--keys-only"]);
     out.ok();
     out.lines()
@@ -48,11 +48,6 @@ fn keys(keel: &Keel) -> Vec<String> {
         .filter(|l| !l.is_empty())
         .map(str::to_string)
         .collect()
-}
-
-fn revision(keel: &Keel) -> i64 {
-    let out = ctl(keel, &["get", "lease-e2e-probe", "-w", "json"]).json();
-    out["header"]["revision"].as_i64().expect("revision")
 }
 
 /// Polls `cond` every 100 ms for up to `limit`; returns how long it took, or `None`.
@@ -69,7 +64,7 @@ fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duratio
 
 #[test]
 fn grant_attach_timetolive_list_and_revoke() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let (id, ttl) = grant(&keel, 60);
     assert_eq!(ttl, 60);
     assert!(id > 0, "a generated lease ID is positive: {id}");
@@ -94,10 +89,14 @@ fn grant_attach_timetolive_list_and_revoke() {
         vec!["found 1 leases".to_string(), hex(id)]
     );
 
-    let before = revision(&keel);
+    let before = etcdctl::revision(&keel.endpoint());
     let out = ctl(&keel, &["lease", "revoke", &hex(id)]);
     assert_eq!(out.ok().lines(), vec![format!("lease {} revoked", hex(id))]);
-    assert_eq!(revision(&keel), before + 1, "both keys go in one revision");
+    assert_eq!(
+        etcdctl::revision(&keel.endpoint()),
+        before + 1,
+        "both keys go in one revision"
+    );
     assert_eq!(keys(&keel), vec!["c"]);
     let gone = ctl(&keel, &["lease", "timetolive", &hex(id)]);
     assert_eq!(
@@ -110,7 +109,7 @@ fn grant_attach_timetolive_list_and_revoke() {
 
 #[test]
 fn grant_ttl_is_raised_to_the_minimum_and_capped_at_the_maximum() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     // etcd's minimum with the default 100 ms heartbeat and 1000 ms election timeout: 2 s.
     assert_eq!(grant(&keel, 1).1, 2);
     let out = ctl(&keel, &["lease", "grant", "9000000001"]);
@@ -123,16 +122,16 @@ fn grant_ttl_is_raised_to_the_minimum_and_capped_at_the_maximum() {
 
 #[test]
 fn put_with_an_unknown_lease_fails_and_writes_nothing() {
-    let keel = Keel::start();
-    let before = revision(&keel);
+    let (_guard, keel) = member(&[]);
+    let before = etcdctl::revision(&keel.endpoint());
     ctl(&keel, &["put", "k", "v", "--lease=1234abcd"]).fails_with(LEASE_NOT_FOUND);
-    assert_eq!(revision(&keel), before);
+    assert_eq!(etcdctl::revision(&keel.endpoint()), before);
     assert!(keys(&keel).is_empty());
 }
 
 #[test]
 fn keepalive_keeps_keys_and_expiry_deletes_them() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let (id, _) = grant(&keel, 3);
     ctl(
         &keel,
@@ -146,18 +145,15 @@ fn keepalive_keeps_keys_and_expiry_deletes_them() {
     );
 
     // A streaming keep-alive (etcdctl renews every TTL/3) keeps the key well past its TTL.
-    let mut keeper = Command::new(etcdctl_path())
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", keel.endpoint()))
-        .args(["lease", "keep-alive", &hex(id)])
+    let keeper = etcdctl::command(&keel.endpoint(), &["lease", "keep-alive", &hex(id)])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn etcdctl lease keep-alive");
+    let keeper = KillOnDrop(keeper);
     std::thread::sleep(Duration::from_secs(6));
     let alive = keys(&keel);
-    let _ = keeper.kill();
-    let _ = keeper.wait();
+    drop(keeper);
     assert_eq!(alive, vec!["session"], "the kept-alive lease expired");
 
     // Without keepalives the lease expires 3 s after the last one; its key goes with it.
@@ -179,7 +175,7 @@ fn keepalive_keeps_keys_and_expiry_deletes_them() {
 
 #[test]
 fn leases_and_attachments_survive_a_restart() {
-    let mut keel = Keel::start();
+    let (_guard, mut keel) = member(&[]);
     let (long, _) = grant(&keel, 600);
     let (short, _) = grant(&keel, 4);
     ctl(

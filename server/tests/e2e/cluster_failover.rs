@@ -11,8 +11,6 @@
 //! take several rounds. So most rounds (3 of 5) must be within two election timeouts and
 //! every round within five.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::kv_client::KvClient;
 use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
-use support::cluster::TestCluster;
-use support::etcdctl::etcdctl;
-use support::grpc;
+use keel_testkit::{Member, etcdctl, grpc};
+
+use crate::cluster;
 
 /// etcd's default `--election-timeout` (ms), which the members run with.
 const ELECTION_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -90,7 +88,7 @@ async fn time_to_first_write(endpoint: &str, since: Instant, limit: Duration) ->
 
 #[test]
 fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
-    let mut cluster = TestCluster::start(3, &[]);
+    let (_alone, mut cluster) = cluster(3, &[]);
     let endpoints: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let acked: Acked = Arc::default();
@@ -114,7 +112,7 @@ fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
         ));
         eprintln!(
             "round {round}: killed leader {}, a write succeeded after {took:?}",
-            cluster.members[leader].name
+            cluster.members[leader].name()
         );
         failovers.push(took);
         assert!(
@@ -122,7 +120,7 @@ fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
             "round {round}: new leader served a write only after {took:?} (> 5 election timeouts)"
         );
         std::thread::sleep(Duration::from_millis(500));
-        cluster.members[leader].respawn();
+        cluster.members[leader].spawn();
         cluster.wait_ready(&[leader]);
         assert!(
             acked.lock().unwrap().len() > acked_before,
@@ -149,38 +147,8 @@ fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
     let leader = cluster.leader(Duration::from_secs(15));
     let committed = cluster.status(leader).unwrap().raft_index;
     cluster.wait_applied(committed, Duration::from_secs(20));
-    let all = cluster.endpoints();
-    let rev = etcdctl(
-        &all,
-        &[
-            "get",
-            "acked/",
-            "--prefix",
-            "--keys-only",
-            "--limit=1",
-            "-w",
-            "json",
-        ],
-    )
-    .json()["header"]["revision"]
-        .as_i64()
-        .unwrap();
-    let mut hashes = Vec::new();
-    for m in &cluster.members {
-        let out = etcdctl(
-            &m.endpoint(),
-            &[
-                "endpoint",
-                "hashkv",
-                "--rev",
-                &rev.to_string(),
-                "-w",
-                "json",
-            ],
-        )
-        .json();
-        hashes.push(out[0]["HashKV"]["hash"].as_u64().expect("hash"));
-    }
+    let rev = etcdctl::revision(&cluster.endpoints());
+    let hashes = etcdctl::hashkvs(cluster.members.iter().map(Member::endpoint), rev);
     assert!(
         hashes.iter().all(|h| *h == hashes[0]),
         "HashKV at revision {rev} differs: {hashes:?}"
@@ -220,7 +188,7 @@ fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
                 stored.get(k),
                 Some(v),
                 "acknowledged write {k} missing on {}",
-                m.name
+                m.name()
             );
         }
     }

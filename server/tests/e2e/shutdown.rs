@@ -1,27 +1,17 @@
 //! Graceful shutdown: SIGTERM makes `keel` exit with code 0, keeping every acknowledged write,
 //! also while writes are in flight; `keel --version` answers without starting a member.
 
-mod support;
-
-#[path = "crash_recovery/check.rs"]
-mod check;
-#[path = "crash_recovery/history.rs"]
-mod history;
-#[path = "crash_recovery/store.rs"]
-mod store;
-#[path = "crash_recovery/writer.rs"]
-mod writer;
-
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::{Compare, PutRequest, RequestOp, TxnRequest, compare, request_op};
-use store::Store;
-use support::grpc;
-use support::process::{Keel, member_binary};
+use keel_testkit::grpc;
+use keel_testkit::process::run_bounded;
+
+use crate::crash_recovery::store::Store;
+use crate::crash_recovery::{check, writer};
+use crate::{keel_bin, member};
 
 /// Writes acknowledged before SIGTERM in the under-load test.
 const ACKS_BEFORE_SIGTERM: u64 = 50;
@@ -30,7 +20,7 @@ const LOAD_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[test]
 fn sigterm_exits_zero_and_keeps_every_write() {
-    let mut keel = Keel::start();
+    let (_guard, mut keel) = member(&[]);
     let endpoint = keel.endpoint();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -108,24 +98,13 @@ fn sigterm_exits_zero_and_keeps_every_write() {
 
 #[test]
 fn sigterm_under_load_exits_zero_and_keeps_acknowledged_writes() {
-    let mut keel = Keel::start();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let (_guard, mut keel) = member(&[]);
+    let rt = grpc::runtime();
     let base = rt.block_on(Store::read(&keel.endpoint())).revision;
-    let control = Arc::new(writer::Control {
-        endpoint: keel.endpoint(),
-        stop: AtomicBool::new(false),
-        acked: AtomicU64::new(0),
-    });
-    let writers: Vec<_> = (0..4)
-        .map(|id| rt.spawn(writer::run(id, Arc::clone(&control))))
-        .collect();
+    let writers = writer::Writers::start(&rt, &keel.endpoint(), 4);
 
     let deadline = Instant::now() + LOAD_TIMEOUT;
-    while control.acked.load(Ordering::SeqCst) < ACKS_BEFORE_SIGTERM {
+    while writers.acked() < ACKS_BEFORE_SIGTERM {
         assert!(
             Instant::now() < deadline,
             "no write progress before SIGTERM\n{}",
@@ -140,16 +119,8 @@ fn sigterm_under_load_exits_zero_and_keeps_acknowledged_writes() {
         "SIGTERM under load: {status}\n{}",
         keel.log_tail()
     );
-    control.stop.store(true, Ordering::SeqCst);
-    let history: Vec<history::Attempt> = rt.block_on(async {
-        let joined = tokio::time::timeout(LOAD_TIMEOUT, futures::future::join_all(writers))
-            .await
-            .expect("writers stop once the member is down");
-        joined
-            .into_iter()
-            .flat_map(|r| r.expect("writer task panicked"))
-            .collect()
-    });
+    // The writers stop once the member is down.
+    let history = writers.stop(&rt, LOAD_TIMEOUT);
 
     keel.restart();
     let store = rt.block_on(Store::read(&keel.endpoint()));
@@ -170,30 +141,16 @@ fn sigterm_under_load_exits_zero_and_keeps_acknowledged_writes() {
 
 #[test]
 fn version_flag_prints_the_version_and_exits_zero() {
-    let mut child = Command::new(member_binary())
-        .arg("--version")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn keel --version");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("keel --version did not exit within 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let output = child
-        .wait_with_output()
-        .expect("collect keel --version output");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let output = run_bounded(
+        Command::new(keel_bin()).arg("--version"),
+        "",
+        Duration::from_secs(10),
+    );
+    assert_eq!(output.code, Some(0), "{output:?}");
     assert!(
-        stdout.contains(env!("CARGO_PKG_VERSION")),
-        "`keel --version` names the crate version {}: {stdout:?}",
-        env!("CARGO_PKG_VERSION")
+        output.stdout.contains(env!("CARGO_PKG_VERSION")),
+        "`keel --version` names the crate version {}: {:?}",
+        env!("CARGO_PKG_VERSION"),
+        output.stdout
     );
 }

@@ -4,22 +4,18 @@
 //! the crash rather than a fresh full TTL), none may be lost, and their keys must disappear
 //! on every member, including the killed one once it is back.
 
-mod support;
-
-use std::fs::File;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::kv_client::KvClient;
 use keel_proto::etcdserverpb::lease_client::LeaseClient;
-use keel_proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use keel_proto::etcdserverpb::{
     LeaseGrantRequest, LeaseLeasesRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest,
-    StatusRequest,
 };
-use support::grpc::{channel, prefix_end};
-use support::ports::free_ports;
+use keel_testkit::grpc::{self, channel, prefix_end};
+use keel_testkit::schedule::exclusive;
+use keel_testkit::{Cluster, MemberSpec};
+
+use crate::keel_bin;
 
 /// TTL of the leases that must expire across the leader change (s).
 const SHORT_TTL: i64 = 8;
@@ -30,118 +26,6 @@ const CHECKPOINT_MS: u64 = 1000;
 /// etcd's default election timeout, which is also the TTL extension on election (ms).
 const ELECTION_MS: u64 = 1000;
 
-/// One member process of the test cluster.
-struct Member {
-    name: String,
-    client_port: u16,
-    peer_port: u16,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl Member {
-    fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
-    }
-
-    fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("keel.log")
-    }
-
-    fn spawn(&mut self, initial_cluster: &str) {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("member log");
-        let child = Command::new(env!("CARGO_BIN_EXE_keel"))
-            .args(["--name", &self.name])
-            .args([
-                "--data-dir",
-                &self.dir.path().join("data").display().to_string(),
-            ])
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args(["--listen-peer-urls", &self.peer_url()])
-            .args(["--initial-advertise-peer-urls", &self.peer_url()])
-            .args(["--initial-cluster", initial_cluster])
-            .args(["--election-timeout", &ELECTION_MS.to_string()])
-            .args(["--lease-checkpoint-interval", &CHECKPOINT_MS.to_string()])
-            .stdout(log.try_clone().expect("log handle"))
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn keel");
-        self.child = Some(child);
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-        let lines: Vec<_> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- log of member {} ---\n{}", self.name, self.log_tail());
-        }
-        self.kill9();
-    }
-}
-
-struct Cluster {
-    members: Vec<Member>,
-    initial_cluster: String,
-}
-
-impl Cluster {
-    fn start(n: usize) -> Cluster {
-        let ports = free_ports(2 * n);
-        let mut members: Vec<Member> = (0..n)
-            .map(|i| Member {
-                name: format!("m{i}"),
-                client_port: ports[2 * i],
-                peer_port: ports[2 * i + 1],
-                dir: tempfile::Builder::new()
-                    .prefix("keel-lease-kill-")
-                    .tempdir()
-                    .expect("temp dir"),
-                child: None,
-            })
-            .collect();
-        let initial_cluster = members
-            .iter()
-            .map(|m| format!("{}={}", m.name, m.peer_url()))
-            .collect::<Vec<_>>()
-            .join(",");
-        for m in &mut members {
-            m.spawn(&initial_cluster);
-        }
-        Cluster {
-            members,
-            initial_cluster,
-        }
-    }
-}
-
 async fn kv(endpoint: &str) -> Option<KvClient<tonic::transport::Channel>> {
     channel(endpoint, Duration::from_secs(3))
         .await
@@ -150,46 +34,7 @@ async fn kv(endpoint: &str) -> Option<KvClient<tonic::transport::Channel>> {
 }
 
 async fn lease(endpoint: &str) -> LeaseClient<tonic::transport::Channel> {
-    LeaseClient::new(
-        channel(endpoint, Duration::from_secs(10))
-            .await
-            .expect("lease client"),
-    )
-}
-
-/// `(member id, leader id)` as `endpoint` reports them, if it answers.
-async fn status(endpoint: &str) -> Option<(u64, u64)> {
-    let ch = channel(endpoint, Duration::from_secs(2)).await.ok()?;
-    let s = MaintenanceClient::new(ch)
-        .status(StatusRequest {})
-        .await
-        .ok()?
-        .into_inner();
-    Some((s.header?.member_id, s.leader))
-}
-
-/// Waits until every listed member reports the same leader, which is one of them; returns
-/// its index.
-async fn wait_leader(cluster: &Cluster, among: &[usize], limit: Duration) -> usize {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        let mut ids = Vec::new();
-        for &i in among {
-            ids.push(status(&cluster.members[i].endpoint()).await);
-        }
-        if let Some(Some((_, leader))) = ids.first() {
-            let agreed = *leader != 0 && ids.iter().all(|s| s.is_some_and(|(_, l)| l == *leader));
-            if agreed
-                && let Some(pos) = ids
-                    .iter()
-                    .position(|s| s.is_some_and(|(me, _)| me == *leader))
-            {
-                return among[pos];
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("no leader among members {among:?} within {limit:?}");
+    grpc::lease(endpoint, Duration::from_secs(10)).await
 }
 
 /// Serializable read of `prefix*` on one member: what that member has applied.
@@ -223,17 +68,20 @@ async fn vanished(endpoint: &str, prefix: &str, limit: Duration) -> Instant {
 
 #[test]
 fn leases_expire_on_the_new_leader_after_the_leader_is_killed() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(scenario());
+    let _alone = exclusive();
+    let cluster = Cluster::start_with(
+        &keel_bin(),
+        3,
+        MemberSpec::new()
+            .election_timeout(ELECTION_MS)
+            .flag("--lease-checkpoint-interval", &CHECKPOINT_MS.to_string()),
+        None,
+    );
+    grpc::runtime().block_on(scenario(cluster));
 }
 
-async fn scenario() {
-    let mut cluster = Cluster::start(3);
-    let leader = wait_leader(&cluster, &[0, 1, 2], Duration::from_secs(30)).await;
+async fn scenario(mut cluster: Cluster) {
+    let leader = cluster.leader_async(Duration::from_secs(30)).await;
     let endpoint = cluster.members[leader].endpoint();
     let mut leases = lease(&endpoint).await;
     let mut kv_leader = kv(&endpoint).await.expect("kv client on the leader");
@@ -284,7 +132,7 @@ async fn scenario() {
     let killed_at = Instant::now();
     cluster.members[leader].kill9();
     let survivors: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
-    let new_leader = wait_leader(&cluster, &survivors, Duration::from_secs(30)).await;
+    let new_leader = cluster.leader_async(Duration::from_secs(30)).await;
     let elected_at = Instant::now();
     assert_ne!(new_leader, leader);
 
@@ -378,8 +226,7 @@ async fn scenario() {
     }
 
     // The killed member comes back, catches up and has deleted the keys too.
-    let ic = cluster.initial_cluster.clone();
-    cluster.members[leader].spawn(&ic);
+    cluster.members[leader].spawn();
     let target = local_keys(&cluster.members[new_leader].endpoint(), "short/")
         .await
         .expect("leader revision")

@@ -1,4 +1,4 @@
-//! Free TCP ports on 127.0.0.1 for test members.
+//! Free TCP ports on 127.0.0.1 for test members (the harnesses bind loopback only).
 
 use std::net::TcpListener;
 
@@ -20,4 +20,9 @@ pub fn free_ports(n: usize) -> Vec<u16> {
                 .port()
         })
         .collect()
+}
+
+/// One port that was free a moment ago (see [`free_ports`]), e.g. an address nothing listens on.
+pub fn free_port() -> u16 {
+    free_ports(1)[0]
 }

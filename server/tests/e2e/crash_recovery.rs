@@ -9,28 +9,22 @@
 //! snapshot plus the log after it. `KEEL_CRASH_SEED=<u64>` replays the kill schedule of an
 //! earlier run (it is printed at the start).
 
-mod support;
-
-#[path = "crash_recovery/check.rs"]
-mod check;
-#[path = "crash_recovery/history.rs"]
-mod history;
-#[path = "crash_recovery/store.rs"]
-mod store;
-#[path = "crash_recovery/writer.rs"]
-mod writer;
+// Shared with the graceful shutdown tests (`shutdown.rs`).
+pub mod check;
+pub mod history;
+pub mod store;
+pub mod writer;
 
 use std::ops::Range;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::{CompactionRequest, RangeRequest};
+use keel_testkit::{Member, grpc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use store::Store;
-use support::grpc;
-use support::process::Keel;
+
+use crate::member;
 
 /// Concurrent writing clients.
 const WRITERS: usize = 8;
@@ -72,27 +66,15 @@ fn crash_and_check(member_args: &[&str]) {
     eprintln!("crash schedule seed: KEEL_CRASH_SEED={seed}");
     let mut rng = StdRng::seed_from_u64(seed);
 
-    let mut keel = Keel::start_with(member_args);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let (_guard, mut keel) = member(member_args);
+    let rt = grpc::runtime();
     let base = rt.block_on(Store::read(&keel.endpoint())).revision;
-
-    let control = Arc::new(writer::Control {
-        endpoint: keel.endpoint(),
-        stop: AtomicBool::new(false),
-        acked: AtomicU64::new(0),
-    });
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|id| rt.spawn(writer::run(id, Arc::clone(&control))))
-        .collect();
+    let writers = writer::Writers::start(&rt, &keel.endpoint(), WRITERS);
 
     for crash in 1..=CRASHES {
-        wait_for_acks(&control.acked, MIN_ACKS_PER_LIFE, &keel);
+        wait_for_acks(&writers, MIN_ACKS_PER_LIFE, &keel);
         std::thread::sleep(Duration::from_millis(rng.gen_range(RUN_BEFORE_KILL_MS)));
-        let acked = control.acked.load(Ordering::SeqCst);
+        let acked = writers.acked();
         keel.kill9();
         eprintln!("crash {crash}/{CRASHES}: SIGKILL after {acked} acknowledged writes");
         std::thread::sleep(Duration::from_millis(rng.gen_range(DOWN_MS)));
@@ -103,19 +85,8 @@ fn crash_and_check(member_args: &[&str]) {
             restarted.elapsed()
         );
     }
-    wait_for_acks(&control.acked, MIN_ACKS_PER_LIFE, &keel);
-    control.stop.store(true, Ordering::SeqCst);
-
-    let history: Vec<history::Attempt> = rt.block_on(async {
-        let all = futures::future::join_all(writers);
-        let joined = tokio::time::timeout(STOP_TIMEOUT, all)
-            .await
-            .unwrap_or_else(|_| panic!("writers did not stop within {STOP_TIMEOUT:?}"));
-        joined
-            .into_iter()
-            .flat_map(|r| r.expect("writer task panicked"))
-            .collect()
-    });
+    wait_for_acks(&writers, MIN_ACKS_PER_LIFE, &keel);
+    let history = writers.stop(&rt, STOP_TIMEOUT);
 
     let store = rt.block_on(Store::read(&keel.endpoint()));
     eprintln!(
@@ -140,7 +111,7 @@ fn crash_and_check(member_args: &[&str]) {
 
 #[test]
 fn compaction_and_revisions_survive_sigkill() {
-    let mut keel = Keel::start();
+    let (_guard, mut keel) = member(&[]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -171,14 +142,11 @@ fn compaction_and_revisions_survive_sigkill() {
             revision,
             ..Default::default()
         };
-        let err = kv
-            .range(at(r0 + 1))
-            .await
-            .expect_err("revision below the compact revision");
-        assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
-        assert_eq!(
-            err.message(),
-            "etcdserver: mvcc: required revision has been compacted"
+        // A revision below the compact revision is gone.
+        grpc::assert_fails_with(
+            kv.range(at(r0 + 1)).await,
+            tonic::Code::OutOfRange,
+            "etcdserver: mvcc: required revision has been compacted",
         );
         let kept = kv
             .range(at(r0 + 2))
@@ -201,14 +169,14 @@ fn compaction_and_revisions_survive_sigkill() {
 
 /// Waits until `min` more writes are acknowledged; panics with the member log after
 /// [`PROGRESS_TIMEOUT`].
-fn wait_for_acks(acked: &AtomicU64, min: u64, keel: &Keel) {
-    let start = acked.load(Ordering::SeqCst);
+fn wait_for_acks(writers: &writer::Writers, min: u64, keel: &Member) {
+    let start = writers.acked();
     let deadline = Instant::now() + PROGRESS_TIMEOUT;
-    while acked.load(Ordering::SeqCst) < start + min {
+    while writers.acked() < start + min {
         if Instant::now() >= deadline {
             panic!(
                 "only {} writes acknowledged within {PROGRESS_TIMEOUT:?} (want {min})\n{}",
-                acked.load(Ordering::SeqCst) - start,
+                writers.acked() - start,
                 keel.log_tail()
             );
         }
@@ -216,7 +184,7 @@ fn wait_for_acks(acked: &AtomicU64, min: u64, keel: &Keel) {
     }
 }
 
-fn assert_consistent(history: &[history::Attempt], store: &Store, base: i64, keel: &Keel) {
+fn assert_consistent(history: &[history::Attempt], store: &Store, base: i64, keel: &Member) {
     let violations = check::check(history, store, base);
     if !violations.is_empty() {
         let shown: Vec<&String> = violations.iter().take(SHOWN_VIOLATIONS).collect();

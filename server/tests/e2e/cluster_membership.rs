@@ -3,23 +3,15 @@
 //! removed again (and stops by itself); bad requests get etcd's errors and change nothing;
 //! MoveLeader moves leadership.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use keel_proto::etcdserverpb::cluster_client::ClusterClient;
-use keel_proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use keel_proto::etcdserverpb::{MemberAddRequest, MoveLeaderRequest, PutRequest, RangeRequest};
-use support::cluster::TestCluster;
-use support::etcdctl::{CtlOutput, etcdctl};
-use support::grpc;
+use keel_testkit::Cluster;
+use keel_testkit::etcdctl::{self, CtlOutput, etcdctl};
+use keel_testkit::grpc;
 
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::cluster;
 
 /// Member ID → (name, is learner), from `etcdctl member list`.
 fn members(endpoints: &str) -> BTreeMap<u64, (String, bool)> {
@@ -51,8 +43,7 @@ fn member_cmd(endpoints: &str, args: &[&str]) -> CtlOutput {
 
 #[test]
 fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed() {
-    let _serial = serial();
-    let mut cluster = TestCluster::start(
+    let (_alone, mut cluster) = cluster(
         3,
         &[
             "--snapshot-count",
@@ -86,7 +77,7 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
         }
     });
 
-    let ports = TestCluster::reserve_ports();
+    let ports = Cluster::reserve_ports();
     let peer = format!("http://127.0.0.1:{}", ports.1);
     let out = member_cmd(
         &all,
@@ -110,21 +101,7 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut compacted = 0;
     loop {
-        let rev = etcdctl(
-            &all,
-            &[
-                "get",
-                "k/",
-                "--prefix",
-                "--keys-only",
-                "--limit=1",
-                "-w",
-                "json",
-            ],
-        )
-        .json()["header"]["revision"]
-            .as_i64()
-            .unwrap();
+        let rev = etcdctl::revision(&all);
         if compacted < rev - 1 {
             etcdctl(&all, &["put", "compaction-tick", &rev.to_string()]).ok();
             etcdctl(&all, &["compact", &rev.to_string()]).ok();
@@ -222,8 +199,7 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
 
 #[test]
 fn bad_membership_requests_get_etcd_errors_and_change_nothing() {
-    let _serial = serial();
-    let mut cluster = TestCluster::start(3, &[]);
+    let (_alone, mut cluster) = cluster(3, &[]);
     let all = cluster.endpoints();
     let before = members(&all);
     let voter = cluster.member_id(0).unwrap();
@@ -266,24 +242,19 @@ fn bad_membership_requests_get_etcd_errors_and_change_nothing() {
 
     // Malformed URLs (etcdctl checks them itself, so ask over gRPC).
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let status = rt.block_on(async {
-        let channel = grpc::channel(&cluster.members[0].endpoint(), grpc::RPC_TIMEOUT)
+    let added = rt.block_on(async {
+        grpc::cluster(&cluster.members[0].endpoint())
             .await
-            .unwrap();
-        ClusterClient::new(channel)
             .member_add(MemberAddRequest {
                 peer_ur_ls: vec!["http://no-port".into()],
                 is_learner: false,
             })
             .await
-            .unwrap_err()
     });
-    assert_eq!(
-        (status.code(), status.message()),
-        (
-            tonic::Code::InvalidArgument,
-            "etcdserver: given member URLs are invalid"
-        )
+    grpc::assert_fails_with(
+        added,
+        tonic::Code::InvalidArgument,
+        "etcdserver: given member URLs are invalid",
     );
 
     // Promoting a voter.
@@ -345,8 +316,7 @@ fn bad_membership_requests_get_etcd_errors_and_change_nothing() {
 
 #[test]
 fn move_leader_moves_leadership_and_refuses_bad_targets() {
-    let _serial = serial();
-    let cluster = TestCluster::start(3, &[]);
+    let (_alone, cluster) = cluster(3, &[]);
     let all = cluster.endpoints();
     let leader = cluster.leader(Duration::from_secs(15));
     let target = (0..3).find(|i| *i != leader).unwrap();
@@ -383,20 +353,18 @@ fn move_leader_moves_leadership_and_refuses_bad_targets() {
     // etcd's errors: an unknown transferee; asking a member that is not the leader.
     etcdctl(&all, &["move-leader", "1234"]).fails_with("Error: etcdserver: bad leader transferee");
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let status = rt.block_on(async {
-        let channel = grpc::channel(&cluster.members[target].endpoint(), grpc::RPC_TIMEOUT)
+    let moved = rt.block_on(async {
+        grpc::maintenance(&cluster.members[target].endpoint())
             .await
-            .unwrap();
-        MaintenanceClient::new(channel)
             .move_leader(MoveLeaderRequest {
                 target_id: leader_id,
             })
             .await
-            .unwrap_err()
     });
-    assert_eq!(
-        (status.code(), status.message()),
-        (tonic::Code::FailedPrecondition, "etcdserver: not leader")
+    grpc::assert_fails_with(
+        moved,
+        tonic::Code::FailedPrecondition,
+        "etcdserver: not leader",
     );
     assert_eq!(
         cluster.leader(Duration::from_secs(5)),

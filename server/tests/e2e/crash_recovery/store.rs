@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use keel_proto::mvccpb::KeyValue;
 
-use crate::support::grpc;
+use keel_testkit::grpc;
 
 /// Every key of the store (key -> KeyValue) and the `header.revision` of that read.
 pub struct Store {

@@ -1,16 +1,16 @@
 //! A 5-member cluster of real `keel` processes keeps serving writes and linearizable reads
 //! with two members down (one of them the leader), and the two catch up when restarted.
 
-mod support;
-
 use std::time::Duration;
 
-use support::cluster::TestCluster;
-use support::etcdctl::etcdctl;
+use keel_testkit::Member;
+use keel_testkit::etcdctl::{self, etcdctl};
+
+use crate::cluster;
 
 #[test]
 fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
-    let mut cluster = TestCluster::start(5, &[]);
+    let (_alone, mut cluster) = cluster(5, &[]);
     etcdctl(&cluster.endpoints(), &["put", "before", "1"]).ok();
 
     // Take down the leader and one follower.
@@ -26,7 +26,7 @@ fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
         let ep = cluster.members[i].endpoint();
         let out = etcdctl(
             &ep,
-            &["put", &format!("down2/{n}"), &cluster.members[i].name],
+            &["put", &format!("down2/{n}"), cluster.members[i].name()],
         );
         out.ok();
     }
@@ -39,7 +39,7 @@ fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
             out.ok().lines().len(),
             3,
             "via {}: {out:?}",
-            cluster.members[i].name
+            cluster.members[i].name()
         );
         let out = etcdctl(
             &cluster.members[i].endpoint(),
@@ -52,8 +52,8 @@ fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
     assert_eq!(list["members"].as_array().map(Vec::len), Some(5));
 
     // The two come back and catch up.
-    cluster.members[leader].respawn();
-    cluster.members[follower].respawn();
+    cluster.members[leader].spawn();
+    cluster.members[follower].spawn();
     cluster.wait_ready(&[leader, follower]);
     let new_leader = cluster.leader(Duration::from_secs(15));
     let committed = cluster.status(new_leader).unwrap().raft_index;
@@ -73,31 +73,10 @@ fn five_members_keep_serving_with_two_down_and_the_two_catch_up() {
             out.ok().lines().len(),
             3,
             "{} caught up",
-            cluster.members[i].name
+            cluster.members[i].name()
         );
     }
-    let rev = etcdctl(&cluster.endpoints(), &["get", "before", "-w", "json"]).json()["header"]["revision"]
-        .as_i64()
-        .unwrap();
-    let hashes: Vec<u64> = cluster
-        .members
-        .iter()
-        .map(|m| {
-            etcdctl(
-                &m.endpoint(),
-                &[
-                    "endpoint",
-                    "hashkv",
-                    "--rev",
-                    &rev.to_string(),
-                    "-w",
-                    "json",
-                ],
-            )
-            .json()[0]["HashKV"]["hash"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let rev = etcdctl::revision(&cluster.endpoints());
+    let hashes = etcdctl::hashkvs(cluster.members.iter().map(Member::endpoint), rev);
     assert!(hashes.iter().all(|h| *h == hashes[0]), "{hashes:?}");
 }

@@ -10,7 +10,7 @@ use keel_proto::etcdserverpb::{Compare, PutRequest, RequestOp, TxnRequest, compa
 use tonic::transport::Channel;
 
 use super::history::{Attempt, Outcome, Write};
-use crate::support::grpc;
+use keel_testkit::grpc;
 
 /// Deadline of one write RPC; a member that is being killed makes RPCs fail, not hang.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -26,6 +26,47 @@ pub struct Control {
     pub stop: AtomicBool,
     /// Number of acknowledged writes so far, over all writers.
     pub acked: AtomicU64,
+}
+
+/// [`run`] writers spawned on a runtime, with their shared [`Control`].
+pub struct Writers {
+    pub control: Arc<Control>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<Attempt>>>,
+}
+
+impl Writers {
+    /// Spawns `n` writers (ids `0..n`) on `rt` against `endpoint`.
+    pub fn start(rt: &tokio::runtime::Runtime, endpoint: &str, n: usize) -> Writers {
+        let control = Arc::new(Control {
+            endpoint: endpoint.to_string(),
+            stop: AtomicBool::new(false),
+            acked: AtomicU64::new(0),
+        });
+        let tasks = (0..n)
+            .map(|id| rt.spawn(run(id, Arc::clone(&control))))
+            .collect();
+        Writers { control, tasks }
+    }
+
+    /// Acknowledged writes so far, over all writers.
+    pub fn acked(&self) -> u64 {
+        self.control.acked.load(Ordering::SeqCst)
+    }
+
+    /// Sets the stop flag and waits up to `timeout` for every writer (one in-flight RPC each);
+    /// returns all their attempts. Panics if they do not stop in time or one panicked.
+    pub fn stop(self, rt: &tokio::runtime::Runtime, timeout: Duration) -> Vec<Attempt> {
+        self.control.stop.store(true, Ordering::SeqCst);
+        rt.block_on(async {
+            let joined = tokio::time::timeout(timeout, futures::future::join_all(self.tasks))
+                .await
+                .unwrap_or_else(|_| panic!("writers did not stop within {timeout:?}"));
+            joined
+                .into_iter()
+                .flat_map(|r| r.expect("writer task panicked"))
+                .collect()
+        })
+    }
 }
 
 /// Writes until `control.stop` is set and returns the attempts in the order they were sent.

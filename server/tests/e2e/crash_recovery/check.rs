@@ -219,7 +219,7 @@ mod self_test {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::history::Outcome;
+    use crate::crash_recovery::history::Outcome;
 
     fn put(key: &str, sent_ms: u64, done_ms: u64, outcome: Outcome) -> Attempt {
         let t0 = Instant::now();

@@ -3,34 +3,25 @@
 //! txns; response headers carry the cluster and member IDs; member list shows all three;
 //! concurrent writes share log entries and AppendEntries RPCs.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
-use support::cluster::TestCluster;
-use support::etcdctl::{etcdctl, etcdctl_stdin};
-use support::grpc;
+use keel_proto::etcdserverpb::PutRequest;
+use keel_testkit::etcdctl::{self, etcdctl, etcdctl_stdin};
+use keel_testkit::{Member, grpc};
 
-/// Tests in this file each start a cluster; one at a time keeps elections calm on a small box.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::cluster;
 
 #[test]
 fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
-    let _serial = serial();
-    let cluster = TestCluster::start(3, &[]);
+    let (_alone, cluster) = cluster(3, &[]);
     let all = cluster.endpoints();
 
     // Writes through each member, each read back (linearizably) through every member.
     for (i, m) in cluster.members.iter().enumerate() {
         etcdctl(
             &m.endpoint(),
-            &["put", &format!("key{i}"), &format!("from-{}", m.name)],
+            &["put", &format!("key{i}"), &format!("from-{}", m.name())],
         )
         .ok();
         for reader in &cluster.members {
@@ -40,9 +31,9 @@ fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
             );
             assert_eq!(
                 out.ok().lines(),
-                vec![format!("from-{}", m.name)],
+                vec![format!("from-{}", m.name())],
                 "read via {}",
-                reader.name
+                reader.name()
             );
         }
     }
@@ -63,14 +54,14 @@ fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
     for (i, m) in cluster.members.iter().enumerate() {
         let script = format!(
             "value(\"key{i}\") = \"from-{}\"\n\nput txn{i} yes\n\nput txn{i} no\n\n",
-            m.name
+            m.name()
         );
         let out = etcdctl_stdin(&m.endpoint(), &["txn"], &script);
         assert_eq!(
             out.ok().lines(),
             ["SUCCESS", "", "OK"],
             "txn via {}",
-            m.name
+            m.name()
         );
     }
     let out = etcdctl(&all, &["get", "txn", "--prefix", "--print-value-only"]);
@@ -113,32 +104,15 @@ fn put_get_and_txn_work_through_every_member_and_member_list_shows_three() {
 
     // HashKV agrees at the same revision.
     let rev = *revisions.iter().next().unwrap();
-    let hashes: BTreeSet<String> = cluster
-        .members
-        .iter()
-        .map(|m| {
-            let out = etcdctl(
-                &m.endpoint(),
-                &[
-                    "endpoint",
-                    "hashkv",
-                    "--rev",
-                    &rev.to_string(),
-                    "-w",
-                    "json",
-                ],
-            )
-            .json();
-            out[0]["HashKV"]["hash"].to_string()
-        })
+    let hashes: BTreeSet<u64> = etcdctl::hashkvs(cluster.members.iter().map(Member::endpoint), rev)
+        .into_iter()
         .collect();
     assert_eq!(hashes.len(), 1, "{hashes:?}");
 }
 
 #[test]
 fn reads_on_followers_see_every_acknowledged_write() {
-    let _serial = serial();
-    let cluster = TestCluster::start(3, &[]);
+    let (_alone, cluster) = cluster(3, &[]);
     let leader = cluster.leader(Duration::from_secs(10));
     let followers: Vec<String> = (0..3)
         .filter(|i| *i != leader)
@@ -171,15 +145,7 @@ fn reads_on_followers_see_every_acknowledged_write() {
         for i in 0..30 {
             let r = &mut readers[i % 2];
             let rev = grpc::put(r, "ryw-local", &i.to_string()).await;
-            let resp = r
-                .range(RangeRequest {
-                    key: b"ryw-local".to_vec(),
-                    serializable: true,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
+            let resp = grpc::range_serializable(r, b"ryw-local", b"").await;
             assert_eq!(
                 resp.kvs.first().map(|kv| kv.value.clone()),
                 Some(i.to_string().into_bytes())
@@ -189,15 +155,7 @@ fn reads_on_followers_see_every_acknowledged_write() {
         // Serializable reads are served locally and converge.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         loop {
-            let resp = readers[0]
-                .range(RangeRequest {
-                    key: b"ryw".to_vec(),
-                    serializable: true,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
+            let resp = grpc::range_serializable(&mut readers[0], b"ryw", b"").await;
             if resp.kvs.first().map(|kv| kv.value.clone()) == Some(b"59".to_vec()) {
                 break;
             }
@@ -212,8 +170,7 @@ fn reads_on_followers_see_every_acknowledged_write() {
 
 #[test]
 fn concurrent_writes_share_append_entries_rpcs() {
-    let _serial = serial();
-    let mut cluster = TestCluster::start(3, &[]);
+    let (_alone, mut cluster) = cluster(3, &[]);
     let leader = cluster.leader(Duration::from_secs(10));
     let endpoint = cluster.members[leader].endpoint();
     const WRITERS: usize = 32;
@@ -328,8 +285,7 @@ fn over_deep_txns_are_refused_and_accepted_ones_survive_a_restart() {
         t
     }
 
-    let _serial = serial();
-    let mut cluster = TestCluster::start(3, &[]);
+    let (_alone, mut cluster) = cluster(3, &[]);
     let leader = cluster.leader(Duration::from_secs(10));
     let follower = (leader + 1) % 3;
     let (leader_ep, follower_ep) = (
@@ -341,14 +297,11 @@ fn over_deep_txns_are_refused_and_accepted_ones_survive_a_restart() {
         for ep in [&leader_ep, &follower_ep] {
             let mut kv = grpc::kv(ep).await;
             for depth in [MAX_TXN_DEPTH + 1, 49] {
-                let err = kv
-                    .txn(deep(depth, "deep"))
-                    .await
-                    .expect_err("an over-deep txn must be refused");
-                assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-                assert_eq!(
-                    err.message(),
-                    "etcdserver: too many operations in txn request"
+                // An over-deep txn is refused.
+                grpc::assert_fails_with(
+                    kv.txn(deep(depth, "deep")).await,
+                    tonic::Code::InvalidArgument,
+                    "etcdserver: too many operations in txn request",
                 );
             }
         }
@@ -362,7 +315,7 @@ fn over_deep_txns_are_refused_and_accepted_ones_survive_a_restart() {
     });
     // The leader's log holds the deepest accepted txn: it restarts and still serves it.
     cluster.members[leader].kill9();
-    cluster.members[leader].respawn();
+    cluster.members[leader].spawn();
     cluster.wait_ready(&[leader]);
     rt.block_on(async {
         let mut kv = grpc::kv(&leader_ep).await;

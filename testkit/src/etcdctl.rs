@@ -1,13 +1,14 @@
 //! Runs the real `etcdctl` (v3 API) against a test member, the way users and the conformance
 //! suite (`../shared/conformance/run.py`) run it.
 
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::process::{Output, run_bounded};
 
 /// Hard bound on one etcdctl invocation; its own `--command-timeout` is 5 s.
-const PROCESS_TIMEOUT: Duration = Duration::from_secs(30);
+pub const PROCESS_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What one etcdctl invocation produced.
 #[derive(Debug, Clone)]
@@ -18,6 +19,16 @@ pub struct CtlOutput {
     pub stdout: String,
     /// Everything written to stderr (etcdctl's JSON log lines included).
     pub stderr: String,
+}
+
+impl From<Output> for CtlOutput {
+    fn from(out: Output) -> CtlOutput {
+        CtlOutput {
+            code: out.code,
+            stdout: out.stdout,
+            stderr: out.stderr,
+        }
+    }
 }
 
 impl CtlOutput {
@@ -86,68 +97,66 @@ pub fn etcdctl_path() -> PathBuf {
         })
 }
 
-/// Runs `etcdctl --endpoints=<endpoint> --dial-timeout=3s --command-timeout=5s <args>` with
-/// `ETCDCTL_API=3` and an empty stdin.
-pub fn etcdctl(endpoint: &str, args: &[&str]) -> CtlOutput {
-    etcdctl_stdin(endpoint, args, "")
-}
-
-/// Like [`etcdctl`], feeding `stdin` (e.g. the interactive `txn` form, or a value for
-/// `put <key>`). Bounded by [`PROCESS_TIMEOUT`]: a hung etcdctl is killed and the test fails.
-pub fn etcdctl_stdin(endpoint: &str, args: &[&str], stdin: &str) -> CtlOutput {
-    // Outputs go to temp files, not pipes, so a large output can never block the child while
-    // we wait for it.
-    let mut out = tempfile::tempfile().expect("temp file for etcdctl stdout");
-    let mut err = tempfile::tempfile().expect("temp file for etcdctl stderr");
+/// `etcdctl --endpoints=<endpoints> --dial-timeout=3s <args>` with `ETCDCTL_API=3` and no other
+/// `ETCDCTL_*` variable of the test's environment, not started: for the long-running forms
+/// (`watch`, `lease keep-alive`) a test runs in the background. `endpoints` is one
+/// `127.0.0.1:P` or several joined by commas.
+pub fn command(endpoints: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(etcdctl_path());
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("ETCDCTL_") {
             cmd.env_remove(&key);
         }
     }
-    let mut child = cmd
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={endpoint}"))
-        .args(["--dial-timeout=3s", "--command-timeout=5s"])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(out.try_clone().expect("clone stdout file"))
-        .stderr(err.try_clone().expect("clone stderr file"))
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn etcdctl: {e}"));
-    let mut pipe = child.stdin.take().expect("etcdctl stdin is piped");
-    let input = stdin.as_bytes().to_vec();
-    // A writer thread, so a child that stops reading cannot block the bounded wait below.
-    // etcdctl may exit before reading everything (e.g. on a bad flag); its exit code tells, so
-    // a write error is ignored. Dropping the pipe closes stdin, which ends the interactive forms.
-    let writer = std::thread::spawn(move || {
-        let _ = pipe.write_all(&input);
-    });
-    let deadline = Instant::now() + PROCESS_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait on etcdctl") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("etcdctl {args:?} did not finish within {PROCESS_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    // The child exited, so its end of the pipe is closed and the writer has returned.
-    let _ = writer.join();
-    CtlOutput {
-        code: status.code(),
-        stdout: read_all(&mut out),
-        stderr: read_all(&mut err),
-    }
+    cmd.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoints}"))
+        .arg("--dial-timeout=3s")
+        .args(args);
+    cmd
 }
 
-fn read_all(file: &mut std::fs::File) -> String {
-    let mut text = String::new();
-    file.seek(SeekFrom::Start(0)).expect("rewind output file");
-    file.read_to_string(&mut text)
-        .expect("etcdctl output is UTF-8");
-    text
+/// Runs `etcdctl --endpoints=<endpoints> --dial-timeout=3s --command-timeout=5s <args>` (see
+/// [`command`]) with an empty stdin.
+pub fn etcdctl(endpoints: &str, args: &[&str]) -> CtlOutput {
+    etcdctl_stdin(endpoints, args, "")
+}
+
+/// Like [`etcdctl`], feeding `stdin` (e.g. the interactive `txn` form, or a value for
+/// `put <key>`). Bounded by [`PROCESS_TIMEOUT`]: a hung etcdctl is killed and the test fails.
+pub fn etcdctl_stdin(endpoints: &str, args: &[&str], stdin: &str) -> CtlOutput {
+    let mut cmd = command(endpoints, &["--command-timeout=5s"]);
+    cmd.args(args);
+    run_bounded(&mut cmd, stdin, PROCESS_TIMEOUT).into()
+}
+
+/// The store revision `endpoints` report: `header.revision` of `get <probe key> -w json` (a
+/// linearizable read).
+pub fn revision(endpoints: &str) -> i64 {
+    let out = etcdctl(endpoints, &["get", "keel-e2e-revision-probe", "-w", "json"]).json();
+    out["header"]["revision"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no header.revision in {out}"))
+}
+
+/// The KV hash of the member at `endpoint` at revision `rev`: `HashKV.hash` of `etcdctl
+/// endpoint hashkv --rev <rev> -w json` (etcd's `Maintenance.HashKV`, equal on members that
+/// applied the same history).
+pub fn hashkv(endpoint: &str, rev: i64) -> u64 {
+    let rev = rev.to_string();
+    let out = etcdctl(
+        endpoint,
+        &["endpoint", "hashkv", "--rev", &rev, "-w", "json"],
+    )
+    .json();
+    out[0]["HashKV"]["hash"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no HashKV.hash in {out}"))
+}
+
+/// [`hashkv`] of each of `endpoints` at `rev`, in order.
+pub fn hashkvs<S: AsRef<str>>(endpoints: impl IntoIterator<Item = S>, rev: i64) -> Vec<u64> {
+    endpoints
+        .into_iter()
+        .map(|endpoint| hashkv(endpoint.as_ref(), rev))
+        .collect()
 }

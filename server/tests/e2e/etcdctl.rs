@@ -5,26 +5,25 @@
 //! Expected outputs and error texts are etcd 3.4's, as recorded in
 //! `../shared/conformance/cases/`.
 
-mod support;
-
+use keel_testkit::etcdctl::{self, CtlOutput, etcdctl, etcdctl_stdin};
+use keel_testkit::schedule::shared;
+use keel_testkit::{Member, b64};
 use serde_json::{Value, json};
-use support::b64;
-use support::etcdctl::{CtlOutput, etcdctl, etcdctl_stdin};
-use support::process::Keel;
+
+use crate::{keel_bin, member};
 
 const COMPACTED: &str = "Error: etcdserver: mvcc: required revision has been compacted";
 const FUTURE_REV: &str = "Error: etcdserver: mvcc: required revision is a future revision";
 const NO_KEY: &str = "Error: etcdserver: key is not provided";
 
 /// Runs etcdctl against `keel` with `args` (a whitespace-free argument list).
-fn ctl(keel: &Keel, args: &[&str]) -> CtlOutput {
+fn ctl(keel: &Member, args: &[&str]) -> CtlOutput {
     etcdctl(&keel.endpoint(), args)
 }
 
 /// The store revision (`header.revision` of a Range).
-fn revision(keel: &Keel) -> i64 {
-    let out = ctl(keel, &["get", "keel-e2e-revision-probe", "-w", "json"]).json();
-    out["header"]["revision"].as_i64().expect("header.revision")
+fn revision(keel: &Member) -> i64 {
+    etcdctl::revision(&keel.endpoint())
 }
 
 /// `key = value` as etcdctl prints a KeyValue in `-w json` (bytes as base64, no lease field
@@ -47,7 +46,7 @@ fn assert_lines(out: &CtlOutput, expected: &[&str]) {
 
 #[test]
 fn fresh_member_starts_at_revision_one_with_an_empty_keyspace() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let out = ctl(&keel, &["get", "", "--from-key", "-w", "json"]).json();
     let header = &out["header"];
     assert_eq!(
@@ -73,7 +72,7 @@ fn fresh_member_starts_at_revision_one_with_an_empty_keyspace() {
 
 #[test]
 fn put_and_get_single_prefix_and_historical() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let r0 = revision(&keel);
 
     assert_lines(&ctl(&keel, &["put", "foo", "bar"]), &["OK"]);
@@ -156,7 +155,7 @@ fn put_and_get_single_prefix_and_historical() {
 
 #[test]
 fn delete_single_prefix_and_from_key() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let r0 = revision(&keel);
     for (key, value) in [("a", "1"), ("b", "2"), ("ba", "3"), ("bb", "4"), ("c", "5")] {
         assert_lines(&ctl(&keel, &["put", key, value]), &["OK"]);
@@ -193,7 +192,7 @@ fn delete_single_prefix_and_from_key() {
 
 #[test]
 fn txn_takes_success_or_failure_branch_atomically() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let r0 = revision(&keel);
     assert_lines(&ctl(&keel, &["put", "foo", "bar"]), &["OK"]); // r0 + 1
 
@@ -277,7 +276,7 @@ fn txn_takes_success_or_failure_branch_atomically() {
 
 #[test]
 fn compact_then_read_compacted_and_kept_revisions() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let r0 = revision(&keel);
     for value in ["v1", "v2", "v3"] {
         assert_lines(&ctl(&keel, &["put", "foo", value]), &["OK"]);
@@ -306,8 +305,8 @@ fn compact_then_read_compacted_and_kept_revisions() {
 
 #[test]
 fn endpoint_status_and_health_report_this_member_as_leader() {
-    let keel = Keel::start();
-    let status = |keel: &Keel| {
+    let (_guard, keel) = member(&[]);
+    let status = |keel: &Member| {
         let out = ctl(keel, &["endpoint", "status", "-w", "json"]).json();
         let list = out.as_array().expect("endpoint status -w json is a list");
         assert_eq!(list.len(), 1, "one endpoint: {out}");
@@ -369,7 +368,7 @@ fn endpoint_status_and_health_report_this_member_as_leader() {
 
 #[test]
 fn member_list_shows_the_single_member_with_its_urls() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let out = ctl(&keel, &["member", "list", "-w", "json"]).json();
     let members = out["members"].as_array().expect("members");
     assert_eq!(members.len(), 1, "{out}");
@@ -396,7 +395,7 @@ fn member_list_shows_the_single_member_with_its_urls() {
 
 #[test]
 fn empty_key_is_rejected_with_etcds_error() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     ctl(&keel, &["put", "", "v"]).fails_with(NO_KEY);
     ctl(&keel, &["get", ""]).fails_with(NO_KEY);
     ctl(&keel, &["del", ""]).fails_with(NO_KEY);
@@ -405,7 +404,7 @@ fn empty_key_is_rejected_with_etcds_error() {
 
 #[test]
 fn request_size_and_txn_ops_limits_follow_the_flags() {
-    let keel = Keel::start_with(&["--max-request-bytes", "1024", "--max-txn-ops", "2"]);
+    let (_guard, keel) = member(&["--max-request-bytes", "1024", "--max-txn-ops", "2"]);
     let endpoint = keel.endpoint();
     // `put <key>` reads the value from stdin.
     etcdctl_stdin(&endpoint, &["put", "big"], &"a".repeat(2000))
@@ -429,7 +428,8 @@ fn request_size_and_txn_ops_limits_follow_the_flags() {
 
 #[test]
 fn config_file_sets_name_urls_and_limits() {
-    let keel = Keel::start_with_config_file("from-yaml", "max-txn-ops: 1\n");
+    let _guard = shared();
+    let keel = Member::start_with_config_file(&keel_bin(), "from-yaml", "max-txn-ops: 1\n");
     let out = ctl(&keel, &["member", "list", "-w", "json"]).json();
     assert_eq!(out["members"][0]["name"], "from-yaml", "{out}");
     assert_eq!(
@@ -449,7 +449,7 @@ fn config_file_sets_name_urls_and_limits() {
 /// fail with etcd's NOSPACE error, while reads and deletes keep working.
 #[test]
 fn writes_past_the_backend_quota_fail_with_nospace() {
-    let keel = Keel::start_with(&["--quota-backend-bytes", "100"]);
+    let (_guard, keel) = member(&["--quota-backend-bytes", "100"]);
     const NOSPACE: &str = "Error: etcdserver: mvcc: database space exceeded";
     // The member measures its store about once a second: wait until it reports more than the
     // quota (bounded).

@@ -3,48 +3,35 @@
 //! watch on followers). Expected outputs are etcd 3.4's (see
 //! `../shared/conformance/cases/{watch,grpc-watch}`).
 
-mod support;
-
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::kv_client::KvClient;
 use keel_proto::etcdserverpb::request_op::Request as Op;
-use keel_proto::etcdserverpb::watch_client::WatchClient;
 use keel_proto::etcdserverpb::watch_request::RequestUnion;
 use keel_proto::etcdserverpb::{
     CompactionRequest, PutRequest, RequestOp, TxnRequest, WatchCancelRequest, WatchCreateRequest,
     WatchProgressRequest, WatchRequest, WatchResponse,
 };
 use keel_proto::mvccpb::event::EventType;
-use support::etcdctl::{etcdctl, etcdctl_path};
-use support::ports::free_ports;
-use support::process::{Keel, member_binary};
+use keel_testkit::Member;
+use keel_testkit::etcdctl::{self, etcdctl};
+use keel_testkit::grpc::{self, put, runtime};
+use keel_testkit::process::{KillOnDrop, rss_kib};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
+
+use crate::{cluster, member};
 
 /// How long a test waits for one expected watch response.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-/// A channel without a per-RPC deadline (a watch lives as long as the test wants).
-async fn channel(endpoint: &str) -> Channel {
-    Endpoint::from_shared(format!("http://{endpoint}"))
-        .expect("endpoint")
-        .connect_timeout(Duration::from_secs(2))
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("connect {endpoint}: {e}"))
+/// A KV client without a per-RPC deadline (the tests bound their own loops).
+async fn kv(endpoint: &str) -> KvClient<Channel> {
+    KvClient::new(grpc::stream_channel(endpoint).await)
 }
 
 /// One watch stream: requests go in through `tx`, responses come out of `rx`.
@@ -56,9 +43,8 @@ struct WatchConn {
 impl WatchConn {
     async fn open(endpoint: &str) -> WatchConn {
         let (tx, requests) = mpsc::channel(16);
-        let mut client =
-            WatchClient::new(channel(endpoint).await).max_decoding_message_size(64 << 20);
-        let rx = client
+        let rx = grpc::watch(endpoint)
+            .await
             .watch(ReceiverStream::new(requests))
             .await
             .unwrap_or_else(|s| panic!("watch: {s:?}"))
@@ -94,20 +80,6 @@ impl WatchConn {
     }
 }
 
-async fn put(kv: &mut KvClient<Channel>, key: &str, value: &[u8]) -> i64 {
-    kv.put(PutRequest {
-        key: key.into(),
-        value: value.to_vec(),
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|s| panic!("put {key}: {s:?}"))
-    .into_inner()
-    .header
-    .expect("header")
-    .revision
-}
-
 fn header_rev(r: &WatchResponse) -> i64 {
     r.header.as_ref().map_or(-1, |h| h.revision)
 }
@@ -139,7 +111,7 @@ fn ev(t: &str, key: &str, rev: i64, value: &str) -> (String, String, i64, String
 
 /// A background `etcdctl watch ...` whose stdout goes to a file.
 struct BgCtl {
-    child: Child,
+    child: KillOnDrop,
     out: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -149,18 +121,14 @@ impl BgCtl {
         let dir = tempfile::tempdir().expect("temp dir");
         let out = dir.path().join("stdout");
         let file = std::fs::File::create(&out).expect("stdout file");
-        let child = Command::new(etcdctl_path())
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={endpoint}"))
-            .arg("--dial-timeout=3s")
-            .args(args)
+        let child = etcdctl::command(endpoint, args)
             .stdin(Stdio::null())
             .stdout(file)
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn etcdctl");
         BgCtl {
-            child,
+            child: KillOnDrop(child),
             out,
             _dir: dir,
         }
@@ -200,21 +168,13 @@ impl BgCtl {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = self.child.kill();
         panic!("etcdctl did not exit within {RESPONSE_TIMEOUT:?}");
-    }
-}
-
-impl Drop for BgCtl {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
 #[test]
 fn etcdctl_watch_replays_history_then_follows_live_writes() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let ep = keel.endpoint();
     etcdctl(&ep, &["put", "foo", "1"]).ok();
     etcdctl(&ep, &["put", "bar", "x"]).ok();
@@ -236,11 +196,11 @@ fn etcdctl_watch_replays_history_then_follows_live_writes() {
 
 #[test]
 fn etcdctl_watch_prefix_sees_a_txn_and_a_compacted_start_is_canceled() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let ep = keel.endpoint();
     let watch = BgCtl::start(&ep, &["watch", "t", "--prefix"]);
     std::thread::sleep(Duration::from_millis(500));
-    support::etcdctl::etcdctl_stdin(&ep, &["txn"], "\nput t1 a\nput t2 b\nput x c\n\n\n").ok();
+    etcdctl::etcdctl_stdin(&ep, &["txn"], "\nput t1 a\nput t2 b\nput x c\n\n\n").ok();
     assert_eq!(watch.stop_after(6), ["PUT", "t1", "a", "PUT", "t2", "b"]);
 
     etcdctl(&ep, &["put", "c", "1"]).ok();
@@ -261,10 +221,10 @@ fn etcdctl_watch_prefix_sees_a_txn_and_a_compacted_start_is_canceled() {
 
 #[test]
 fn grpc_watch_follows_etcd_semantics_on_one_stream() {
-    let keel = Keel::start();
+    let (_guard, keel) = member(&[]);
     let ep = keel.endpoint();
     runtime().block_on(async {
-        let mut kv = KvClient::new(channel(&ep).await);
+        let mut kv = kv(&ep).await;
         let r1 = put(&mut kv, "k", b"1").await;
         let r2 = put(&mut kv, "k", b"2").await;
         let mut w = WatchConn::open(&ep).await;
@@ -411,23 +371,17 @@ fn grpc_watch_follows_etcd_semantics_on_one_stream() {
 
 /// Resident set size of `pid` in bytes (Linux `/proc/<pid>/status` `VmRSS`).
 fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS")
-        * 1024
+    rss_kib(pid).expect("VmRSS") * 1024
 }
 
 #[test]
 fn a_stalled_stream_never_blocks_writes_and_catches_up_in_order() {
     // A small per-watcher buffer so the stalled watcher falls behind early.
-    let keel = Keel::start_with(&["--watch-buffer-len", "4"]);
+    let (_guard, keel) = member(&["--watch-buffer-len", "4"]);
     let ep = keel.endpoint();
     let pid = keel.pid().expect("running");
     runtime().block_on(async {
-        let mut kv = KvClient::new(channel(&ep).await);
+        let mut kv = kv(&ep).await;
         let mut stalled = WatchConn::open(&ep).await;
         stalled
             .create(WatchCreateRequest {
@@ -476,120 +430,10 @@ fn a_stalled_stream_never_blocks_writes_and_catches_up_in_order() {
     });
 }
 
-/// A member of a three-member test cluster.
-struct Member {
-    child: Child,
-    client: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts a three-member cluster and waits until a write through every member succeeds
-/// (followers forward writes to the leader). Readiness is not probed with a linearizable
-/// read: this version serves those only on the leader.
-fn start_cluster() -> Vec<Member> {
-    try_start_cluster(Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn try_start_cluster(ready_within: Duration) -> Result<Vec<Member>, String> {
-    let ports = free_ports(6);
-    let cluster: Vec<String> = (0..3)
-        .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[2 * i + 1]))
-        .collect();
-    let cluster = cluster.join(",");
-    let members: Vec<Member> = (0..3)
-        .map(|i| {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let (client, peer) = (ports[2 * i], ports[2 * i + 1]);
-            let log = std::fs::File::create(dir.path().join("keel.log")).expect("log");
-            let child = Command::new(member_binary())
-                .args(["--name", &format!("m{i}")])
-                .arg("--data-dir")
-                .arg(dir.path().join("data"))
-                .args([
-                    "--listen-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
-                ])
-                .args([
-                    "--advertise-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
-                ])
-                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args([
-                    "--initial-advertise-peer-urls",
-                    &format!("http://127.0.0.1:{peer}"),
-                ])
-                .args(["--initial-cluster", &cluster])
-                .stdout(log.try_clone().expect("log"))
-                .stderr(log)
-                .spawn()
-                .expect("spawn keel");
-            Member {
-                child,
-                client,
-                _dir: dir,
-            }
-        })
-        .collect();
-    let deadline = Instant::now() + ready_within;
-    for m in &members {
-        let endpoint = format!("127.0.0.1:{}", m.client);
-        while let Err(e) = probe_write(&endpoint) {
-            if Instant::now() > deadline {
-                let logs: Vec<String> = members
-                    .iter()
-                    .map(|m| {
-                        std::fs::read_to_string(m._dir.path().join("keel.log")).unwrap_or_default()
-                    })
-                    .collect();
-                return Err(format!(
-                    "member on {endpoint} not ready: {e}\n{}",
-                    logs.join("\n-----\n")
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-    Ok(members)
-}
-
-/// One put through `endpoint` with a 2 s deadline, on a private runtime.
-fn probe_write(endpoint: &str) -> Result<(), String> {
-    let endpoint = endpoint.to_string();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        rt.block_on(async {
-            let channel = support::grpc::channel(&endpoint, Duration::from_secs(2)).await?;
-            KvClient::new(channel)
-                .put(PutRequest {
-                    key: b"keel-e2e-probe".to_vec(),
-                    ..Default::default()
-                })
-                .await
-                .map(|_| ())
-                .map_err(|s| format!("put: {s:?}"))
-        })
-    })
-    .join()
-    .map_err(|_| "probe thread panicked".to_string())?
-}
-
 #[test]
 fn every_member_serves_watches_including_followers() {
-    let members = start_cluster();
-    let eps: Vec<String> = members
-        .iter()
-        .map(|m| format!("127.0.0.1:{}", m.client))
-        .collect();
+    let (_alone, cluster) = cluster(3, &[]);
+    let eps: Vec<String> = cluster.members.iter().map(Member::endpoint).collect();
     runtime().block_on(async {
         let mut watches = Vec::new();
         for ep in &eps {
@@ -606,8 +450,8 @@ fn every_member_serves_watches_including_followers() {
         // Writes through different members (followers forward them to the leader).
         let mut revs = Vec::new();
         for (i, ep) in eps.iter().enumerate() {
-            let mut kv = KvClient::new(channel(ep).await);
-            revs.push(put(&mut kv, "f", format!("v{i}").as_bytes()).await);
+            let mut kv = kv(ep).await;
+            revs.push(put(&mut kv, "f", format!("v{i}")).await);
         }
         for w in &mut watches {
             let mut got = Vec::new();

@@ -1,0 +1,88 @@
+//! `keel-chaos` runs from `cargo test`, bounded in time, on this repository's port range
+//! (26000-27999), against the `keel` of this build (keel-testkit: `$KEEL_BIN`, else
+//! `target/<profile>/keel`, which `cargo test --workspace` builds):
+//!
+//! - the CI smoke: a 20 s run with kill, pause and partition faults on 3 members must inject
+//!   faults, record operations, and end with 0 violations and exit status 0;
+//! - the proof that the harness can fail: with every member answering linearizable reads from
+//!   local state (`--inject stale-read`, failpoint `linearizable_read_stale`) and partitions
+//!   isolating members that clients keep reading from, the checkers must report violations and
+//!   `keel-chaos` must exit with status 1. It needs a `keel` built with the `failpoints`
+//!   feature: `$KEEL_FAILPOINTS_BIN`, else `keel-failpoints` next to the `keel` of this build.
+//!   scripts/test.sh builds it; by hand: `cargo build --release -p keel-server --features
+//!   failpoints --bin keel && cp target/release/keel target/release/keel-failpoints && cargo
+//!   build --release --bin keel`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use keel_chaos::run::summary::{Totals, parse_totals};
+use keel_testkit::process::{Output, run_bounded};
+
+/// Ports the chaos tests' members and proxies use.
+const PORT_RANGE: &str = "26000-27999";
+
+/// Runs `keel-chaos --nodes 3 --duration 20s --faults <faults> <args> --port-range
+/// 26000-27999 --keel-bin <keel>`, killing it (and failing the test) after `limit`; returns its
+/// output and the totals of its last line.
+fn run_chaos(keel: &Path, faults: &str, args: &[&str], limit: Duration) -> (Output, Totals) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel-chaos"));
+    command
+        .args(["--nodes", "3", "--duration", "20s", "--faults", faults])
+        .args(args)
+        .args(["--port-range", PORT_RANGE, "--keel-bin"])
+        .arg(keel);
+    let run = run_bounded(&mut command, "", limit);
+    let last = run.stdout.lines().last().unwrap_or_default();
+    let totals = parse_totals(last).unwrap_or_else(|| {
+        panic!(
+            "no `chaos: N ops, F faults, V violations` last line:\n{}",
+            run.dump()
+        )
+    });
+    (run, totals)
+}
+
+#[test]
+fn kill_pause_partition_run_has_no_violations() {
+    let keel = keel_testkit::keel_binary!();
+    let (run, totals) = run_chaos(&keel, "kill,pause,partition", &[], Duration::from_secs(150));
+    let dump = run.dump();
+    assert_eq!(run.code, Some(0), "{dump}");
+    assert_eq!(totals.violations, 0, "{dump}");
+    assert!(totals.faults >= 3, "only {totals:?} in 20 s\n{dump}");
+    assert!(totals.ops >= 200, "only {totals:?} in 20 s\n{dump}");
+    assert!(run.stdout.contains("seed: "), "{dump}");
+}
+
+/// The `keel` with failpoints (see the module docs).
+fn failpoints_binary() -> PathBuf {
+    let path = match std::env::var_os("KEEL_FAILPOINTS_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => keel_testkit::keel_binary!().with_file_name("keel-failpoints"),
+    };
+    assert!(
+        path.is_file(),
+        "{} is missing: this test needs `keel` built with the `failpoints` feature. Run \
+         scripts/test.sh (it builds it), or set KEEL_FAILPOINTS_BIN (see this file's docs)",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn stale_reads_are_reported_as_violations() {
+    let keel = failpoints_binary();
+    let (run, totals) = run_chaos(
+        &keel,
+        "partition",
+        &["--inject", "stale-read"],
+        Duration::from_secs(200),
+    );
+    let dump = run.dump();
+    assert!(totals.faults >= 1, "no partition was injected\n{dump}");
+    assert!(totals.ops > 0, "{dump}");
+    assert!(totals.violations > 0, "stale reads went unnoticed\n{dump}");
+    assert_eq!(run.code, Some(1), "{dump}");
+}

@@ -1,0 +1,76 @@
+//! Where the `keel` binary under test is.
+//!
+//! Order: `$KEEL_BIN` (any binary with etcd's flags: a release build, or a real etcd to check a
+//! test's own expectations), then the path cargo gave the caller (`CARGO_BIN_EXE_keel`, which
+//! cargo sets only while compiling keel-server's own integration tests, so the caller passes
+//! it in; [`keel_binary!`](crate::keel_binary) does that), then `keel` in the cargo profile
+//! directory of the running executable (`target/<profile>/keel`).
+
+use std::path::{Path, PathBuf};
+
+/// The environment variable that overrides the `keel` binary.
+pub const KEEL_BIN_ENV: &str = "KEEL_BIN";
+
+/// The `keel` binary to run (see the module docs for the order). `cargo_bin` is the caller's
+/// `CARGO_BIN_EXE_keel`, if cargo set it.
+///
+/// Panics, naming the build command, if the binary found last does not exist.
+pub fn find_keel(cargo_bin: Option<&str>) -> PathBuf {
+    if let Some(path) = std::env::var_os(KEEL_BIN_ENV) {
+        return PathBuf::from(path);
+    }
+    if let Some(path) = cargo_bin {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("path of the running executable");
+    let path = profile_dir(&exe).join("keel");
+    assert!(
+        path.is_file(),
+        "{} not found: build it first (`cargo build -p keel-server`, same profile; \
+         `cargo test --workspace` builds it), or set {KEEL_BIN_ENV}",
+        path.display()
+    );
+    path
+}
+
+/// The cargo profile directory (`target/<profile>`) of an executable cargo built: its own
+/// directory for binaries, the parent of `deps/` for test executables.
+pub fn profile_dir(exe: &Path) -> PathBuf {
+    let dir = exe.parent().expect("an executable lives in a directory");
+    match dir.file_name() {
+        Some(name) if name == "deps" || name == "examples" => {
+            dir.parent().expect("deps/ has a parent").to_path_buf()
+        }
+        _ => dir.to_path_buf(),
+    }
+}
+
+/// [`find_keel`] with the calling crate's `CARGO_BIN_EXE_keel` (set only in keel-server's
+/// integration tests; elsewhere `None`, so the profile directory is used).
+#[macro_export]
+macro_rules! keel_binary {
+    () => {
+        $crate::binary::find_keel(option_env!("CARGO_BIN_EXE_keel"))
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_dir_of_tests_binaries_and_examples() {
+        assert_eq!(
+            profile_dir(Path::new("/t/debug/deps/e2e-123")),
+            Path::new("/t/debug")
+        );
+        assert_eq!(
+            profile_dir(Path::new("/t/release/lease-bench")),
+            Path::new("/t/release")
+        );
+        assert_eq!(
+            profile_dir(Path::new("/t/debug/examples/x")),
+            Path::new("/t/debug")
+        );
+    }
+}
