@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod apply;
+pub mod backend;
 pub mod cindex;
 pub mod cluster;
 pub mod config;

@@ -15,6 +15,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 
 use crate::apply::Applier;
+use crate::backend::Backend;
 use crate::cluster::bootstrap::{self, Identity};
 use crate::cluster::peers::{PeerFailure, classify};
 use crate::cluster::{Cluster, Peers, timing};
@@ -22,10 +23,10 @@ use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
 use crate::lease::{self, Lessor, id::LeaseIdGenerator};
 use crate::membership::Attributes;
-use crate::mvcc::MvccStore;
+use crate::mvcc::{MvccStore, SharedStore};
 use crate::raft::proposer::{Proposer, into_result};
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
-use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
+use crate::raft::{LogStore, PeerNetwork, StateMachine};
 use crate::wal::{Wal, WalOptions};
 use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 
@@ -35,9 +36,6 @@ pub const FORWARD_LOG_INDEX: &str = "keel-log-index";
 
 /// Pause before re-sending a proposal that could not reach the leader.
 const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
-
-/// sled tree holding all member state (MVCC, consistent index, membership, ...).
-const TREE: &str = "keel";
 
 /// A running member.
 pub struct Node {
@@ -61,7 +59,7 @@ pub struct Node {
     pub watch: Arc<WatchHub>,
     /// Peer connections, the read path, leadership transfer and membership changes.
     pub cluster: Cluster,
-    db: sled::Db,
+    backend: Backend,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
     next_request_id: AtomicU64,
@@ -89,12 +87,9 @@ impl Node {
             tokio::task::block_in_place(|| Wal::open(&wal_dir, WalOptions::default()))
                 .with_context(|| format!("cannot open WAL in {}", wal_dir.display()))?,
         );
-        let db = sled::Config::new()
-            .path(&db_dir)
-            .cache_capacity(256 * 1024 * 1024)
-            .open()
+        let backend = Backend::open(&db_dir)
             .with_context(|| format!("cannot open store in {}", db_dir.display()))?;
-        let tree = db.open_tree(TREE)?;
+        let tree = backend.tree().clone();
 
         // Member and cluster IDs: derived from the flags (`new`), asked from the cluster
         // (`existing`), or as stored by an earlier start.
@@ -106,22 +101,21 @@ impl Node {
             id,
             cluster_id,
             initial_members,
-        } = bootstrap::identify(&config, &db, &tree, &peers).await?;
+        } = bootstrap::identify(&config, &backend, &peers).await?;
 
         let store = Arc::new(
             tokio::task::block_in_place(|| MvccStore::open(tree.clone()))
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,
         );
-        let attributes = Arc::new(Attributes::load(&tree).map_err(anyhow::Error::msg)?);
+        let attributes = Arc::new(Attributes::load(&tree)?);
         let lessor = Arc::new(Lessor::new());
         let mut applier = Applier::open_with_lessor(
             tree.clone(),
             store.clone(),
             attributes.clone(),
             lessor.clone(),
-        )
-        .map_err(anyhow::Error::msg)?;
-        let shared = Arc::new(SharedStore::new(store));
+        )?;
+        let shared: Arc<SharedStore> = applier.shared_store().clone();
         let watch = WatchHub::new(
             Arc::new(StoreHistory(shared.clone())),
             WatchConfig::from_config(&config),
@@ -130,7 +124,7 @@ impl Node {
             .spawn_sync_thread()
             .context("cannot start the watch sync thread")?;
         applier.set_watch_hub(watch.clone());
-        let sm = StateMachine::new(applier, shared.clone(), attributes.clone(), snap_dir);
+        let sm = StateMachine::new(applier, snap_dir);
 
         let timers = timing::raft_timers(config.heartbeat_interval, config.election_timeout);
         let raft_config = openraft::Config {
@@ -181,8 +175,8 @@ impl Node {
             lease_ids: LeaseIdGenerator::new(id),
             watch,
             cluster,
-            db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
-            db,
+            db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
+            backend,
             next_request_id: AtomicU64::new(1),
             proposer: OnceLock::new(),
         });
@@ -425,11 +419,11 @@ impl Node {
     ///
     /// Errors: `Internal` with sled's I/O error.
     pub async fn defragment(&self) -> Result<usize, EtcdError> {
-        let db = self.db.clone();
+        let backend = self.backend.clone();
         tokio::task::spawn_blocking(move || {
             // Crash with the defragment accepted but the store not yet flushed.
             crate::failpoint::crash_point!("defrag_mid");
-            db.flush()
+            backend.flush()
         })
         .await
         .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
@@ -462,8 +456,10 @@ impl Node {
             loop {
                 tick.tick().await;
                 let Some(node) = weak.upgrade() else { return };
-                let db = node.db.clone();
-                if let Ok(Ok(size)) = tokio::task::spawn_blocking(move || db.size_on_disk()).await {
+                let backend = node.backend.clone();
+                if let Ok(Ok(size)) =
+                    tokio::task::spawn_blocking(move || backend.size_on_disk()).await
+                {
                     node.db_size.store(size as i64, Ordering::Relaxed);
                 }
             }
@@ -487,7 +483,7 @@ impl Node {
             "peer transport totals"
         );
         let _ = self.raft.shutdown().await;
-        let _ = self.db.flush_async().await;
+        let _ = self.backend.flush_async().await;
     }
 }
 

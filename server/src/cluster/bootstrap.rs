@@ -11,7 +11,7 @@
 //!
 //! The member ID is stored in the data dir's local sled tree (never replicated, never part of
 //! a snapshot) and the cluster ID in the replicated tree, so a restart ignores the flags, as
-//! etcd does.
+//! etcd does (keys: [`schema::MEMBER_ID`], [`schema::CLUSTER_ID`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,16 +20,11 @@ use anyhow::{Context, bail};
 use keel_proto::keelpb::ClusterInfoRequest;
 
 use super::peers::Peers;
+use crate::backend::{Backend, schema};
 use crate::config::{Config, split_urls};
 use crate::membership::{self, InitialMember};
 use crate::raft::types::{MemberNode, NodeId};
 
-/// sled tree of member-local state that is never replicated.
-pub const LOCAL_TREE: &str = "local";
-/// Key of this member's ID (8 bytes BE) in [`LOCAL_TREE`].
-const MEMBER_ID_KEY: &[u8] = b"member_id";
-/// Key of the cluster ID (8 bytes BE) in the replicated tree (the same on every member).
-pub const CLUSTER_ID_KEY: &[u8] = b"s/cluster_id";
 /// How long a joining member keeps asking its peers for the cluster.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(15);
 /// Deadline of one `ClusterInfo` call.
@@ -47,15 +42,14 @@ pub struct Identity {
     pub initial_members: Option<BTreeMap<NodeId, MemberNode>>,
 }
 
-/// Decides this member's identity (see the module docs) and persists it.
+/// Decides this member's identity (see the module docs) and persists it in `backend`.
 ///
 /// Errors: `--initial-cluster` lacks this member or disagrees with
 /// `--initial-advertise-peer-urls`; with `existing`, no peer answers within 15 s or the
 /// cluster has no member with this member's peer URLs; sled I/O.
 pub async fn identify(
     config: &Config,
-    db: &sled::Db,
-    tree: &sled::Tree,
+    backend: &Backend,
     peers: &Peers,
 ) -> anyhow::Result<Identity> {
     let initial =
@@ -74,9 +68,9 @@ pub async fn identify(
         .collect();
     let is_new = config.initial_cluster_state == "new";
 
-    let local = db.open_tree(LOCAL_TREE)?;
-    let stored_id = read_u64(&local, MEMBER_ID_KEY)?;
-    let stored_cluster = read_u64(tree, CLUSTER_ID_KEY)?;
+    let (local, tree) = (backend.local()?, backend.tree());
+    let stored_id = read_u64(&local, schema::MEMBER_ID)?;
+    let stored_cluster = read_u64(tree, schema::CLUSTER_ID)?;
     let (id, cluster_id) = match (stored_id, stored_cluster) {
         (Some(id), Some(cid)) => (id, cid),
         // A data dir of a version that did not store the member ID: it was a `new` member.
@@ -90,9 +84,9 @@ pub async fn identify(
         }
         _ => discover(&initial, &config.name, &my_urls, peers).await?,
     };
-    local.insert(MEMBER_ID_KEY, &id.to_be_bytes())?;
-    tree.insert(CLUSTER_ID_KEY, &cluster_id.to_be_bytes())?;
-    db.flush_async().await?;
+    local.insert(schema::MEMBER_ID, &id.to_be_bytes())?;
+    tree.insert(schema::CLUSTER_ID, &cluster_id.to_be_bytes())?;
+    backend.flush_async().await?;
     Ok(Identity {
         id,
         cluster_id,
@@ -216,8 +210,8 @@ mod tests {
         }
     }
 
-    fn db() -> sled::Db {
-        sled::Config::new().temporary(true).open().unwrap()
+    fn backend() -> Backend {
+        Backend::temporary().unwrap()
     }
 
     #[tokio::test]
@@ -225,9 +219,8 @@ mod tests {
         let peers = Peers::default();
         let mut seen = Vec::new();
         for name in ["a", "b", "c"] {
-            let db = db();
-            let tree = db.open_tree("keel").unwrap();
-            let ident = identify(&config(name, "new"), &db, &tree, &peers)
+            let backend = backend();
+            let ident = identify(&config(name, "new"), &backend, &peers)
                 .await
                 .unwrap();
             let members = ident.initial_members.clone().unwrap();
@@ -237,7 +230,7 @@ mod tests {
             // A restart with other flags keeps the stored identity.
             let mut changed = config(name, "new");
             changed.initial_cluster_token = "other".into();
-            let again = identify(&changed, &db, &tree, &peers).await.unwrap();
+            let again = identify(&changed, &backend, &peers).await.unwrap();
             assert_eq!((again.id, again.cluster_id), (ident.id, ident.cluster_id));
         }
         assert!(seen.iter().all(|i| i.cluster_id == seen[0].cluster_id));
@@ -256,22 +249,17 @@ mod tests {
 
     #[tokio::test]
     async fn flags_that_do_not_describe_this_member_are_refused() {
-        let db = db();
-        let tree = db.open_tree("keel").unwrap();
+        let backend = backend();
         let mut c = config("a", "new");
         c.initial_advertise_peer_urls = "http://127.0.0.1:9".into();
-        let err = identify(&c, &db, &tree, &Peers::default())
-            .await
-            .unwrap_err();
+        let err = identify(&c, &backend, &Peers::default()).await.unwrap_err();
         assert!(
             err.to_string().contains("--initial-advertise-peer-urls"),
             "{err}"
         );
         let mut c = config("a", "new");
         c.name = "z".into();
-        let err = identify(&c, &db, &tree, &Peers::default())
-            .await
-            .unwrap_err();
+        let err = identify(&c, &backend, &Peers::default()).await.unwrap_err();
         assert!(err.to_string().contains("no member named"), "{err}");
     }
 }

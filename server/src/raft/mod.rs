@@ -20,4 +20,4 @@ mod test_support;
 
 pub use log_store::LogStore;
 pub use network::PeerNetwork;
-pub use state_machine::{SharedStore, StateMachine};
+pub use state_machine::{AppliedState, StateMachine};
