@@ -17,13 +17,15 @@ use prost::Message;
 use crate::apply::Applier;
 use crate::backend::Backend;
 use crate::cluster::bootstrap::{self, Identity};
-use crate::cluster::peers::{PeerFailure, classify};
-use crate::cluster::{Cluster, Peers, timing};
+use crate::cluster::{Cluster, Handles, timing};
 use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
-use crate::lease::{self, Lessor, id::LeaseIdGenerator};
+use crate::lease::runner::{self, RunnerConfig};
+use crate::lease::{Lessor, id::LeaseIdGenerator};
 use crate::membership::Attributes;
 use crate::mvcc::{MvccStore, SharedStore};
+use crate::raft::dial_override;
+use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, into_result};
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, StateMachine};
@@ -58,7 +60,7 @@ pub struct Node {
     /// The watchable store: every watcher of every stream on this member.
     pub watch: Arc<WatchHub>,
     /// Peer connections, the read path, leadership transfer and membership changes.
-    pub cluster: Cluster,
+    pub cluster: Arc<Cluster>,
     backend: Backend,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
@@ -93,15 +95,13 @@ impl Node {
 
         // Member and cluster IDs: derived from the flags (`new`), asked from the cluster
         // (`existing`), or as stored by an earlier start.
-        let overrides =
-            crate::cluster::dial_override::parse(&config.experimental_peer_dial_override)
-                .map_err(anyhow::Error::msg)?;
+        let overrides = dial_override::parse(&config.experimental_peer_dial_override)?;
         let peers = Arc::new(Peers::with_dial_overrides(overrides));
         let Identity {
             id,
             cluster_id,
             initial_members,
-        } = bootstrap::identify(&config, &backend, &peers).await?;
+        } = bootstrap::identify(&bootstrap::Flags::from_config(&config), &backend, &peers).await?;
 
         let store = Arc::new(
             tokio::task::block_in_place(|| MvccStore::open(tree.clone()))
@@ -126,7 +126,7 @@ impl Node {
         applier.set_watch_hub(watch.clone());
         let sm = StateMachine::new(applier, snap_dir);
 
-        let timers = timing::raft_timers(config.heartbeat_interval, config.election_timeout);
+        let timers = config.raft_timers();
         let raft_config = openraft::Config {
             cluster_name: config.initial_cluster_token.clone(),
             heartbeat_interval: timers.heartbeat_interval,
@@ -162,8 +162,17 @@ impl Node {
             }
         }
 
-        let request_timeout = request_timeout(&config);
-        let cluster = Cluster::new(id, raft.clone(), peers, request_timeout);
+        let cluster = Arc::new(Cluster::new(Handles {
+            id,
+            cluster_id,
+            raft: raft.clone(),
+            peers,
+            attributes: attributes.clone(),
+            store: shared.clone(),
+            timers,
+            election_timeout: Duration::from_millis(config.election_timeout),
+            request_timeout: config.request_timeout(),
+        }));
         let node = Arc::new(Node {
             id,
             cluster_id,
@@ -191,12 +200,14 @@ impl Node {
             })
         })));
         node.clone().spawn_publish();
-        tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node), timers));
+        tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node.cluster)));
         node.clone().spawn_db_size_refresh();
-        lease::runner::spawn(
-            &node,
-            lease::runner::RunnerConfig::from_config(&node.config),
-        );
+        tokio::spawn(runner::run(
+            node.lessor.clone(),
+            Arc::new(NodeProposer(Arc::downgrade(&node))),
+            runner::leadership(node.raft.metrics(), node.id),
+            RunnerConfig::from_config(&node.config),
+        ));
         Ok(node)
     }
 
@@ -367,8 +378,7 @@ impl Node {
         deadline: tokio::time::Instant,
     ) -> Result<(RaftResponse, u64), PeerFailure> {
         let url = leader
-            .peer_urls
-            .first()
+            .peer_url()
             .cloned()
             .ok_or(PeerFailure::Answer(EtcdError::NoLeader))?;
         let mut client = self
@@ -389,7 +399,7 @@ impl Node {
                 Ok((r.into_inner(), index))
             }
             Err(s) => {
-                if crate::cluster::peers::is_transport_failure(&s) {
+                if is_transport_failure(&s) {
                     self.cluster.peers.reset(&url);
                 }
                 Err(classify(&s))
@@ -399,18 +409,13 @@ impl Node {
 
     /// etcd's request timeout: 5 s plus twice the election timeout.
     pub fn request_timeout(&self) -> Duration {
-        request_timeout(&self.config)
+        self.config.request_timeout()
     }
 
     /// A response header for `revision` (etcd fills cluster_id, member_id, revision and
     /// raft_term on every response).
     pub fn header(&self, revision: i64) -> ResponseHeader {
-        ResponseHeader {
-            cluster_id: self.cluster_id,
-            member_id: self.id,
-            revision,
-            raft_term: self.raft.metrics().borrow().current_term,
-        }
+        self.cluster.header(revision)
     }
 
     /// Keel's `Maintenance.Defragment`: writes every dirty page of the store (sled) to disk
@@ -487,7 +492,13 @@ impl Node {
     }
 }
 
-/// etcd's request timeout: 5 s plus twice the election timeout.
-fn request_timeout(config: &Config) -> Duration {
-    Duration::from_millis(5000 + 2 * config.election_timeout)
+/// The lease loop's [`runner::Proposer`]: proposes through the node without keeping it
+/// alive (the loop ends with the node's raft).
+pub struct NodeProposer(pub Weak<Node>);
+
+impl runner::Proposer for NodeProposer {
+    async fn propose(&self, req: raft_request::Request) -> Result<RaftResponse, EtcdError> {
+        let node = self.0.upgrade().ok_or(EtcdError::Stopped)?;
+        node.propose(req).await
+    }
 }

@@ -48,18 +48,19 @@ use crate::watch::WatchHub;
 #[cfg(test)]
 mod tests;
 
-/// The applied state could not be loaded from the store.
+/// The applied state could not be loaded from the store. (Messages carry their cause; none
+/// is chained as a `source`, so `{:#}` does not print it twice.)
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     /// sled failed.
-    #[error("apply: {0}")]
+    #[error(transparent)]
     Storage(#[from] sled::Error),
     /// The consistent index is unreadable.
     #[error(transparent)]
     Cindex(#[from] CindexError),
     /// The stored raft membership config does not decode.
     #[error("membership: {0}")]
-    Membership(#[source] bincode::Error),
+    Membership(bincode::Error),
     /// Stored member attributes are unreadable.
     #[error(transparent)]
     Attributes(#[from] MembershipError),

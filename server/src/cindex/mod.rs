@@ -28,15 +28,16 @@ use crate::backend::{Batch, schema};
 /// A raft log id (openraft's, with etcd's u64 member IDs), as stored in the index.
 pub type LogId = openraft::LogId<u64>;
 
-/// A stored consistent index that cannot be used.
+/// A stored consistent index that cannot be used. (Messages carry their cause; none is
+/// chained as a `source`, so `{:#}` does not print it twice.)
 #[derive(Debug, thiserror::Error)]
 pub enum CindexError {
     /// sled failed.
-    #[error("consistent index: {0}")]
+    #[error(transparent)]
     Storage(#[from] sled::Error),
     /// The stored value does not decode (a corrupt or foreign store).
     #[error("consistent index does not decode: {0}")]
-    Decode(#[from] bincode::Error),
+    Decode(bincode::Error),
     /// The stored value breaks an invariant of the module docs.
     #[error("consistent index {0:?} is corrupt: {1}")]
     Corrupt(ConsistentIndex, &'static str),
@@ -113,7 +114,7 @@ impl ConsistentIndex {
 pub fn load(tree: &sled::Tree) -> Result<ConsistentIndex, CindexError> {
     let ci: ConsistentIndex = match tree.get(schema::CONSISTENT_INDEX)? {
         None => return Ok(ConsistentIndex::default()),
-        Some(v) => bincode::deserialize(&v)?,
+        Some(v) => bincode::deserialize(&v).map_err(CindexError::Decode)?,
     };
     match ci.violation() {
         Some(why) => Err(CindexError::Corrupt(ci, why)),

@@ -19,16 +19,30 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use keel_proto::keelpb::ClusterInfoRequest;
 
-use super::peers::Peers;
 use crate::backend::{Backend, schema};
-use crate::config::{Config, split_urls};
 use crate::membership::{self, InitialMember};
+use crate::raft::Peers;
 use crate::raft::types::{MemberNode, NodeId};
 
 /// How long a joining member keeps asking its peers for the cluster.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(15);
 /// Deadline of one `ClusterInfo` call.
 const DISCOVERY_RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The flags that decide a member's identity at its first start (etcd's names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flags {
+    /// `--name`.
+    pub name: String,
+    /// `--initial-cluster`: `name=peer-url,...`.
+    pub initial_cluster: String,
+    /// `--initial-advertise-peer-urls`, one URL per element.
+    pub advertise_peer_urls: Vec<String>,
+    /// `--initial-cluster-token`: member and cluster IDs derive from it.
+    pub token: String,
+    /// `--initial-cluster-state new` (`false`: `existing`).
+    pub new_cluster: bool,
+}
 
 /// The result of [`identify`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,15 +61,11 @@ pub struct Identity {
 /// Errors: `--initial-cluster` lacks this member or disagrees with
 /// `--initial-advertise-peer-urls`; with `existing`, no peer answers within 15 s or the
 /// cluster has no member with this member's peer URLs; sled I/O.
-pub async fn identify(
-    config: &Config,
-    backend: &Backend,
-    peers: &Peers,
-) -> anyhow::Result<Identity> {
+pub async fn identify(flags: &Flags, backend: &Backend, peers: &Peers) -> anyhow::Result<Identity> {
     let initial =
-        membership::parse_initial_cluster(&config.initial_cluster).map_err(anyhow::Error::msg)?;
-    let my_urls = own_peer_urls(config, &initial)?;
-    let token = &config.initial_cluster_token;
+        membership::parse_initial_cluster(&flags.initial_cluster).map_err(anyhow::Error::msg)?;
+    let my_urls = own_peer_urls(flags, &initial)?;
+    let token = &flags.token;
     let initial_members: BTreeMap<NodeId, MemberNode> = initial
         .iter()
         .map(|m| {
@@ -66,7 +76,7 @@ pub async fn identify(
             (membership::member_id(&m.peer_urls, token), node)
         })
         .collect();
-    let is_new = config.initial_cluster_state == "new";
+    let is_new = flags.new_cluster;
 
     let (local, tree) = (backend.local()?, backend.tree());
     let stored_id = read_u64(&local, schema::MEMBER_ID)?;
@@ -82,7 +92,7 @@ pub async fn identify(
                 membership::cluster_id(&ids),
             )
         }
-        _ => discover(&initial, &config.name, &my_urls, peers).await?,
+        _ => discover(&initial, &flags.name, &my_urls, peers).await?,
     };
     local.insert(schema::MEMBER_ID, &id.to_be_bytes())?;
     tree.insert(schema::CLUSTER_ID, &cluster_id.to_be_bytes())?;
@@ -95,19 +105,19 @@ pub async fn identify(
 }
 
 /// This member's peer URLs, checked against its `--initial-cluster` entry.
-fn own_peer_urls(config: &Config, initial: &[InitialMember]) -> anyhow::Result<Vec<String>> {
-    let my_urls = split_urls(&config.initial_advertise_peer_urls);
+fn own_peer_urls(flags: &Flags, initial: &[InitialMember]) -> anyhow::Result<Vec<String>> {
+    let my_urls = flags.advertise_peer_urls.clone();
     let me = initial
         .iter()
-        .find(|m| m.name == config.name)
-        .with_context(|| format!("--initial-cluster has no member named {:?}", config.name))?;
+        .find(|m| m.name == flags.name)
+        .with_context(|| format!("--initial-cluster has no member named {:?}", flags.name))?;
     let (mut listed, mut advertised) = (me.peer_urls.clone(), my_urls.clone());
     listed.sort();
     advertised.sort();
     if listed != advertised {
         bail!(
             "--initial-cluster has {}={:?} but --initial-advertise-peer-urls is {:?}",
-            config.name,
+            flags.name,
             me.peer_urls,
             my_urls
         );
@@ -194,19 +204,19 @@ fn read_u64(tree: &sled::Tree, key: &[u8]) -> anyhow::Result<Option<u64>> {
 mod tests {
     use super::*;
 
-    fn config(name: &str, state: &str) -> Config {
+    fn flags(name: &str, state: &str) -> Flags {
         let port = match name {
             "a" => 1,
             "b" => 2,
             _ => 3,
         };
-        Config {
+        Flags {
             name: name.into(),
             initial_cluster: "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3"
                 .into(),
-            initial_advertise_peer_urls: format!("http://127.0.0.1:{port}"),
-            initial_cluster_state: state.into(),
-            ..Config::default()
+            advertise_peer_urls: vec![format!("http://127.0.0.1:{port}")],
+            token: "etcd-cluster".into(),
+            new_cluster: state == "new",
         }
     }
 
@@ -220,7 +230,7 @@ mod tests {
         let mut seen = Vec::new();
         for name in ["a", "b", "c"] {
             let backend = backend();
-            let ident = identify(&config(name, "new"), &backend, &peers)
+            let ident = identify(&flags(name, "new"), &backend, &peers)
                 .await
                 .unwrap();
             let members = ident.initial_members.clone().unwrap();
@@ -228,8 +238,8 @@ mod tests {
             assert!(members.contains_key(&ident.id));
             seen.push(ident.clone());
             // A restart with other flags keeps the stored identity.
-            let mut changed = config(name, "new");
-            changed.initial_cluster_token = "other".into();
+            let mut changed = flags(name, "new");
+            changed.token = "other".into();
             let again = identify(&changed, &backend, &peers).await.unwrap();
             assert_eq!((again.id, again.cluster_id), (ident.id, ident.cluster_id));
         }
@@ -250,14 +260,14 @@ mod tests {
     #[tokio::test]
     async fn flags_that_do_not_describe_this_member_are_refused() {
         let backend = backend();
-        let mut c = config("a", "new");
-        c.initial_advertise_peer_urls = "http://127.0.0.1:9".into();
+        let mut c = flags("a", "new");
+        c.advertise_peer_urls = vec!["http://127.0.0.1:9".into()];
         let err = identify(&c, &backend, &Peers::default()).await.unwrap_err();
         assert!(
             err.to_string().contains("--initial-advertise-peer-urls"),
             "{err}"
         );
-        let mut c = config("a", "new");
+        let mut c = flags("a", "new");
         c.name = "z".into();
         let err = identify(&c, &backend, &Peers::default()).await.unwrap_err();
         assert!(err.to_string().contains("no member named"), "{err}");

@@ -1,8 +1,6 @@
 //! Running as one member of a multi-member cluster, on the same code path as a single member
 //! (docs/raft.md):
 //!
-//! - [`peers`] — pooled connections to peer URLs and their health;
-//! - [`dial_override`] — `--experimental-peer-dial-override`: dial a proxy instead of a peer;
 //! - [`bootstrap`] — member and cluster IDs from `--initial-cluster*`, joining with `existing`;
 //! - [`timing`] — openraft timers from etcd's heartbeat and election timeout;
 //! - [`read_index`] (+ [`batch`]) — linearizable reads on any member, batched;
@@ -11,13 +9,13 @@
 //! - [`removal`] — ClusterInfo for peers and stopping after this member was removed;
 //! - [`watchdog`] — an election backstop for members openraft holds back.
 //!
-//! [`Cluster`] bundles the per-member state these need; the node owns one.
+//! Peer connections are raft's transport (`raft::peers`, `raft::dial_override`). [`Cluster`]
+//! bundles the handles and per-member state these need; the node owns one, and nothing here
+//! sees the node itself.
 
 pub mod batch;
 pub mod bootstrap;
-pub mod dial_override;
 pub mod members;
-pub mod peers;
 pub mod read_index;
 pub mod reconfig;
 pub mod removal;
@@ -28,12 +26,59 @@ pub mod watchdog;
 use std::sync::Arc;
 use std::time::Duration;
 
+use keel_proto::etcdserverpb::ResponseHeader;
+
+use crate::membership::Attributes;
+use crate::mvcc::SharedStore;
+use crate::raft::Peers;
 use crate::raft::types::{NodeId, Raft};
+
+pub use read_index::ReadPath;
+pub use timing::RaftTimers;
+pub use transfer::TransferGate;
+
+/// The handles of one member that the cluster layer works with.
+pub struct Handles {
+    /// This member's ID.
+    pub id: NodeId,
+    /// The cluster ID.
+    pub cluster_id: u64,
+    /// The raft handle.
+    pub raft: Raft,
+    /// Connections to the other members.
+    pub peers: Arc<Peers>,
+    /// Published member attributes (etcd's "started" members, names, client URLs).
+    pub attributes: Arc<Attributes>,
+    /// The current MVCC store (response headers carry its revision).
+    pub store: Arc<SharedStore>,
+    /// openraft's timers.
+    pub timers: RaftTimers,
+    /// etcd's `--election-timeout`.
+    pub election_timeout: Duration,
+    /// etcd's request timeout: bounds every wait.
+    pub request_timeout: Duration,
+}
 
 /// The cluster-facing state of one member.
 pub struct Cluster {
+    /// This member's ID.
+    pub id: NodeId,
+    /// The cluster ID.
+    pub cluster_id: u64,
+    /// The raft handle.
+    pub raft: Raft,
     /// Connections to the other members.
     pub peers: Arc<Peers>,
+    /// Published member attributes.
+    pub attributes: Arc<Attributes>,
+    /// The current MVCC store.
+    pub store: Arc<SharedStore>,
+    /// openraft's timers.
+    pub timers: RaftTimers,
+    /// etcd's `--election-timeout`.
+    pub election_timeout: Duration,
+    /// etcd's request timeout.
+    pub request_timeout: Duration,
     /// Holds client work on the leader during a leadership transfer.
     pub gate: TransferGate,
     /// The linearizable read path.
@@ -44,18 +89,38 @@ pub struct Cluster {
     reconfig: tokio::sync::Mutex<()>,
 }
 
-pub use peers::Peers;
-pub use read_index::ReadPath;
-pub use transfer::TransferGate;
-
 impl Cluster {
-    /// The cluster state of member `id`, sending through `peers`; waits are bounded by
-    /// `request_timeout`.
-    pub fn new(id: NodeId, raft: Raft, peers: Arc<Peers>, request_timeout: Duration) -> Cluster {
+    /// The cluster state of the member with `handles`.
+    pub fn new(handles: Handles) -> Cluster {
+        let Handles {
+            id,
+            cluster_id,
+            raft,
+            peers,
+            attributes,
+            store,
+            timers,
+            election_timeout,
+            request_timeout,
+        } = handles;
         let gate = TransferGate::default();
         Cluster {
-            reads: ReadPath::new(id, raft, peers.clone(), gate.clone(), request_timeout),
+            reads: ReadPath::new(
+                id,
+                raft.clone(),
+                peers.clone(),
+                gate.clone(),
+                request_timeout,
+            ),
+            id,
+            cluster_id,
+            raft,
             peers,
+            attributes,
+            store,
+            timers,
+            election_timeout,
+            request_timeout,
             gate,
             leader_contact: watchdog::LeaderContact::default(),
             reconfig: tokio::sync::Mutex::new(()),
@@ -66,5 +131,21 @@ impl Cluster {
     /// component's lock).
     pub async fn reconfig_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.reconfig.lock().await
+    }
+
+    /// A response header for `revision` (etcd fills cluster_id, member_id, revision and
+    /// raft_term on every response).
+    pub fn header(&self, revision: i64) -> ResponseHeader {
+        ResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: self.id,
+            revision,
+            raft_term: self.raft.metrics().borrow().current_term,
+        }
+    }
+
+    /// Whether this member is raft leader now.
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.id)
     }
 }

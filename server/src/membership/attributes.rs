@@ -16,15 +16,15 @@ use crate::backend::{Batch, schema};
 #[derive(Debug, thiserror::Error)]
 pub enum MembershipError {
     /// sled failed.
-    #[error("member attributes: {0}")]
+    #[error(transparent)]
     Storage(#[from] sled::Error),
     /// A stored value does not decode (a corrupt or foreign store).
-    #[error("member attributes {key}: {source}")]
+    #[error("member attributes {key}: {error}")]
     Decode {
         /// The sled key, escaped for display.
         key: String,
         /// What prost said.
-        source: prost::DecodeError,
+        error: prost::DecodeError,
     },
 }
 
@@ -43,9 +43,9 @@ impl Attributes {
         for kv in tree.scan_prefix(schema::MEMBER_ATTRIBUTES_PREFIX) {
             let (k, v) = kv?;
             let a =
-                MemberAttributes::decode(v.as_ref()).map_err(|source| MembershipError::Decode {
+                MemberAttributes::decode(v.as_ref()).map_err(|error| MembershipError::Decode {
                     key: k.escape_ascii().to_string(),
-                    source,
+                    error,
                 })?;
             by_member.insert(a.member_id, a);
         }
