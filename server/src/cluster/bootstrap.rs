@@ -62,8 +62,7 @@ pub struct Identity {
 /// `--initial-advertise-peer-urls`; with `existing`, no peer answers within 15 s or the
 /// cluster has no member with this member's peer URLs; sled I/O.
 pub async fn identify(flags: &Flags, backend: &Backend, peers: &Peers) -> anyhow::Result<Identity> {
-    let initial =
-        membership::parse_initial_cluster(&flags.initial_cluster).map_err(anyhow::Error::msg)?;
+    let initial = membership::parse_initial_cluster(&flags.initial_cluster)?;
     let my_urls = own_peer_urls(flags, &initial)?;
     let token = &flags.token;
     let initial_members: BTreeMap<NodeId, MemberNode> = initial

@@ -8,4 +8,4 @@ mod attributes;
 mod ids;
 
 pub use attributes::{Attributes, MembershipError};
-pub use ids::{InitialMember, cluster_id, member_id, parse_initial_cluster};
+pub use ids::{InitialClusterError, InitialMember, cluster_id, member_id, parse_initial_cluster};
