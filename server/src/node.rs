@@ -17,7 +17,7 @@ use prost::Message;
 use crate::apply::Applier;
 use crate::backend::Backend;
 use crate::cluster::bootstrap::{self, Identity};
-use crate::cluster::{Cluster, Handles, timing};
+use crate::cluster::{Cluster, timing};
 use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
 use crate::lease::runner::{self, RunnerConfig};
@@ -162,17 +162,15 @@ impl Node {
             }
         }
 
-        let cluster = Arc::new(Cluster::new(Handles {
+        let cluster = Arc::new(Cluster::new(
             id,
             cluster_id,
-            raft: raft.clone(),
+            raft.clone(),
             peers,
-            attributes: attributes.clone(),
-            store: shared.clone(),
-            timers,
-            election_timeout: Duration::from_millis(config.election_timeout),
-            request_timeout: config.request_timeout(),
-        }));
+            attributes.clone(),
+            shared.clone(),
+            config.timing(),
+        ));
         let node = Arc::new(Node {
             id,
             cluster_id,

@@ -24,7 +24,6 @@ pub mod transfer;
 pub mod watchdog;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use keel_proto::etcdserverpb::ResponseHeader;
 
@@ -34,32 +33,12 @@ use crate::raft::Peers;
 use crate::raft::types::{NodeId, Raft};
 
 pub use read_index::ReadPath;
-pub use timing::RaftTimers;
+pub use timing::{RaftTimers, Timing};
 pub use transfer::TransferGate;
 
-/// The handles of one member that the cluster layer works with.
-pub struct Handles {
-    /// This member's ID.
-    pub id: NodeId,
-    /// The cluster ID.
-    pub cluster_id: u64,
-    /// The raft handle.
-    pub raft: Raft,
-    /// Connections to the other members.
-    pub peers: Arc<Peers>,
-    /// Published member attributes (etcd's "started" members, names, client URLs).
-    pub attributes: Arc<Attributes>,
-    /// The current MVCC store (response headers carry its revision).
-    pub store: Arc<SharedStore>,
-    /// openraft's timers.
-    pub timers: RaftTimers,
-    /// etcd's `--election-timeout`.
-    pub election_timeout: Duration,
-    /// etcd's request timeout: bounds every wait.
-    pub request_timeout: Duration,
-}
-
-/// The cluster-facing state of one member.
+/// The cluster-facing state of one member: the handles the cluster layer works with, and
+/// its own state (transfer gate, read path, leader contact, reconfiguration lock). The node
+/// builds it with [`Cluster::new`].
 pub struct Cluster {
     /// This member's ID.
     pub id: NodeId,
@@ -71,14 +50,10 @@ pub struct Cluster {
     pub peers: Arc<Peers>,
     /// Published member attributes.
     pub attributes: Arc<Attributes>,
-    /// The current MVCC store.
+    /// The current MVCC store (response headers carry its revision).
     pub store: Arc<SharedStore>,
-    /// openraft's timers.
-    pub timers: RaftTimers,
-    /// etcd's `--election-timeout`.
-    pub election_timeout: Duration,
-    /// etcd's request timeout.
-    pub request_timeout: Duration,
+    /// Timers and timeouts.
+    pub timing: Timing,
     /// Holds client work on the leader during a leadership transfer.
     pub gate: TransferGate,
     /// The linearizable read path.
@@ -90,19 +65,17 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// The cluster state of the member with `handles`.
-    pub fn new(handles: Handles) -> Cluster {
-        let Handles {
-            id,
-            cluster_id,
-            raft,
-            peers,
-            attributes,
-            store,
-            timers,
-            election_timeout,
-            request_timeout,
-        } = handles;
+    /// The cluster state of member `id` of cluster `cluster_id`, with a fresh transfer gate,
+    /// read path, leader contact and reconfiguration lock.
+    pub fn new(
+        id: NodeId,
+        cluster_id: u64,
+        raft: Raft,
+        peers: Arc<Peers>,
+        attributes: Arc<Attributes>,
+        store: Arc<SharedStore>,
+        timing: Timing,
+    ) -> Cluster {
         let gate = TransferGate::default();
         Cluster {
             reads: ReadPath::new(
@@ -110,7 +83,7 @@ impl Cluster {
                 raft.clone(),
                 peers.clone(),
                 gate.clone(),
-                request_timeout,
+                timing.request_timeout,
             ),
             id,
             cluster_id,
@@ -118,9 +91,7 @@ impl Cluster {
             peers,
             attributes,
             store,
-            timers,
-            election_timeout,
-            request_timeout,
+            timing,
             gate,
             leader_contact: watchdog::LeaderContact::default(),
             reconfig: tokio::sync::Mutex::new(()),

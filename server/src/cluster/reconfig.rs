@@ -317,7 +317,7 @@ where
     R: Fn(PeerClient<Channel>, Duration) -> RF,
     RF: Future<Output = std::result::Result<T, tonic::Status>>,
 {
-    let deadline = Instant::now() + cluster.request_timeout;
+    let deadline = Instant::now() + cluster.timing.request_timeout;
     loop {
         let (leader, url) = leader_url(&cluster.raft);
         let attempt = match (leader, url) {
@@ -393,7 +393,7 @@ async fn change(
     cluster: &Cluster,
     changes: ChangeMembers<NodeId, MemberNode>,
 ) -> Result<Membership<NodeId, MemberNode>> {
-    let deadline = Instant::now() + cluster.request_timeout;
+    let deadline = Instant::now() + cluster.timing.request_timeout;
     loop {
         match cluster.raft.change_membership(changes.clone(), false).await {
             Ok(resp) => {

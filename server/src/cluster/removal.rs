@@ -74,7 +74,7 @@ pub async fn cluster_info(cluster: &Cluster, _req: ClusterInfoRequest) -> Cluste
 /// Watches for this member's removal and resolves once it happened (after a short grace
 /// period). Runs until then; cancel it by dropping the future.
 pub async fn removed(cluster: &Cluster) {
-    let orphan_after = cluster.election_timeout * ORPHAN_AFTER;
+    let orphan_after = cluster.timing.election_timeout * ORPHAN_AFTER;
     let mut was_member = false;
     let mut leader_seen = Instant::now();
     loop {

@@ -194,7 +194,7 @@ impl Transfer<'_> {
 ///
 /// Errors: `NotLeader`, `BadLeaderTransferee`, `TimeoutLeaderTransfer`.
 pub async fn move_leader(cluster: &Cluster, target: NodeId) -> Result<(), EtcdError> {
-    let timers = cluster.timers;
+    let timers = cluster.timing.raft;
     let transfer = Transfer {
         id: cluster.id,
         raft: &cluster.raft,
@@ -206,7 +206,7 @@ pub async fn move_leader(cluster: &Cluster, target: NodeId) -> Result<(), EtcdEr
                 .heartbeat_interval
                 .min(timers.election_timeout_min / 4),
         ),
-        timeout: cluster.request_timeout,
+        timeout: cluster.timing.request_timeout,
     };
     let started = Instant::now();
     let result = transfer.run(target).await;

@@ -106,7 +106,7 @@ pub async fn run(cluster: Weak<Cluster>) {
             .map_or(0, |d| d.as_nanos() as u64);
         (
             c.id ^ nanos ^ (u64::from(std::process::id()) << 32),
-            c.timers,
+            c.timing.raft,
         )
     };
     let mut jitter = Jitter::new(seed);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{Config, GRPC_OVERHEAD_BYTES, split_urls};
 use crate::cluster::bootstrap;
-use crate::cluster::timing::{self, RaftTimers};
+use crate::cluster::timing::{self, RaftTimers, Timing};
 use crate::lease::PrimaryConfig;
 use crate::lease::runner::{
     DEFAULT_CHECKPOINT_BATCH, DEFAULT_EXPIRE_BATCH, DEFAULT_MAX_IN_FLIGHT, RunnerConfig,
@@ -21,6 +21,15 @@ impl Config {
     /// openraft's timers for `--heartbeat-interval` and `--election-timeout`.
     pub fn raft_timers(&self) -> RaftTimers {
         timing::raft_timers(self.heartbeat_interval, self.election_timeout)
+    }
+
+    /// The cluster layer's timers and timeouts.
+    pub fn timing(&self) -> Timing {
+        Timing {
+            raft: self.raft_timers(),
+            election_timeout: Duration::from_millis(self.election_timeout),
+            request_timeout: self.request_timeout(),
+        }
     }
 }
 
