@@ -38,6 +38,7 @@ use openraft::{EntryPayload, StorageIOError, StoredMembership};
 use crate::backend::{Batch, schema};
 use crate::cindex::{self, CindexError, ConsistentIndex};
 use crate::error::EtcdError;
+use crate::lease::record::RecordError;
 use crate::lease::{ApplyOutcome, Lessor};
 use crate::membership::{Attributes, MembershipError};
 use crate::mvcc::{MvccError, MvccStore, SharedStore};
@@ -68,8 +69,8 @@ pub enum ApplyError {
     #[error(transparent)]
     Mvcc(#[from] MvccError),
     /// The lease records are unreadable.
-    #[error("{0}")]
-    Lease(String),
+    #[error(transparent)]
+    Lease(#[from] RecordError),
 }
 
 /// Applies committed entries to the store. Owned by the raft state machine: exactly one
@@ -407,9 +408,7 @@ fn load(
         Some(v) => bincode::deserialize(&v).map_err(ApplyError::Membership)?,
         None => StoredMembership::default(),
     };
-    lessor
-        .load(tree, store.leased_keys())
-        .map_err(|e| ApplyError::Lease(e.to_string()))?;
+    lessor.load(tree, store.leased_keys())?;
     Ok((ci, membership))
 }
 
