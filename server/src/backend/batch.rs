@@ -6,9 +6,10 @@
 //! and after the batch, and each roll writes the buffer with `sync_file_range(WAIT_AFTER)`
 //! (sled 0.34 `pin_log`, `write_to_log`). One sled batch per request therefore cost two
 //! synchronous disk writes per put and capped a member at about 1,200 puts/s
-//! (docs/benchmarks.md, "apply group commit"). Durability does not need any of it: the raft
-//! WAL holds every entry and the consistent index, committed in the same batch, tells a
-//! restarted member where to resume, so a group is exactly as safe as one request.
+//! (docs/benchmarks.md, "Finding 1: sled syncs its log twice per `apply_batch`"). Durability
+//! does not need any of it: the raft WAL holds every entry and the consistent index,
+//! committed in the same batch, tells a restarted member where to resume, so a group is
+//! exactly as safe as one request.
 
 use sled::IVec;
 
