@@ -107,14 +107,16 @@ impl Node {
             tokio::task::block_in_place(|| MvccStore::open(tree.clone()))
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,
         );
-        let attributes = Arc::new(Attributes::load(&tree)?);
+        // Message-only errors (`{e}`): the text names the cause once, as before.
+        let attributes = Arc::new(Attributes::load(&tree).map_err(|e| anyhow::anyhow!("{e}"))?);
         let lessor = Arc::new(Lessor::new());
         let mut applier = Applier::open_with_lessor(
             tree.clone(),
             store.clone(),
             attributes.clone(),
             lessor.clone(),
-        )?;
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
         let shared: Arc<SharedStore> = applier.shared_store().clone();
         let watch = WatchHub::new(
             Arc::new(StoreHistory(shared.clone())),

@@ -61,11 +61,6 @@ async fn pause(node: &Node, deadline: Instant) -> Result<(), EtcdError> {
     Ok(())
 }
 
-/// Whether this member is raft leader now.
-fn leads(node: &Node) -> bool {
-    node.cluster.is_leader()
-}
-
 /// Renews lease `id` and returns its TTL in seconds, 0 if the lease does not exist or has
 /// expired (etcd `LeaseKeepAlive`). See the module docs.
 ///
@@ -111,7 +106,7 @@ pub async fn renew_local(node: &Node, id: LeaseId, deadline: Instant) -> Result<
                 return Ok(ttl);
             }
             Renewal::NotFound => return Ok(0),
-            Renewal::NotPrimary if !leads(node) => return Err(EtcdError::NotLeader),
+            Renewal::NotPrimary if !node.cluster.is_leader() => return Err(EtcdError::NotLeader),
             Renewal::NotPrimary | Renewal::Expired => {}
         }
         // Expired (its revocation is pending) or elected but not yet primary: wait for the
@@ -207,7 +202,7 @@ pub async fn time_to_live_local(
     req: &LeaseTimeToLiveRequest,
     deadline: Instant,
 ) -> Result<LeaseTimeToLiveResponse, EtcdError> {
-    if !leads(node) {
+    if !node.cluster.is_leader() {
         return Err(EtcdError::NotLeader);
     }
     node.read_barrier().await?;
@@ -232,7 +227,7 @@ pub async fn time_to_live_local(
                 });
             }
             Remaining::NotFound => return Ok(not_found),
-            Remaining::NotPrimary if !leads(node) => return Err(EtcdError::NotLeader),
+            Remaining::NotPrimary if !node.cluster.is_leader() => return Err(EtcdError::NotLeader),
             Remaining::NotPrimary => {}
         }
         // Elected but the schedule is not built yet.

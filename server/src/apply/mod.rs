@@ -49,8 +49,9 @@ use crate::watch::WatchHub;
 #[cfg(test)]
 mod tests;
 
-/// The applied state could not be loaded from the store. (Messages carry their cause; none
-/// is chained as a `source`, so `{:#}` does not print it twice.)
+/// The applied state could not be loaded from the store: fatal, the member does not start.
+/// (Not `keelpb::ApplyError`, the etcd error a response carries. Messages carry their cause;
+/// none is chained as a `source`, so `{:#}` does not print it twice.)
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     /// sled failed.
