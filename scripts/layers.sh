@@ -6,7 +6,7 @@
 #   scripts/layers.sh [REPO_DIR]
 #
 # Ranks follow the module diagram of docs/architecture.md (higher = above); error.rs and
-# failpoint.rs are leaves every layer may use. Test files (`tests*`, `*_test.rs`,
+# failpoint.rs are leaves every layer may use. Test files (`tests*`, `*_test.rs`, `*_test/`,
 # `test_support.rs`) and a file's trailing `#[cfg(test)] mod tests { ... }` block are skipped:
 # tests may wire components from above the module they test.
 set -euo pipefail
@@ -16,7 +16,7 @@ declare -A rank=([main]=99 [lib]=99 [api]=90 [node]=80 [config]=75 [qos]=70 [clu
   [backend]=20 [wal]=15 [error]=1 [failpoint]=1)
 found=0
 while IFS= read -r f; do
-  case "$f" in *tests*|*_test.rs|*test_support.rs) continue ;; esac
+  case "$f" in *tests*|*_test.rs|*_test/*|*test_support.rs) continue ;; esac
   from=$(echo "$f" | cut -d/ -f2 | sed 's/\.rs$//')
   # `super::x` names a top-level module in `a.rs` and `a/mod.rs`, `super::super::x` in `a/b.rs`.
   depth=$(echo "$f" | tr -cd / | wc -c)
