@@ -26,11 +26,12 @@ pub mod watchdog;
 use std::sync::Arc;
 
 use keel_proto::etcdserverpb::ResponseHeader;
+use openraft::Membership;
 
 use crate::membership::Attributes;
 use crate::mvcc::SharedStore;
 use crate::raft::Peers;
-use crate::raft::types::{NodeId, Raft};
+use crate::raft::types::{MemberNode, NodeId, Raft};
 
 pub use read_index::ReadPath;
 pub use timing::{RaftTimers, Timing};
@@ -113,6 +114,16 @@ impl Cluster {
             revision,
             raft_term: self.raft.metrics().borrow().current_term,
         }
+    }
+
+    /// The effective raft membership config, as raft's metrics report it now.
+    pub fn membership(&self) -> Membership<NodeId, MemberNode> {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .clone()
     }
 
     /// Whether this member is raft leader now.

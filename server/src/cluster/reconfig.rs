@@ -397,15 +397,7 @@ async fn change(
     loop {
         match cluster.raft.change_membership(changes.clone(), false).await {
             Ok(resp) => {
-                return Ok(resp.membership.unwrap_or_else(|| {
-                    cluster
-                        .raft
-                        .metrics()
-                        .borrow()
-                        .membership_config
-                        .membership()
-                        .clone()
-                }));
+                return Ok(resp.membership.unwrap_or_else(|| cluster.membership()));
             }
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
                 ChangeMembershipError::InProgress(_),
@@ -433,7 +425,5 @@ fn header(cluster: &Cluster) -> keel_proto::etcdserverpb::ResponseHeader {
 
 /// The etcd member list of this member's current (effective) membership.
 pub fn current_members(cluster: &Cluster) -> Vec<Member> {
-    let m = cluster.raft.metrics();
-    let membership = m.borrow().membership_config.membership().clone();
-    member_list(&membership, &cluster.attributes)
+    member_list(&cluster.membership(), &cluster.attributes)
 }

@@ -50,18 +50,9 @@ async fn committed_membership(
 /// Answers `ClusterInfo`: the cluster ID, this member's ID, its committed members and their
 /// log index, and the leader it follows.
 pub async fn cluster_info(cluster: &Cluster, _req: ClusterInfoRequest) -> ClusterInfoResponse {
-    let (log_id, membership) = committed_membership(cluster).await.unwrap_or_else(|| {
-        (
-            None,
-            cluster
-                .raft
-                .metrics()
-                .borrow()
-                .membership_config
-                .membership()
-                .clone(),
-        )
-    });
+    let (log_id, membership) = committed_membership(cluster)
+        .await
+        .unwrap_or_else(|| (None, cluster.membership()));
     ClusterInfoResponse {
         cluster_id: cluster.cluster_id,
         member_id: cluster.id,

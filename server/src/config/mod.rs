@@ -267,12 +267,8 @@ mod tests {
         assert_eq!(c.listen_client_urls, "http://127.0.0.1:9");
         assert_eq!(c.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
         std::fs::write(&p, "max-txn-ops: [").unwrap();
-        assert!(
-            Config::from_yaml_file(&p)
-                .unwrap_err()
-                .to_string()
-                .contains("invalid --config-file")
-        );
+        let err = Config::from_yaml_file(&p).unwrap_err().to_string();
+        assert!(err.contains("invalid --config-file"), "{err}");
     }
 
     #[test]
