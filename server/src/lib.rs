@@ -1,11 +1,13 @@
 //! Keel member library: an etcd-v3-compatible, raft-replicated MVCC key-value store.
 //!
-//! The module tree is the architecture (see `docs/` and `../shared/DESIGN.md`):
-//! `wal` → `raft` → `apply` (+ `cindex`) → `mvcc`, with `api` in front and `node` wiring a
-//! member together.
+//! The module tree is the architecture (`docs/architecture.md`, `../shared/DESIGN.md`). From
+//! the top: `api` → `node` (wires a member) → `config` → `cluster` → `apply` → `membership` →
+//! `lease` → `watch` → `raft` → `cindex` → `mvcc` → `backend` → `wal`; a module uses only the
+//! modules after it (`scripts/layers.sh` checks), plus the shared `error` and `failpoint`.
 
 pub mod api;
 pub mod apply;
+pub mod backend;
 pub mod cindex;
 pub mod cluster;
 pub mod config;

@@ -107,7 +107,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let result = tokio::select! {
         _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); Ok(()) }
         _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: shutting down"); Ok(()) }
-        _ = keel_server::cluster::removal::removed(&node) => {
+        _ = keel_server::cluster::removal::removed(&node.cluster) => {
             Err(anyhow::anyhow!("the member has been permanently removed from the cluster"))
         }
         Some(res) = servers.join_next() => match res {

@@ -15,17 +15,20 @@ use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 
 use crate::apply::Applier;
+use crate::backend::Backend;
 use crate::cluster::bootstrap::{self, Identity};
-use crate::cluster::peers::{PeerFailure, classify};
-use crate::cluster::{Cluster, Peers, timing};
+use crate::cluster::{Cluster, timing};
 use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
-use crate::lease::{self, Lessor, id::LeaseIdGenerator};
+use crate::lease::runner::{self, RunnerConfig};
+use crate::lease::{Lessor, id::LeaseIdGenerator};
 use crate::membership::Attributes;
-use crate::mvcc::MvccStore;
+use crate::mvcc::{MvccStore, SharedStore};
+use crate::raft::dial_override;
+use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, into_result};
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
-use crate::raft::{LogStore, PeerNetwork, SharedStore, StateMachine};
+use crate::raft::{LogStore, PeerNetwork, StateMachine};
 use crate::wal::{Wal, WalOptions};
 use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 
@@ -35,9 +38,6 @@ pub const FORWARD_LOG_INDEX: &str = "keel-log-index";
 
 /// Pause before re-sending a proposal that could not reach the leader.
 const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
-
-/// sled tree holding all member state (MVCC, consistent index, membership, ...).
-const TREE: &str = "keel";
 
 /// A running member.
 pub struct Node {
@@ -60,8 +60,8 @@ pub struct Node {
     /// The watchable store: every watcher of every stream on this member.
     pub watch: Arc<WatchHub>,
     /// Peer connections, the read path, leadership transfer and membership changes.
-    pub cluster: Cluster,
-    db: sled::Db,
+    pub cluster: Arc<Cluster>,
+    backend: Backend,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
     next_request_id: AtomicU64,
@@ -89,30 +89,26 @@ impl Node {
             tokio::task::block_in_place(|| Wal::open(&wal_dir, WalOptions::default()))
                 .with_context(|| format!("cannot open WAL in {}", wal_dir.display()))?,
         );
-        let db = sled::Config::new()
-            .path(&db_dir)
-            .cache_capacity(256 * 1024 * 1024)
-            .open()
+        let backend = Backend::open(&db_dir)
             .with_context(|| format!("cannot open store in {}", db_dir.display()))?;
-        let tree = db.open_tree(TREE)?;
+        let tree = backend.tree().clone();
 
         // Member and cluster IDs: derived from the flags (`new`), asked from the cluster
         // (`existing`), or as stored by an earlier start.
-        let overrides =
-            crate::cluster::dial_override::parse(&config.experimental_peer_dial_override)
-                .map_err(anyhow::Error::msg)?;
+        let overrides = dial_override::parse(&config.experimental_peer_dial_override)?;
         let peers = Arc::new(Peers::with_dial_overrides(overrides));
         let Identity {
             id,
             cluster_id,
             initial_members,
-        } = bootstrap::identify(&config, &db, &tree, &peers).await?;
+        } = bootstrap::identify(&bootstrap::Flags::from_config(&config), &backend, &peers).await?;
 
         let store = Arc::new(
             tokio::task::block_in_place(|| MvccStore::open(tree.clone()))
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,
         );
-        let attributes = Arc::new(Attributes::load(&tree).map_err(anyhow::Error::msg)?);
+        // Message-only errors (`{e}`): the text names the cause once, as before.
+        let attributes = Arc::new(Attributes::load(&tree).map_err(|e| anyhow::anyhow!("{e}"))?);
         let lessor = Arc::new(Lessor::new());
         let mut applier = Applier::open_with_lessor(
             tree.clone(),
@@ -120,8 +116,8 @@ impl Node {
             attributes.clone(),
             lessor.clone(),
         )
-        .map_err(anyhow::Error::msg)?;
-        let shared = Arc::new(SharedStore::new(store));
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let shared: Arc<SharedStore> = applier.shared_store().clone();
         let watch = WatchHub::new(
             Arc::new(StoreHistory(shared.clone())),
             WatchConfig::from_config(&config),
@@ -130,9 +126,9 @@ impl Node {
             .spawn_sync_thread()
             .context("cannot start the watch sync thread")?;
         applier.set_watch_hub(watch.clone());
-        let sm = StateMachine::new(applier, shared.clone(), attributes.clone(), snap_dir);
+        let sm = StateMachine::new(applier, snap_dir);
 
-        let timers = timing::raft_timers(config.heartbeat_interval, config.election_timeout);
+        let timers = config.raft_timers();
         let raft_config = openraft::Config {
             cluster_name: config.initial_cluster_token.clone(),
             heartbeat_interval: timers.heartbeat_interval,
@@ -168,8 +164,15 @@ impl Node {
             }
         }
 
-        let request_timeout = request_timeout(&config);
-        let cluster = Cluster::new(id, raft.clone(), peers, request_timeout);
+        let cluster = Arc::new(Cluster::new(
+            id,
+            cluster_id,
+            raft.clone(),
+            peers,
+            attributes.clone(),
+            shared.clone(),
+            config.timing(),
+        ));
         let node = Arc::new(Node {
             id,
             cluster_id,
@@ -181,8 +184,8 @@ impl Node {
             lease_ids: LeaseIdGenerator::new(id),
             watch,
             cluster,
-            db_size: AtomicI64::new(db.size_on_disk().map_or(0, |b| b as i64)),
-            db,
+            db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
+            backend,
             next_request_id: AtomicU64::new(1),
             proposer: OnceLock::new(),
         });
@@ -197,12 +200,14 @@ impl Node {
             })
         })));
         node.clone().spawn_publish();
-        tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node), timers));
+        tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node.cluster)));
         node.clone().spawn_db_size_refresh();
-        lease::runner::spawn(
-            &node,
-            lease::runner::RunnerConfig::from_config(&node.config),
-        );
+        tokio::spawn(runner::run(
+            node.lessor.clone(),
+            Arc::new(NodeProposer(Arc::downgrade(&node))),
+            runner::leadership(node.raft.metrics(), node.id),
+            RunnerConfig::from_config(&node.config),
+        ));
         Ok(node)
     }
 
@@ -373,8 +378,7 @@ impl Node {
         deadline: tokio::time::Instant,
     ) -> Result<(RaftResponse, u64), PeerFailure> {
         let url = leader
-            .peer_urls
-            .first()
+            .peer_url()
             .cloned()
             .ok_or(PeerFailure::Answer(EtcdError::NoLeader))?;
         let mut client = self
@@ -395,7 +399,7 @@ impl Node {
                 Ok((r.into_inner(), index))
             }
             Err(s) => {
-                if crate::cluster::peers::is_transport_failure(&s) {
+                if is_transport_failure(&s) {
                     self.cluster.peers.reset(&url);
                 }
                 Err(classify(&s))
@@ -405,18 +409,13 @@ impl Node {
 
     /// etcd's request timeout: 5 s plus twice the election timeout.
     pub fn request_timeout(&self) -> Duration {
-        request_timeout(&self.config)
+        self.config.request_timeout()
     }
 
     /// A response header for `revision` (etcd fills cluster_id, member_id, revision and
     /// raft_term on every response).
     pub fn header(&self, revision: i64) -> ResponseHeader {
-        ResponseHeader {
-            cluster_id: self.cluster_id,
-            member_id: self.id,
-            revision,
-            raft_term: self.raft.metrics().borrow().current_term,
-        }
+        self.cluster.header(revision)
     }
 
     /// Keel's `Maintenance.Defragment`: writes every dirty page of the store (sled) to disk
@@ -425,11 +424,11 @@ impl Node {
     ///
     /// Errors: `Internal` with sled's I/O error.
     pub async fn defragment(&self) -> Result<usize, EtcdError> {
-        let db = self.db.clone();
+        let backend = self.backend.clone();
         tokio::task::spawn_blocking(move || {
             // Crash with the defragment accepted but the store not yet flushed.
             crate::failpoint::crash_point!("defrag_mid");
-            db.flush()
+            backend.flush()
         })
         .await
         .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
@@ -462,8 +461,10 @@ impl Node {
             loop {
                 tick.tick().await;
                 let Some(node) = weak.upgrade() else { return };
-                let db = node.db.clone();
-                if let Ok(Ok(size)) = tokio::task::spawn_blocking(move || db.size_on_disk()).await {
+                let backend = node.backend.clone();
+                if let Ok(Ok(size)) =
+                    tokio::task::spawn_blocking(move || backend.size_on_disk()).await
+                {
                     node.db_size.store(size as i64, Ordering::Relaxed);
                 }
             }
@@ -487,11 +488,17 @@ impl Node {
             "peer transport totals"
         );
         let _ = self.raft.shutdown().await;
-        let _ = self.db.flush_async().await;
+        let _ = self.backend.flush_async().await;
     }
 }
 
-/// etcd's request timeout: 5 s plus twice the election timeout.
-fn request_timeout(config: &Config) -> Duration {
-    Duration::from_millis(5000 + 2 * config.election_timeout)
+/// The lease loop's [`runner::Proposer`]: proposes through the node without keeping it
+/// alive (the loop ends with the node's raft).
+pub struct NodeProposer(pub Weak<Node>);
+
+impl runner::Proposer for NodeProposer {
+    async fn propose(&self, req: raft_request::Request) -> Result<RaftResponse, EtcdError> {
+        let node = self.0.upgrade().ok_or(EtcdError::Stopped)?;
+        node.propose(req).await
+    }
 }

@@ -29,7 +29,7 @@ impl ClusterService {
     /// Every member of the latest raft membership config, voters and learners, with the
     /// name and client URLs it published (empty until it has started, as in etcd).
     pub fn members(&self) -> Vec<Member> {
-        reconfig::current_members(&self.node)
+        reconfig::current_members(&self.node.cluster)
     }
 }
 
@@ -54,7 +54,7 @@ impl Cluster for ClusterService {
         request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
         Ok(Response::new(
-            reconfig::member_add(&self.node, request.into_inner()).await?,
+            reconfig::member_add(&self.node.cluster, request.into_inner()).await?,
         ))
     }
 
@@ -63,7 +63,7 @@ impl Cluster for ClusterService {
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
         Ok(Response::new(
-            reconfig::member_remove(&self.node, request.into_inner()).await?,
+            reconfig::member_remove(&self.node.cluster, request.into_inner()).await?,
         ))
     }
 
@@ -72,7 +72,7 @@ impl Cluster for ClusterService {
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
         Ok(Response::new(
-            reconfig::member_update(&self.node, request.into_inner()).await?,
+            reconfig::member_update(&self.node.cluster, request.into_inner()).await?,
         ))
     }
 
@@ -81,7 +81,7 @@ impl Cluster for ClusterService {
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
         Ok(Response::new(
-            reconfig::member_promote(&self.node, request.into_inner()).await?,
+            reconfig::member_promote(&self.node.cluster, request.into_inner()).await?,
         ))
     }
 }

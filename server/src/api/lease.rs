@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::lease_leader::{self, LeaderClient};
+use super::lease_leader;
 use crate::error::EtcdError;
 use crate::lease::{MAX_LEASE_TTL, NO_LEASE, min_lease_ttl};
 use crate::node::Node;
@@ -45,16 +45,12 @@ type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, 
 /// Lease service of one member.
 pub struct LeaseService {
     node: Arc<Node>,
-    leader: LeaderClient,
 }
 
 impl LeaseService {
     /// Serves lease requests through `node`.
     pub fn new(node: Arc<Node>) -> LeaseService {
-        LeaseService {
-            node,
-            leader: LeaderClient::default(),
-        }
+        LeaseService { node }
     }
 
     fn header_now(&self) -> keel_proto::etcdserverpb::ResponseHeader {
@@ -133,7 +129,6 @@ impl Lease for LeaseService {
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_BUFFER);
         let node = self.node.clone();
-        let leader = self.leader.clone();
         tokio::spawn(async move {
             // One response per request, in request order (etcd `leaseKeepAlive`); up to
             // KEEPALIVE_PIPELINE renewals of one stream run at once, so a follower's
@@ -144,12 +139,12 @@ impl Lease for LeaseService {
                 .filter_map(|r| std::future::ready(r.ok()));
             let replies = requests
                 .map(|req| {
-                    let (node, leader) = (node.clone(), leader.clone());
+                    let node = node.clone();
                     async move {
                         // The header is taken before renewing, so a client never sees a
                         // keepalive at a revision after the lease's revocation (as etcd).
                         let header = node.header(node.store.get().current_revision());
-                        let ttl = lease_leader::renew(&node, &leader, req.id).await?;
+                        let ttl = lease_leader::renew(&node, req.id).await?;
                         Ok(LeaseKeepAliveResponse {
                             header: Some(header),
                             id: req.id,
@@ -175,7 +170,7 @@ impl Lease for LeaseService {
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let req = request.into_inner();
-        let mut resp = lease_leader::time_to_live(&self.node, &self.leader, &req).await?;
+        let mut resp = lease_leader::time_to_live(&self.node, &req).await?;
         resp.header = Some(self.header_now());
         Ok(Response::new(resp))
     }

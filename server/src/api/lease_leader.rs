@@ -3,55 +3,27 @@
 //!
 //! On the leader they run against the local [`crate::lease::Lessor`]; on a follower they
 //! are forwarded to the leader over the peer protocol (`keelpb.Peer/LeaseRenew`,
-//! `LeaseTimeToLive`; etcd forwards both to the leader over HTTP the same way). A
+//! `LeaseTimeToLive`; etcd forwards both to the leader over HTTP the same way), on the
+//! member's pooled peer connection to the leader (`raft::peers`), like every peer RPC. A
 //! member that just won an election answers once its schedule is built (it has applied its
 //! term's first entry). Every wait is bounded by etcd's request timeout.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_proto::etcdserverpb::{
     LeaseCheckpoint, LeaseCheckpointRequest, LeaseKeepAliveRequest, LeaseTimeToLiveRequest,
     LeaseTimeToLiveResponse,
 };
-use keel_proto::keelpb::peer_client::PeerClient;
 use keel_proto::keelpb::raft_request::Request as Rq;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::error::EtcdError;
 use crate::lease::{LeaseId, Remaining, Renewal};
 use crate::node::Node;
-use crate::raft::types::NodeId;
+use crate::raft::peers::{is_transport_failure, leader_url};
 
 /// Longest pause between two attempts of a leader-only call.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
-
-/// A cached peer channel to the current leader (one HTTP/2 connection reused by every
-/// forwarded keepalive).
-#[derive(Clone, Default)]
-pub struct LeaderClient {
-    cached: Arc<Mutex<Option<CachedPeer>>>,
-}
-
-/// A leader's peer URL and a client on a channel to it.
-type CachedPeer = (String, PeerClient<Channel>);
-
-impl LeaderClient {
-    fn client(&self, url: &str) -> Result<PeerClient<Channel>, EtcdError> {
-        let mut cached = self.cached.lock().expect("leader client lock");
-        if let Some((_, c)) = cached.as_ref().filter(|(u, _)| u == url) {
-            return Ok(c.clone());
-        }
-        let channel = Endpoint::from_shared(url.to_string())
-            .map_err(|e| EtcdError::Internal(format!("bad leader peer URL {url}: {e}")))?
-            .tcp_nodelay(true)
-            .connect_lazy();
-        let client = PeerClient::new(channel);
-        *cached = Some((url.to_string(), client.clone()));
-        Ok(client)
-    }
-}
 
 /// Where a leader-only call goes now.
 enum Route {
@@ -61,28 +33,12 @@ enum Route {
 }
 
 fn route(node: &Node) -> Route {
-    let m = node.raft.metrics().borrow().clone();
-    match m.current_leader {
-        Some(l) if l == node.id => Route::Local,
-        Some(l) => match leader_url(&m, l) {
-            // Dial the leader where `--experimental-peer-dial-override` says.
-            Some(url) => Route::Remote(node.cluster.peers.dial_url(&url).to_string()),
-            None => Route::NoLeader,
-        },
-        None => Route::NoLeader,
+    match leader_url(&node.raft) {
+        (Some(l), _) if l == node.id => Route::Local,
+        // The pool dials the leader where `--experimental-peer-dial-override` says.
+        (Some(_), Some(url)) => Route::Remote(url),
+        _ => Route::NoLeader,
     }
-}
-
-fn leader_url(
-    m: &openraft::RaftMetrics<NodeId, crate::raft::types::MemberNode>,
-    leader: NodeId,
-) -> Option<String> {
-    m.membership_config
-        .membership()
-        .get_node(&leader)?
-        .peer_urls
-        .first()
-        .cloned()
 }
 
 /// Pauses a retry until the raft metrics change (e.g. a leader is elected) or 100 ms pass.
@@ -105,22 +61,17 @@ async fn pause(node: &Node, deadline: Instant) -> Result<(), EtcdError> {
     Ok(())
 }
 
-/// Whether this member is raft leader now.
-fn leads(node: &Node) -> bool {
-    node.raft.metrics().borrow().current_leader == Some(node.id)
-}
-
 /// Renews lease `id` and returns its TTL in seconds, 0 if the lease does not exist or has
 /// expired (etcd `LeaseKeepAlive`). See the module docs.
 ///
 /// Errors: `NoLeader`/`Timeout` if no leader answers within the request timeout,
 /// `Stopped` on shutdown, or the error of committing a clearing checkpoint.
-pub async fn renew(node: &Node, leader: &LeaderClient, id: LeaseId) -> Result<i64, EtcdError> {
+pub async fn renew(node: &Node, id: LeaseId) -> Result<i64, EtcdError> {
     let deadline = Instant::now() + node.request_timeout();
     loop {
         let attempt = match route(node) {
             Route::Local => renew_local(node, id, deadline).await,
-            Route::Remote(url) => forward_renew(leader, &url, id, deadline).await,
+            Route::Remote(url) => forward_renew(node, &url, id, deadline).await,
             Route::NoLeader => Err(EtcdError::NotLeader),
         };
         match attempt {
@@ -155,7 +106,7 @@ pub async fn renew_local(node: &Node, id: LeaseId, deadline: Instant) -> Result<
                 return Ok(ttl);
             }
             Renewal::NotFound => return Ok(0),
-            Renewal::NotPrimary if !leads(node) => return Err(EtcdError::NotLeader),
+            Renewal::NotPrimary if !node.cluster.is_leader() => return Err(EtcdError::NotLeader),
             Renewal::NotPrimary | Renewal::Expired => {}
         }
         // Expired (its revocation is pending) or elected but not yet primary: wait for the
@@ -169,22 +120,52 @@ pub async fn renew_local(node: &Node, id: LeaseId, deadline: Instant) -> Result<
 }
 
 async fn forward_renew(
-    leader: &LeaderClient,
+    node: &Node,
     url: &str,
     id: LeaseId,
     deadline: Instant,
 ) -> Result<i64, EtcdError> {
-    let mut client = leader.client(url)?;
     let mut req = tonic::Request::new(LeaseKeepAliveRequest { id });
     req.set_timeout(deadline.saturating_duration_since(Instant::now()));
-    match client.lease_renew(req).await {
-        Ok(r) => Ok(r.into_inner().ttl),
-        Err(s) if s.code() == tonic::Code::Unavailable => {
-            // The leader is gone or busy: the caller retries, with the leader raft knows then.
-            tracing::debug!(leader = url, "lease keepalive forward failed: {s}");
-            Err(EtcdError::NotLeader)
+    let answer = peer_client(node, url)?.lease_renew(req).await;
+    forwarded(node, url, "keepalive", answer.map(|r| r.into_inner().ttl))
+}
+
+/// A client on the pooled peer connection to `url`.
+///
+/// Errors: `Internal` for a URL that is not one (the leader's entry is corrupt).
+fn peer_client(
+    node: &Node,
+    url: &str,
+) -> Result<keel_proto::keelpb::peer_client::PeerClient<tonic::transport::Channel>, EtcdError> {
+    node.cluster
+        .peers
+        .client(url)
+        .map_err(|e| EtcdError::Internal(format!("bad leader peer URL {url}: {e}")))
+}
+
+/// The result of a call forwarded to the leader at `url`: `Unavailable` (the leader is gone
+/// or busy) becomes `NotLeader`, so the caller retries with the leader raft knows then; a
+/// broken connection is dropped from the pool so the retry reconnects.
+fn forwarded<T>(
+    node: &Node,
+    url: &str,
+    what: &str,
+    answer: Result<T, tonic::Status>,
+) -> Result<T, EtcdError> {
+    match answer {
+        Ok(v) => Ok(v),
+        Err(s) => {
+            if is_transport_failure(&s) {
+                node.cluster.peers.reset(url);
+            }
+            if s.code() == tonic::Code::Unavailable {
+                tracing::debug!(leader = url, "lease {what} forward failed: {s}");
+                Err(EtcdError::NotLeader)
+            } else {
+                Err(EtcdError::from_parts(s.code() as i32, s.message()))
+            }
         }
-        Err(s) => Err(EtcdError::from_parts(s.code() as i32, s.message())),
     }
 }
 
@@ -196,14 +177,13 @@ async fn forward_renew(
 /// Errors: as [`renew`].
 pub async fn time_to_live(
     node: &Node,
-    leader: &LeaderClient,
     req: &LeaseTimeToLiveRequest,
 ) -> Result<LeaseTimeToLiveResponse, EtcdError> {
     let deadline = Instant::now() + node.request_timeout();
     loop {
         let attempt = match route(node) {
             Route::Local => time_to_live_local(node, req, deadline).await,
-            Route::Remote(url) => forward_time_to_live(leader, &url, req, deadline).await,
+            Route::Remote(url) => forward_time_to_live(node, &url, req, deadline).await,
             Route::NoLeader => Err(EtcdError::NotLeader),
         };
         match attempt {
@@ -222,7 +202,7 @@ pub async fn time_to_live_local(
     req: &LeaseTimeToLiveRequest,
     deadline: Instant,
 ) -> Result<LeaseTimeToLiveResponse, EtcdError> {
-    if !leads(node) {
+    if !node.cluster.is_leader() {
         return Err(EtcdError::NotLeader);
     }
     node.read_barrier().await?;
@@ -247,7 +227,7 @@ pub async fn time_to_live_local(
                 });
             }
             Remaining::NotFound => return Ok(not_found),
-            Remaining::NotPrimary if !leads(node) => return Err(EtcdError::NotLeader),
+            Remaining::NotPrimary if !node.cluster.is_leader() => return Err(EtcdError::NotLeader),
             Remaining::NotPrimary => {}
         }
         // Elected but the schedule is not built yet.
@@ -260,20 +240,13 @@ pub async fn time_to_live_local(
 }
 
 async fn forward_time_to_live(
-    leader: &LeaderClient,
+    node: &Node,
     url: &str,
     req: &LeaseTimeToLiveRequest,
     deadline: Instant,
 ) -> Result<LeaseTimeToLiveResponse, EtcdError> {
-    let mut client = leader.client(url)?;
     let mut request = tonic::Request::new(*req);
     request.set_timeout(deadline.saturating_duration_since(Instant::now()));
-    match client.lease_time_to_live(request).await {
-        Ok(r) => Ok(r.into_inner()),
-        Err(s) if s.code() == tonic::Code::Unavailable => {
-            tracing::debug!(leader = url, "lease TimeToLive forward failed: {s}");
-            Err(EtcdError::NotLeader)
-        }
-        Err(s) => Err(EtcdError::from_parts(s.code() as i32, s.message())),
-    }
+    let answer = peer_client(node, url)?.lease_time_to_live(request).await;
+    forwarded(node, url, "TimeToLive", answer.map(|r| r.into_inner()))
 }

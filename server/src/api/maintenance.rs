@@ -96,7 +96,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        transfer::move_leader(&self.node, request.into_inner().target_id).await?;
+        transfer::move_leader(&self.node.cluster, request.into_inner().target_id).await?;
         Ok(Response::new(MoveLeaderResponse {
             header: Some(self.node.header(self.node.store.get().current_revision())),
         }))

@@ -133,7 +133,7 @@ impl Peer for PeerService {
         r: Request<ClusterInfoRequest>,
     ) -> Result<Response<ClusterInfoResponse>, Status> {
         Ok(Response::new(
-            removal::cluster_info(&self.node, r.into_inner()).await,
+            removal::cluster_info(&self.node.cluster, r.into_inner()).await,
         ))
     }
 
@@ -142,7 +142,7 @@ impl Peer for PeerService {
         r: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
         Ok(Response::new(
-            reconfig::add_on_leader(&self.node, r.into_inner()).await?,
+            reconfig::add_on_leader(&self.node.cluster, r.into_inner()).await?,
         ))
     }
 
@@ -151,7 +151,7 @@ impl Peer for PeerService {
         r: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
         Ok(Response::new(
-            reconfig::remove_on_leader(&self.node, r.into_inner()).await?,
+            reconfig::remove_on_leader(&self.node.cluster, r.into_inner()).await?,
         ))
     }
 
@@ -160,7 +160,7 @@ impl Peer for PeerService {
         r: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
         Ok(Response::new(
-            reconfig::update_on_leader(&self.node, r.into_inner()).await?,
+            reconfig::update_on_leader(&self.node.cluster, r.into_inner()).await?,
         ))
     }
 
@@ -169,7 +169,7 @@ impl Peer for PeerService {
         r: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
         Ok(Response::new(
-            reconfig::promote_on_leader(&self.node, r.into_inner()).await?,
+            reconfig::promote_on_leader(&self.node.cluster, r.into_inner()).await?,
         ))
     }
 }

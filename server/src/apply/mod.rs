@@ -11,37 +11,76 @@
 //! Apply results depend only on the entry and the state (never on wall-clock time, local
 //! flags or which member applies), so every member computes the same store and the same
 //! `HashKV`.
+//!
+//! Invariants, asserted (a break would apply an entry twice, skip one, or write a consistent
+//! index that does not describe the store; toyDB asserts its apply index the same way):
+//! - log indices strictly increase: the consistent index only moves forward
+//!   ([`ConsistentIndex::precedes`], checked on every change); an entry at or below it is a
+//!   replay that changes nothing, and at the applied index it must be the applied entry;
+//! - a partial consistent index names the entry `applied + 1` ([`cindex::stage`]), and that
+//!   entry is the next one applied (its remaining requests, not another entry's).
+//!
+//! [`Applier`] is the state the raft state machine drives ([`AppliedState`]): raft knows only
+//! that trait, so this module sits above raft and raft never imports it.
 
 // openraft's `StorageError` (the error type its storage traits require) is large by design;
 // it only travels on the rare failure path.
 #![allow(clippy::result_large_err)]
 
+use std::io;
 use std::sync::Arc;
 
 use keel_proto::keelpb::{
-    ApplyError, RaftRequest, RaftResponse, ResponseBatch, raft_request, raft_response,
+    self, RaftRequest, RaftResponse, ResponseBatch, raft_request, raft_response,
 };
 use openraft::{EntryPayload, StorageIOError, StoredMembership};
 
-use crate::cindex::{self, ConsistentIndex};
+use crate::backend::{Batch, schema};
+use crate::cindex::{self, CindexError, ConsistentIndex};
 use crate::error::EtcdError;
+use crate::lease::record::RecordError;
 use crate::lease::{ApplyOutcome, Lessor};
-use crate::membership::Attributes;
-use crate::mvcc::{MvccStore, Writes};
+use crate::membership::{Attributes, MembershipError};
+use crate::mvcc::{MvccError, MvccStore, SharedStore};
+use crate::raft::state_machine::AppliedState;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
 use crate::watch::WatchHub;
 
 #[cfg(test)]
 mod tests;
 
-/// sled key of the last applied raft membership config (bincode `StoredMembership`).
-const MEMBERSHIP_KEY: &[u8] = b"s/membership";
+/// The applied state could not be loaded from the store: fatal, the member does not start.
+/// (Not `keelpb::ApplyError`, the etcd error a response carries. Messages carry their cause;
+/// none is chained as a `source`, so `{:#}` does not print it twice.)
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// sled failed.
+    #[error(transparent)]
+    Storage(#[from] sled::Error),
+    /// The consistent index is unreadable.
+    #[error(transparent)]
+    Cindex(#[from] CindexError),
+    /// The stored raft membership config does not decode.
+    #[error("membership: {0}")]
+    Membership(bincode::Error),
+    /// Stored member attributes are unreadable.
+    #[error(transparent)]
+    Attributes(#[from] MembershipError),
+    /// The MVCC store does not open.
+    #[error(transparent)]
+    Mvcc(#[from] MvccError),
+    /// The lease records are unreadable.
+    #[error(transparent)]
+    Lease(#[from] RecordError),
+}
 
 /// Applies committed entries to the store. Owned by the raft state machine: exactly one
 /// applier runs per member, in log order.
 pub struct Applier {
     tree: sled::Tree,
     store: Arc<MvccStore>,
+    /// What readers use; swapped to the new store when a snapshot is installed.
+    shared: Arc<SharedStore>,
     attributes: Arc<Attributes>,
     lessor: Arc<Lessor>,
     ci: ConsistentIndex,
@@ -61,7 +100,7 @@ impl Applier {
         tree: sled::Tree,
         store: Arc<MvccStore>,
         attributes: Arc<Attributes>,
-    ) -> Result<Applier, String> {
+    ) -> Result<Applier, ApplyError> {
         Applier::open_with_lessor(tree, store, attributes, Arc::new(Lessor::new()))
     }
 
@@ -74,15 +113,11 @@ impl Applier {
         store: Arc<MvccStore>,
         attributes: Arc<Attributes>,
         lessor: Arc<Lessor>,
-    ) -> Result<Applier, String> {
-        let ci = cindex::load(&tree)?;
-        let membership = match tree.get(MEMBERSHIP_KEY).map_err(|e| e.to_string())? {
-            Some(v) => bincode::deserialize(&v).map_err(|e| format!("membership: {e}"))?,
-            None => StoredMembership::default(),
-        };
-        lessor.load(&tree, store.leased_keys())?;
+    ) -> Result<Applier, ApplyError> {
+        let (ci, membership) = load(&tree, &store, &lessor)?;
         Ok(Applier {
             tree,
+            shared: Arc::new(SharedStore::new(store.clone())),
             store,
             attributes,
             lessor,
@@ -90,6 +125,12 @@ impl Applier {
             membership,
             watch: None,
         })
+    }
+
+    /// The handle readers (API, watch catch-up) get the current store from; it follows a
+    /// snapshot install.
+    pub fn shared_store(&self) -> &Arc<SharedStore> {
+        &self.shared
     }
 
     /// The lessor this applier keeps in step with the store.
@@ -127,6 +168,16 @@ impl Applier {
         &self.tree
     }
 
+    /// Replaces the consistent index with `next`, which must move forward.
+    fn advance(&mut self, next: ConsistentIndex) {
+        assert!(
+            self.ci.precedes(&next),
+            "apply: the consistent index would move from {:?} to {next:?}",
+            self.ci
+        );
+        self.ci = next;
+    }
+
     /// Applies one committed entry, writes it to sled and returns its result
     /// ([`Applier::stage`] then [`Applier::flush`]).
     ///
@@ -148,8 +199,23 @@ impl Applier {
     pub fn stage(&mut self, entry: &Entry) -> Result<Response, StorageError> {
         let log_id = entry.log_id;
         if self.ci.covers(log_id.index) {
-            // Replay of an entry whose effects are already in the store.
+            // Replay of an entry whose effects are already in the store. At the applied
+            // index it must be the applied entry itself: another term there means the log
+            // and the store disagree.
+            if let Some(applied) = self.ci.applied.filter(|a| a.index == log_id.index) {
+                assert_eq!(
+                    applied, log_id,
+                    "apply: the log holds {log_id} where the store applied {applied}"
+                );
+            }
             return Ok(Response(self.replayed()));
+        }
+        if let Some((partial, done)) = self.ci.partial {
+            // A batch entry applied part-way must be finished before anything else.
+            assert_eq!(
+                partial, log_id,
+                "apply: entry {log_id} arrived while {done} requests of {partial} are applied"
+            );
         }
         let done = ConsistentIndex {
             applied: Some(log_id),
@@ -161,7 +227,7 @@ impl Applier {
                 let stored = StoredMembership::new(Some(log_id), m.clone());
                 let bytes =
                     bincode::serialize(&stored).map_err(|e| StorageIOError::apply(log_id, &e))?;
-                let resp = self.commit_only(done, |b| b.insert(MEMBERSHIP_KEY, bytes))?;
+                let resp = self.commit_only(done, |b| b.insert(schema::RAFT_MEMBERSHIP, bytes))?;
                 self.membership = stored;
                 resp
             }
@@ -291,7 +357,7 @@ impl Applier {
             Ok(response) => {
                 cindex::stage(w.batch_mut(), &next);
                 let committed = w.stage();
-                self.ci = next;
+                self.advance(next);
                 lessor.publish(lease_outcome, &committed.events);
                 let revision = committed.revision;
                 if let Some(Rq::MemberAttributes(a)) = req {
@@ -302,7 +368,7 @@ impl Applier {
             Err(e) => {
                 // Nothing of the failed request is written; it still counts as applied.
                 drop(w);
-                let error = Rs::Error(ApplyError {
+                let error = Rs::Error(keelpb::ApplyError {
                     code: e.code() as i32,
                     message: e.to_string(),
                 });
@@ -317,16 +383,89 @@ impl Applier {
     fn commit_only(
         &mut self,
         next: ConsistentIndex,
-        extra: impl FnOnce(&mut Writes),
+        extra: impl FnOnce(&mut Batch),
     ) -> Result<RaftResponse, StorageError> {
         let mut w = self.store.write();
         extra(w.batch_mut());
         cindex::stage(w.batch_mut(), &next);
         let committed = w.stage();
-        self.ci = next;
+        self.advance(next);
         Ok(RaftResponse {
             revision: committed.revision,
             response: None,
         })
+    }
+}
+
+/// Loads the applied state from `tree`: the consistent index, the last applied raft
+/// membership config, and the lessor's leases (so they match the consistent index).
+fn load(
+    tree: &sled::Tree,
+    store: &MvccStore,
+    lessor: &Lessor,
+) -> Result<(ConsistentIndex, StoredMembership<NodeId, MemberNode>), ApplyError> {
+    let ci = cindex::load(tree)?;
+    let membership = match tree.get(schema::RAFT_MEMBERSHIP)? {
+        Some(v) => bincode::deserialize(&v).map_err(ApplyError::Membership)?,
+        None => StoredMembership::default(),
+    };
+    lessor.load(tree, store.leased_keys())?;
+    Ok((ci, membership))
+}
+
+impl AppliedState for Applier {
+    fn last_applied(&self) -> Option<LogId> {
+        Applier::last_applied(self)
+    }
+
+    fn membership(&self) -> &StoredMembership<NodeId, MemberNode> {
+        Applier::membership(self)
+    }
+
+    fn stage(&mut self, entry: &Entry) -> Result<Response, StorageError> {
+        Applier::stage(self, entry)
+    }
+
+    fn flush(&mut self) -> Result<(), StorageError> {
+        Applier::flush(self)
+    }
+
+    fn tree(&self) -> &sled::Tree {
+        &self.tree
+    }
+
+    fn revision(&self) -> i64 {
+        self.store.current_revision()
+    }
+
+    fn begin_install(&mut self) {
+        if let Some(hub) = &self.watch {
+            // History reads from here on would see a half-replaced store.
+            hub.begin_install();
+        }
+    }
+
+    /// Reopens the MVCC store on the replaced tree, publishes the attributes of the
+    /// snapshot's members, reloads the lessor and the applied state, and points readers and
+    /// watchers at the new store.
+    fn finish_install(&mut self, members: &StoredMembership<NodeId, MemberNode>) -> io::Result<()> {
+        let store = Arc::new(MvccStore::open(self.tree.clone()).map_err(io::Error::other)?);
+        let attributes = Attributes::load(&self.tree).map_err(io::Error::other)?;
+        for id in members.membership().nodes().map(|(id, _)| *id) {
+            if let Some(a) = attributes.get(id) {
+                self.attributes.publish(a);
+            }
+        }
+        let (ci, membership) = load(&self.tree, &store, &self.lessor).map_err(io::Error::other)?;
+        // A snapshot may move the applied state anywhere (usually ahead): not an advance.
+        self.ci = ci;
+        self.membership = membership;
+        self.store = store.clone();
+        self.shared.set(store);
+        if let Some(hub) = &self.watch {
+            // Every watcher catches up from the new store (or is canceled as compacted).
+            hub.finish_install();
+        }
+        Ok(())
     }
 }

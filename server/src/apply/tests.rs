@@ -372,3 +372,141 @@ mod grouping {
         }
     }
 }
+
+mod invariants {
+    //! The apply invariants of the module docs are asserted: breaking one panics instead of
+    //! writing a store that no longer matches its consistent index.
+    use super::*;
+    use crate::backend::schema;
+
+    #[test]
+    #[should_panic(expected = "where the store applied")]
+    fn a_replay_at_the_applied_index_must_be_the_applied_entry() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let mut a = open(&db.open_tree("t").unwrap());
+        a.apply(&put(1)).unwrap();
+        let mut other_term = put(1);
+        other_term.log_id = openraft::LogId::new(CommittedLeaderId::new(2, 1), 1);
+        let _ = a.apply(&other_term);
+    }
+
+    #[test]
+    #[should_panic(expected = "requests of")]
+    fn a_partly_applied_entry_is_finished_before_the_next() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = db.open_tree("t").unwrap();
+        {
+            let mut a = open(&tree);
+            a.apply(&put(1)).unwrap();
+            apply_first_two_of_entry_2(&mut a, true);
+        }
+        let mut a = open(&tree);
+        let _ = a.apply(&put(3));
+    }
+
+    #[test]
+    #[should_panic(expected = "would move from")]
+    fn the_consistent_index_never_moves_back() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let mut a = open(&db.open_tree("t").unwrap());
+        a.apply(&put(1)).unwrap();
+        a.apply(&put(2)).unwrap();
+        let back = crate::cindex::ConsistentIndex {
+            applied: Some(log_id(1)),
+            partial: None,
+        };
+        let _ = a.apply_request(None, back);
+    }
+
+    /// Every key apply writes, for every kind of entry, is declared in the backend schema.
+    #[test]
+    fn every_key_apply_writes_is_in_the_schema() {
+        use keel_proto::etcdserverpb::{CompactionRequest, DeleteRangeRequest, LeaseGrantRequest};
+        use keel_proto::keelpb::MemberAttributes;
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = db.open_tree("t").unwrap();
+        let mut a = open(&tree);
+        let normal = |index: u64, request: raft_request::Request| Entry {
+            log_id: log_id(index),
+            payload: EntryPayload::Normal(Request(RaftRequest {
+                id: index,
+                request: Some(request),
+            })),
+        };
+        let entries = [
+            Entry {
+                log_id: log_id(1),
+                payload: EntryPayload::Membership(openraft::Membership::new(
+                    vec![std::collections::BTreeSet::from([1u64])],
+                    std::collections::BTreeMap::from([(
+                        1u64,
+                        crate::raft::types::MemberNode::default(),
+                    )]),
+                )),
+            },
+            normal(
+                2,
+                raft_request::Request::LeaseGrant(LeaseGrantRequest { ttl: 60, id: 7 }),
+            ),
+            normal(
+                3,
+                raft_request::Request::Put(PutRequest {
+                    key: b"a".to_vec(),
+                    value: b"1".to_vec(),
+                    lease: 7,
+                    ..Default::default()
+                }),
+            ),
+            normal(
+                4,
+                raft_request::Request::DeleteRange(DeleteRangeRequest {
+                    key: b"a".to_vec(),
+                    ..Default::default()
+                }),
+            ),
+            normal(
+                5,
+                raft_request::Request::MemberAttributes(MemberAttributes {
+                    member_id: 1,
+                    name: "m1".into(),
+                    client_urls: vec!["http://127.0.0.1:2379".into()],
+                }),
+            ),
+            normal(
+                6,
+                raft_request::Request::Compaction(CompactionRequest {
+                    revision: 2,
+                    physical: false,
+                }),
+            ),
+            Entry {
+                log_id: log_id(7),
+                payload: EntryPayload::Blank,
+            },
+        ];
+        for e in &entries {
+            a.apply(e).unwrap();
+        }
+        let mut owners = std::collections::BTreeSet::new();
+        for kv in tree.iter() {
+            let (key, _) = kv.unwrap();
+            let owner = schema::owner(&key);
+            assert!(
+                owner.is_some(),
+                "{} is not in the schema",
+                key.escape_ascii()
+            );
+            owners.insert(format!("{owner:?}"));
+        }
+        // Each kind of state reached the tree (the check above saw every owner's keys).
+        let want = [
+            "Some(MvccRecord)",
+            "Some(MvccMeta)",
+            "Some(ConsistentIndex)",
+            "Some(Lease)",
+            "Some(RaftMembership)",
+            "Some(MemberAttributes)",
+        ];
+        assert_eq!(owners, want.iter().map(|s| s.to_string()).collect());
+    }
+}

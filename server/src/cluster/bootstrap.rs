@@ -11,7 +11,7 @@
 //!
 //! The member ID is stored in the data dir's local sled tree (never replicated, never part of
 //! a snapshot) and the cluster ID in the replicated tree, so a restart ignores the flags, as
-//! etcd does.
+//! etcd does (keys: [`schema::MEMBER_ID`], [`schema::CLUSTER_ID`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,21 +19,30 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use keel_proto::keelpb::ClusterInfoRequest;
 
-use super::peers::Peers;
-use crate::config::{Config, split_urls};
+use crate::backend::{Backend, schema};
 use crate::membership::{self, InitialMember};
+use crate::raft::Peers;
 use crate::raft::types::{MemberNode, NodeId};
 
-/// sled tree of member-local state that is never replicated.
-pub const LOCAL_TREE: &str = "local";
-/// Key of this member's ID (8 bytes BE) in [`LOCAL_TREE`].
-const MEMBER_ID_KEY: &[u8] = b"member_id";
-/// Key of the cluster ID (8 bytes BE) in the replicated tree (the same on every member).
-pub const CLUSTER_ID_KEY: &[u8] = b"s/cluster_id";
 /// How long a joining member keeps asking its peers for the cluster.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(15);
 /// Deadline of one `ClusterInfo` call.
 const DISCOVERY_RPC_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The flags that decide a member's identity at its first start (etcd's names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flags {
+    /// `--name`.
+    pub name: String,
+    /// `--initial-cluster`: `name=peer-url,...`.
+    pub initial_cluster: String,
+    /// `--initial-advertise-peer-urls`, one URL per element.
+    pub advertise_peer_urls: Vec<String>,
+    /// `--initial-cluster-token`: member and cluster IDs derive from it.
+    pub token: String,
+    /// `--initial-cluster-state new` (`false`: `existing`).
+    pub new_cluster: bool,
+}
 
 /// The result of [`identify`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,21 +56,15 @@ pub struct Identity {
     pub initial_members: Option<BTreeMap<NodeId, MemberNode>>,
 }
 
-/// Decides this member's identity (see the module docs) and persists it.
+/// Decides this member's identity (see the module docs) and persists it in `backend`.
 ///
 /// Errors: `--initial-cluster` lacks this member or disagrees with
 /// `--initial-advertise-peer-urls`; with `existing`, no peer answers within 15 s or the
 /// cluster has no member with this member's peer URLs; sled I/O.
-pub async fn identify(
-    config: &Config,
-    db: &sled::Db,
-    tree: &sled::Tree,
-    peers: &Peers,
-) -> anyhow::Result<Identity> {
-    let initial =
-        membership::parse_initial_cluster(&config.initial_cluster).map_err(anyhow::Error::msg)?;
-    let my_urls = own_peer_urls(config, &initial)?;
-    let token = &config.initial_cluster_token;
+pub async fn identify(flags: &Flags, backend: &Backend, peers: &Peers) -> anyhow::Result<Identity> {
+    let initial = membership::parse_initial_cluster(&flags.initial_cluster)?;
+    let my_urls = own_peer_urls(flags, &initial)?;
+    let token = &flags.token;
     let initial_members: BTreeMap<NodeId, MemberNode> = initial
         .iter()
         .map(|m| {
@@ -72,11 +75,11 @@ pub async fn identify(
             (membership::member_id(&m.peer_urls, token), node)
         })
         .collect();
-    let is_new = config.initial_cluster_state == "new";
+    let is_new = flags.new_cluster;
 
-    let local = db.open_tree(LOCAL_TREE)?;
-    let stored_id = read_u64(&local, MEMBER_ID_KEY)?;
-    let stored_cluster = read_u64(tree, CLUSTER_ID_KEY)?;
+    let (local, tree) = (backend.local()?, backend.tree());
+    let stored_id = read_u64(&local, schema::MEMBER_ID)?;
+    let stored_cluster = read_u64(tree, schema::CLUSTER_ID)?;
     let (id, cluster_id) = match (stored_id, stored_cluster) {
         (Some(id), Some(cid)) => (id, cid),
         // A data dir of a version that did not store the member ID: it was a `new` member.
@@ -88,11 +91,11 @@ pub async fn identify(
                 membership::cluster_id(&ids),
             )
         }
-        _ => discover(&initial, &config.name, &my_urls, peers).await?,
+        _ => discover(&initial, &flags.name, &my_urls, peers).await?,
     };
-    local.insert(MEMBER_ID_KEY, &id.to_be_bytes())?;
-    tree.insert(CLUSTER_ID_KEY, &cluster_id.to_be_bytes())?;
-    db.flush_async().await?;
+    local.insert(schema::MEMBER_ID, &id.to_be_bytes())?;
+    tree.insert(schema::CLUSTER_ID, &cluster_id.to_be_bytes())?;
+    backend.flush_async().await?;
     Ok(Identity {
         id,
         cluster_id,
@@ -101,19 +104,19 @@ pub async fn identify(
 }
 
 /// This member's peer URLs, checked against its `--initial-cluster` entry.
-fn own_peer_urls(config: &Config, initial: &[InitialMember]) -> anyhow::Result<Vec<String>> {
-    let my_urls = split_urls(&config.initial_advertise_peer_urls);
+fn own_peer_urls(flags: &Flags, initial: &[InitialMember]) -> anyhow::Result<Vec<String>> {
+    let my_urls = flags.advertise_peer_urls.clone();
     let me = initial
         .iter()
-        .find(|m| m.name == config.name)
-        .with_context(|| format!("--initial-cluster has no member named {:?}", config.name))?;
+        .find(|m| m.name == flags.name)
+        .with_context(|| format!("--initial-cluster has no member named {:?}", flags.name))?;
     let (mut listed, mut advertised) = (me.peer_urls.clone(), my_urls.clone());
     listed.sort();
     advertised.sort();
     if listed != advertised {
         bail!(
             "--initial-cluster has {}={:?} but --initial-advertise-peer-urls is {:?}",
-            config.name,
+            flags.name,
             me.peer_urls,
             my_urls
         );
@@ -200,24 +203,24 @@ fn read_u64(tree: &sled::Tree, key: &[u8]) -> anyhow::Result<Option<u64>> {
 mod tests {
     use super::*;
 
-    fn config(name: &str, state: &str) -> Config {
+    fn flags(name: &str, state: &str) -> Flags {
         let port = match name {
             "a" => 1,
             "b" => 2,
             _ => 3,
         };
-        Config {
+        Flags {
             name: name.into(),
             initial_cluster: "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3"
                 .into(),
-            initial_advertise_peer_urls: format!("http://127.0.0.1:{port}"),
-            initial_cluster_state: state.into(),
-            ..Config::default()
+            advertise_peer_urls: vec![format!("http://127.0.0.1:{port}")],
+            token: "etcd-cluster".into(),
+            new_cluster: state == "new",
         }
     }
 
-    fn db() -> sled::Db {
-        sled::Config::new().temporary(true).open().unwrap()
+    fn backend() -> Backend {
+        Backend::temporary().unwrap()
     }
 
     #[tokio::test]
@@ -225,9 +228,8 @@ mod tests {
         let peers = Peers::default();
         let mut seen = Vec::new();
         for name in ["a", "b", "c"] {
-            let db = db();
-            let tree = db.open_tree("keel").unwrap();
-            let ident = identify(&config(name, "new"), &db, &tree, &peers)
+            let backend = backend();
+            let ident = identify(&flags(name, "new"), &backend, &peers)
                 .await
                 .unwrap();
             let members = ident.initial_members.clone().unwrap();
@@ -235,9 +237,9 @@ mod tests {
             assert!(members.contains_key(&ident.id));
             seen.push(ident.clone());
             // A restart with other flags keeps the stored identity.
-            let mut changed = config(name, "new");
-            changed.initial_cluster_token = "other".into();
-            let again = identify(&changed, &db, &tree, &peers).await.unwrap();
+            let mut changed = flags(name, "new");
+            changed.token = "other".into();
+            let again = identify(&changed, &backend, &peers).await.unwrap();
             assert_eq!((again.id, again.cluster_id), (ident.id, ident.cluster_id));
         }
         assert!(seen.iter().all(|i| i.cluster_id == seen[0].cluster_id));
@@ -256,22 +258,17 @@ mod tests {
 
     #[tokio::test]
     async fn flags_that_do_not_describe_this_member_are_refused() {
-        let db = db();
-        let tree = db.open_tree("keel").unwrap();
-        let mut c = config("a", "new");
-        c.initial_advertise_peer_urls = "http://127.0.0.1:9".into();
-        let err = identify(&c, &db, &tree, &Peers::default())
-            .await
-            .unwrap_err();
+        let backend = backend();
+        let mut c = flags("a", "new");
+        c.advertise_peer_urls = vec!["http://127.0.0.1:9".into()];
+        let err = identify(&c, &backend, &Peers::default()).await.unwrap_err();
         assert!(
             err.to_string().contains("--initial-advertise-peer-urls"),
             "{err}"
         );
-        let mut c = config("a", "new");
+        let mut c = flags("a", "new");
         c.name = "z".into();
-        let err = identify(&c, &db, &tree, &Peers::default())
-            .await
-            .unwrap_err();
+        let err = identify(&c, &backend, &Peers::default()).await.unwrap_err();
         assert!(err.to_string().contains("no member named"), "{err}");
     }
 }

@@ -1,8 +1,6 @@
 //! Running as one member of a multi-member cluster, on the same code path as a single member
 //! (docs/raft.md):
 //!
-//! - [`peers`] — pooled connections to peer URLs and their health;
-//! - [`dial_override`] — `--experimental-peer-dial-override`: dial a proxy instead of a peer;
 //! - [`bootstrap`] — member and cluster IDs from `--initial-cluster*`, joining with `existing`;
 //! - [`timing`] — openraft timers from etcd's heartbeat and election timeout;
 //! - [`read_index`] (+ [`batch`]) — linearizable reads on any member, batched;
@@ -11,13 +9,13 @@
 //! - [`removal`] — ClusterInfo for peers and stopping after this member was removed;
 //! - [`watchdog`] — an election backstop for members openraft holds back.
 //!
-//! [`Cluster`] bundles the per-member state these need; the node owns one.
+//! Peer connections are raft's transport (`raft::peers`, `raft::dial_override`). [`Cluster`]
+//! bundles the handles and per-member state these need; the node owns one, and nothing here
+//! sees the node itself.
 
 pub mod batch;
 pub mod bootstrap;
-pub mod dial_override;
 pub mod members;
-pub mod peers;
 pub mod read_index;
 pub mod reconfig;
 pub mod removal;
@@ -26,14 +24,37 @@ pub mod transfer;
 pub mod watchdog;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::raft::types::{NodeId, Raft};
+use keel_proto::etcdserverpb::ResponseHeader;
+use openraft::Membership;
 
-/// The cluster-facing state of one member.
+use crate::membership::Attributes;
+use crate::mvcc::SharedStore;
+use crate::raft::Peers;
+use crate::raft::types::{MemberNode, NodeId, Raft};
+
+pub use read_index::ReadPath;
+pub use timing::{RaftTimers, Timing};
+pub use transfer::TransferGate;
+
+/// The cluster-facing state of one member: the handles the cluster layer works with, and
+/// its own state (transfer gate, read path, leader contact, reconfiguration lock). The node
+/// builds it with [`Cluster::new`].
 pub struct Cluster {
+    /// This member's ID.
+    pub id: NodeId,
+    /// The cluster ID.
+    pub cluster_id: u64,
+    /// The raft handle.
+    pub raft: Raft,
     /// Connections to the other members.
     pub peers: Arc<Peers>,
+    /// Published member attributes.
+    pub attributes: Arc<Attributes>,
+    /// The current MVCC store (response headers carry its revision).
+    pub store: Arc<SharedStore>,
+    /// Timers and timeouts.
+    pub timing: Timing,
     /// Holds client work on the leader during a leadership transfer.
     pub gate: TransferGate,
     /// The linearizable read path.
@@ -44,18 +65,34 @@ pub struct Cluster {
     reconfig: tokio::sync::Mutex<()>,
 }
 
-pub use peers::Peers;
-pub use read_index::ReadPath;
-pub use transfer::TransferGate;
-
 impl Cluster {
-    /// The cluster state of member `id`, sending through `peers`; waits are bounded by
-    /// `request_timeout`.
-    pub fn new(id: NodeId, raft: Raft, peers: Arc<Peers>, request_timeout: Duration) -> Cluster {
+    /// The cluster state of member `id` of cluster `cluster_id`, with a fresh transfer gate,
+    /// read path, leader contact and reconfiguration lock.
+    pub fn new(
+        id: NodeId,
+        cluster_id: u64,
+        raft: Raft,
+        peers: Arc<Peers>,
+        attributes: Arc<Attributes>,
+        store: Arc<SharedStore>,
+        timing: Timing,
+    ) -> Cluster {
         let gate = TransferGate::default();
         Cluster {
-            reads: ReadPath::new(id, raft, peers.clone(), gate.clone(), request_timeout),
+            reads: ReadPath::new(
+                id,
+                raft.clone(),
+                peers.clone(),
+                gate.clone(),
+                timing.request_timeout,
+            ),
+            id,
+            cluster_id,
+            raft,
             peers,
+            attributes,
+            store,
+            timing,
             gate,
             leader_contact: watchdog::LeaderContact::default(),
             reconfig: tokio::sync::Mutex::new(()),
@@ -66,5 +103,31 @@ impl Cluster {
     /// component's lock).
     pub async fn reconfig_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.reconfig.lock().await
+    }
+
+    /// A response header for `revision` (etcd fills cluster_id, member_id, revision and
+    /// raft_term on every response).
+    pub fn header(&self, revision: i64) -> ResponseHeader {
+        ResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: self.id,
+            revision,
+            raft_term: self.raft.metrics().borrow().current_term,
+        }
+    }
+
+    /// The effective raft membership config, as raft's metrics report it now.
+    pub fn membership(&self) -> Membership<NodeId, MemberNode> {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .clone()
+    }
+
+    /// Whether this member is raft leader now.
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().current_leader == Some(self.id)
     }
 }

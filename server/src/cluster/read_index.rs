@@ -18,9 +18,9 @@ use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::time::Instant;
 
 use super::batch::Batcher;
-use super::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use super::transfer::TransferGate;
 use crate::error::EtcdError;
+use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure, leader_url};
 use crate::raft::types::{NodeId, Raft};
 
 /// Pause before retrying a read index after a transient failure (no quorum yet, a leader
@@ -129,17 +129,7 @@ impl Ctx {
     ) -> Result<u64, EtcdError> {
         let deadline = Instant::now() + self.timeout;
         loop {
-            let (leader, url) = {
-                let m = self.raft.metrics();
-                let m = m.borrow();
-                let url = m.current_leader.and_then(|l| {
-                    m.membership_config
-                        .membership()
-                        .get_node(&l)
-                        .and_then(|n| n.peer_urls.first().cloned())
-                });
-                (m.current_leader, url)
-            };
+            let (leader, url) = leader_url(&self.raft);
             let attempt = match (leader, url) {
                 (Some(l), _) if l == self.id => {
                     let me = self.clone();

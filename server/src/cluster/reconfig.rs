@@ -40,13 +40,13 @@ use openraft::{ChangeMembers, Membership};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
+use super::Cluster;
 use super::members::{
     added_member_id, member_list, ready_to_add_voter, ready_to_promote, ready_to_remove_voter,
     to_member, validate_peer_urls,
 };
-use super::peers::{PeerFailure, classify, is_transport_failure};
 use crate::error::EtcdError;
-use crate::node::Node;
+use crate::raft::peers::{PeerFailure, classify, is_transport_failure, leader_url};
 use crate::raft::types::{MemberNode, NodeId};
 
 /// etcd's `HealthInterval`: a voter counts as connected if it answered continuously for this
@@ -63,11 +63,11 @@ const RETRY_PAUSE: Duration = Duration::from_millis(50);
 type Result<T> = std::result::Result<T, EtcdError>;
 
 /// `MemberAdd` on any member.
-pub async fn member_add(node: &Node, req: MemberAddRequest) -> Result<MemberAddResponse> {
+pub async fn member_add(cluster: &Cluster, req: MemberAddRequest) -> Result<MemberAddResponse> {
     validate_peer_urls(&req.peer_ur_ls)?;
     route(
-        node,
-        || add_on_leader(node, req.clone()),
+        cluster,
+        || add_on_leader(cluster, req.clone()),
         |mut c, t| {
             let r = req.clone();
             async move { c.member_add(timed(r, t)).await.map(|r| r.into_inner()) }
@@ -77,10 +77,13 @@ pub async fn member_add(node: &Node, req: MemberAddRequest) -> Result<MemberAddR
 }
 
 /// `MemberRemove` on any member.
-pub async fn member_remove(node: &Node, req: MemberRemoveRequest) -> Result<MemberRemoveResponse> {
+pub async fn member_remove(
+    cluster: &Cluster,
+    req: MemberRemoveRequest,
+) -> Result<MemberRemoveResponse> {
     route(
-        node,
-        || remove_on_leader(node, req),
+        cluster,
+        || remove_on_leader(cluster, req),
         |mut c, t| {
             let r = req;
             async move { c.member_remove(timed(r, t)).await.map(|r| r.into_inner()) }
@@ -90,11 +93,14 @@ pub async fn member_remove(node: &Node, req: MemberRemoveRequest) -> Result<Memb
 }
 
 /// `MemberUpdate` on any member.
-pub async fn member_update(node: &Node, req: MemberUpdateRequest) -> Result<MemberUpdateResponse> {
+pub async fn member_update(
+    cluster: &Cluster,
+    req: MemberUpdateRequest,
+) -> Result<MemberUpdateResponse> {
     validate_peer_urls(&req.peer_ur_ls)?;
     route(
-        node,
-        || update_on_leader(node, req.clone()),
+        cluster,
+        || update_on_leader(cluster, req.clone()),
         |mut c, t| {
             let r = req.clone();
             async move { c.member_update(timed(r, t)).await.map(|r| r.into_inner()) }
@@ -105,12 +111,12 @@ pub async fn member_update(node: &Node, req: MemberUpdateRequest) -> Result<Memb
 
 /// `MemberPromote` on any member.
 pub async fn member_promote(
-    node: &Node,
+    cluster: &Cluster,
     req: MemberPromoteRequest,
 ) -> Result<MemberPromoteResponse> {
     route(
-        node,
-        || promote_on_leader(node, req),
+        cluster,
+        || promote_on_leader(cluster, req),
         |mut c, t| {
             let r = req;
             async move { c.member_promote(timed(r, t)).await.map(|r| r.into_inner()) }
@@ -120,18 +126,18 @@ pub async fn member_promote(
 }
 
 /// `MemberAdd` on the leader. Errors: `NotLeader` on another member; see the module table.
-pub async fn add_on_leader(node: &Node, req: MemberAddRequest) -> Result<MemberAddResponse> {
+pub async fn add_on_leader(cluster: &Cluster, req: MemberAddRequest) -> Result<MemberAddResponse> {
     let urls = validate_peer_urls(&req.peer_ur_ls)?;
-    let _serial = node.cluster.reconfig_lock().await;
-    let membership = leader_membership(node)?;
+    let _serial = cluster.reconfig_lock().await;
+    let membership = leader_membership(cluster)?;
     let voters: Vec<NodeId> = membership.voter_ids().collect();
     if !req.is_learner {
-        let started = voters.iter().filter(|v| is_started(node, **v)).count();
+        let started = voters.iter().filter(|v| is_started(cluster, **v)).count();
         if !ready_to_add_voter(voters.len(), started) {
             return Err(EtcdError::MemberNotEnoughStarted);
         }
     }
-    if !connected_fully(node, &voters) {
+    if !connected_fully(cluster, &voters) {
         return Err(EtcdError::Unhealthy);
     }
     if membership
@@ -156,28 +162,33 @@ pub async fn add_on_leader(node: &Node, req: MemberAddRequest) -> Result<MemberA
     };
     tracing::info!(member_id = format!("{id:x}"), learner = req.is_learner, urls = ?new_node.peer_urls, "adding member");
     let mut after = change(
-        node,
+        cluster,
         ChangeMembers::AddNodes(BTreeMap::from([(id, new_node.clone())])),
     )
     .await?;
     if !req.is_learner {
-        after = change(node, ChangeMembers::AddVoterIds(BTreeSet::from([id]))).await?;
+        after = change(cluster, ChangeMembers::AddVoterIds(BTreeSet::from([id]))).await?;
     }
     Ok(MemberAddResponse {
-        header: Some(header(node)),
-        member: Some(to_member(id, &new_node, req.is_learner, &node.attributes)),
-        members: member_list(&after, &node.attributes),
+        header: Some(header(cluster)),
+        member: Some(to_member(
+            id,
+            &new_node,
+            req.is_learner,
+            &cluster.attributes,
+        )),
+        members: member_list(&after, &cluster.attributes),
     })
 }
 
 /// `MemberRemove` on the leader. Errors: `NotLeader` on another member; see the module table.
 pub async fn remove_on_leader(
-    node: &Node,
+    cluster: &Cluster,
     req: MemberRemoveRequest,
 ) -> Result<MemberRemoveResponse> {
     let id = req.id;
-    let _serial = node.cluster.reconfig_lock().await;
-    let membership = leader_membership(node)?;
+    let _serial = cluster.reconfig_lock().await;
+    let membership = leader_membership(cluster)?;
     if membership.get_node(&id).is_none() {
         return Err(EtcdError::MemberNotFound);
     }
@@ -185,17 +196,20 @@ pub async fn remove_on_leader(
     if !is_learner {
         let voters: Vec<NodeId> = membership.voter_ids().collect();
         let remaining: Vec<NodeId> = voters.iter().copied().filter(|v| *v != id).collect();
-        let started = remaining.iter().filter(|v| is_started(node, **v)).count();
+        let started = remaining
+            .iter()
+            .filter(|v| is_started(cluster, **v))
+            .count();
         if !ready_to_remove_voter(remaining.len(), started) {
             return Err(EtcdError::MemberNotEnoughStarted);
         }
         // A member that is down is not part of the active quorum: removing it is safe.
-        let down = id != node.id && node.cluster.peers.active_since(id).is_none();
+        let down = id != cluster.id && cluster.peers.active_since(id).is_none();
         if !down {
             let since = health_since();
             let active = voters
                 .iter()
-                .filter(|v| **v == node.id || node.cluster.peers.connected_since(**v, since))
+                .filter(|v| **v == cluster.id || cluster.peers.connected_since(**v, since))
                 .count();
             if active < 1 + 1 + (voters.len() - 1) / 2 {
                 return Err(EtcdError::Unhealthy);
@@ -212,22 +226,22 @@ pub async fn remove_on_leader(
     } else {
         ChangeMembers::RemoveVoters(BTreeSet::from([id]))
     };
-    let after = change(node, changes).await?;
+    let after = change(cluster, changes).await?;
     Ok(MemberRemoveResponse {
-        header: Some(header(node)),
-        members: member_list(&after, &node.attributes),
+        header: Some(header(cluster)),
+        members: member_list(&after, &cluster.attributes),
     })
 }
 
 /// `MemberUpdate` on the leader: new peer URLs for a member. Errors: `NotLeader` on another
 /// member; see the module table.
 pub async fn update_on_leader(
-    node: &Node,
+    cluster: &Cluster,
     req: MemberUpdateRequest,
 ) -> Result<MemberUpdateResponse> {
     let urls = validate_peer_urls(&req.peer_ur_ls)?;
-    let _serial = node.cluster.reconfig_lock().await;
-    let membership = leader_membership(node)?;
+    let _serial = cluster.reconfig_lock().await;
+    let membership = leader_membership(cluster)?;
     let Some(current) = membership.get_node(&req.id).cloned() else {
         return Err(EtcdError::MemberNotFound);
     };
@@ -243,25 +257,25 @@ pub async fn update_on_leader(
     };
     tracing::info!(member_id = format!("{:x}", req.id), urls = ?updated.peer_urls, "updating member");
     let after = change(
-        node,
+        cluster,
         ChangeMembers::SetNodes(BTreeMap::from([(req.id, updated)])),
     )
     .await?;
     Ok(MemberUpdateResponse {
-        header: Some(header(node)),
-        members: member_list(&after, &node.attributes),
+        header: Some(header(cluster)),
+        members: member_list(&after, &cluster.attributes),
     })
 }
 
 /// `MemberPromote` on the leader. Errors: `NotLeader` on another member; see the module
 /// table.
 pub async fn promote_on_leader(
-    node: &Node,
+    cluster: &Cluster,
     req: MemberPromoteRequest,
 ) -> Result<MemberPromoteResponse> {
     let id = req.id;
-    let _serial = node.cluster.reconfig_lock().await;
-    let membership = leader_membership(node)?;
+    let _serial = cluster.reconfig_lock().await;
+    let membership = leader_membership(cluster)?;
     if membership.get_node(&id).is_none() {
         return Err(EtcdError::MemberNotFound);
     }
@@ -269,7 +283,7 @@ pub async fn promote_on_leader(
         return Err(EtcdError::MemberNotLearner);
     }
     let (leader_index, learner_index) = {
-        let m = node.raft.metrics();
+        let m = cluster.raft.metrics();
         let m = m.borrow();
         let matched = m
             .replication
@@ -282,38 +296,38 @@ pub async fn promote_on_leader(
         return Err(EtcdError::LearnerNotReady);
     }
     let voters: Vec<NodeId> = membership.voter_ids().collect();
-    let started = voters.iter().filter(|v| is_started(node, **v)).count();
+    let started = voters.iter().filter(|v| is_started(cluster, **v)).count();
     if !ready_to_promote(voters.len(), started) {
         return Err(EtcdError::MemberNotEnoughStarted);
     }
     tracing::info!(member_id = format!("{id:x}"), "promoting learner");
-    let after = change(node, ChangeMembers::AddVoterIds(BTreeSet::from([id]))).await?;
+    let after = change(cluster, ChangeMembers::AddVoterIds(BTreeSet::from([id]))).await?;
     Ok(MemberPromoteResponse {
-        header: Some(header(node)),
-        members: member_list(&after, &node.attributes),
+        header: Some(header(cluster)),
+        members: member_list(&after, &cluster.attributes),
     })
 }
 
 /// Runs `local` if this member leads, else `remote` against the leader; retries (until the
 /// request timeout) only while no leader is known or the asked member does not lead.
-async fn route<T, L, LF, R, RF>(node: &Node, local: L, remote: R) -> Result<T>
+async fn route<T, L, LF, R, RF>(cluster: &Cluster, local: L, remote: R) -> Result<T>
 where
     L: Fn() -> LF,
     LF: Future<Output = Result<T>>,
     R: Fn(PeerClient<Channel>, Duration) -> RF,
     RF: Future<Output = std::result::Result<T, tonic::Status>>,
 {
-    let deadline = Instant::now() + node.request_timeout();
+    let deadline = Instant::now() + cluster.timing.request_timeout;
     loop {
-        let (leader, url) = leader_url(node);
+        let (leader, url) = leader_url(&cluster.raft);
         let attempt = match (leader, url) {
-            (Some(l), _) if l == node.id => local().await,
-            (Some(_), Some(url)) => match node.cluster.peers.client(&url) {
+            (Some(l), _) if l == cluster.id => local().await,
+            (Some(_), Some(url)) => match cluster.peers.client(&url) {
                 Ok(client) => remote(client, deadline.saturating_duration_since(Instant::now()))
                     .await
                     .map_err(|s| {
                         if is_transport_failure(&s) {
-                            node.cluster.peers.reset(&url);
+                            cluster.peers.reset(&url);
                         }
                         match classify(&s) {
                             // Never sent: as good as asking while no leader is known.
@@ -330,24 +344,12 @@ where
             Err(EtcdError::NotLeader | EtcdError::NoLeader)
                 if Instant::now() + RETRY_PAUSE < deadline =>
             {
-                let mut metrics = node.raft.metrics();
+                let mut metrics = cluster.raft.metrics();
                 let _ = tokio::time::timeout(RETRY_PAUSE, metrics.changed()).await;
             }
             other => return other,
         }
     }
-}
-
-fn leader_url(node: &Node) -> (Option<NodeId>, Option<String>) {
-    let m = node.raft.metrics();
-    let m = m.borrow();
-    let url = m.current_leader.and_then(|l| {
-        m.membership_config
-            .membership()
-            .get_node(&l)
-            .and_then(|n| n.peer_urls.first().cloned())
-    });
-    (m.current_leader, url)
 }
 
 fn timed<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
@@ -357,26 +359,26 @@ fn timed<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
 }
 
 /// The effective membership, if this member is the leader.
-fn leader_membership(node: &Node) -> Result<Membership<NodeId, MemberNode>> {
-    let m = node.raft.metrics();
+fn leader_membership(cluster: &Cluster) -> Result<Membership<NodeId, MemberNode>> {
+    let m = cluster.raft.metrics();
     let m = m.borrow();
-    if m.current_leader != Some(node.id) {
+    if m.current_leader != Some(cluster.id) {
         return Err(EtcdError::NotLeader);
     }
     Ok(m.membership_config.membership().clone())
 }
 
 /// etcd's `IsStarted`: the member published its name and client URLs.
-fn is_started(node: &Node, id: NodeId) -> bool {
-    node.attributes.get(id).is_some()
+fn is_started(cluster: &Cluster, id: NodeId) -> bool {
+    cluster.attributes.get(id).is_some()
 }
 
 /// etcd's `isConnectedFullySince(now - HealthInterval)` over `voters` (self always counts).
-fn connected_fully(node: &Node, voters: &[NodeId]) -> bool {
+fn connected_fully(cluster: &Cluster, voters: &[NodeId]) -> bool {
     let since = health_since();
     voters
         .iter()
-        .all(|v| *v == node.id || node.cluster.peers.connected_since(*v, since))
+        .all(|v| *v == cluster.id || cluster.peers.connected_since(*v, since))
 }
 
 /// `now - HEALTH_INTERVAL` (or now, in the first seconds after boot).
@@ -388,21 +390,14 @@ fn health_since() -> std::time::Instant {
 /// Proposes one membership change and returns the membership it produced. Waits (bounded)
 /// while a previous change is still in progress.
 async fn change(
-    node: &Node,
+    cluster: &Cluster,
     changes: ChangeMembers<NodeId, MemberNode>,
 ) -> Result<Membership<NodeId, MemberNode>> {
-    let deadline = Instant::now() + node.request_timeout();
+    let deadline = Instant::now() + cluster.timing.request_timeout;
     loop {
-        match node.raft.change_membership(changes.clone(), false).await {
+        match cluster.raft.change_membership(changes.clone(), false).await {
             Ok(resp) => {
-                return Ok(resp.membership.unwrap_or_else(|| {
-                    node.raft
-                        .metrics()
-                        .borrow()
-                        .membership_config
-                        .membership()
-                        .clone()
-                }));
+                return Ok(resp.membership.unwrap_or_else(|| cluster.membership()));
             }
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
                 ChangeMembershipError::InProgress(_),
@@ -424,13 +419,11 @@ async fn change(
     }
 }
 
-fn header(node: &Node) -> keel_proto::etcdserverpb::ResponseHeader {
-    node.header(node.store.get().current_revision())
+fn header(cluster: &Cluster) -> keel_proto::etcdserverpb::ResponseHeader {
+    cluster.header(cluster.store.get().current_revision())
 }
 
 /// The etcd member list of this member's current (effective) membership.
-pub fn current_members(node: &Node) -> Vec<Member> {
-    let m = node.raft.metrics();
-    let membership = m.borrow().membership_config.membership().clone();
-    member_list(&membership, &node.attributes)
+pub fn current_members(cluster: &Cluster) -> Vec<Member> {
+    member_list(&cluster.membership(), &cluster.attributes)
 }

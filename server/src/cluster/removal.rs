@@ -20,8 +20,8 @@ use keel_proto::keelpb::{ClusterInfoRequest, ClusterInfoResponse};
 use openraft::Membership;
 use tokio::time::Instant;
 
+use super::Cluster;
 use super::members::member_list;
-use crate::node::Node;
 use crate::raft::types::{LogId, MemberNode, NodeId};
 
 /// How many election timeouts without a leader make a member ask its peers whether it was
@@ -35,9 +35,10 @@ const GRACE: Duration = Duration::from_millis(500);
 
 /// This member's committed membership config and its log id.
 async fn committed_membership(
-    node: &Node,
+    cluster: &Cluster,
 ) -> Option<(Option<LogId>, Membership<NodeId, MemberNode>)> {
-    node.raft
+    cluster
+        .raft
         .with_raft_state(|st| {
             let c = st.membership_state.committed();
             (*c.log_id(), c.membership().clone())
@@ -48,56 +49,48 @@ async fn committed_membership(
 
 /// Answers `ClusterInfo`: the cluster ID, this member's ID, its committed members and their
 /// log index, and the leader it follows.
-pub async fn cluster_info(node: &Node, _req: ClusterInfoRequest) -> ClusterInfoResponse {
-    let (log_id, membership) = committed_membership(node).await.unwrap_or_else(|| {
-        (
-            None,
-            node.raft
-                .metrics()
-                .borrow()
-                .membership_config
-                .membership()
-                .clone(),
-        )
-    });
+pub async fn cluster_info(cluster: &Cluster, _req: ClusterInfoRequest) -> ClusterInfoResponse {
+    let (log_id, membership) = committed_membership(cluster)
+        .await
+        .unwrap_or_else(|| (None, cluster.membership()));
     ClusterInfoResponse {
-        cluster_id: node.cluster_id,
-        member_id: node.id,
-        members: member_list(&membership, &node.attributes),
+        cluster_id: cluster.cluster_id,
+        member_id: cluster.id,
+        members: member_list(&membership, &cluster.attributes),
         membership_index: log_id.map_or(0, |l| l.index),
-        leader: node.raft.metrics().borrow().current_leader.unwrap_or(0),
+        leader: cluster.raft.metrics().borrow().current_leader.unwrap_or(0),
     }
 }
 
 /// Watches for this member's removal and resolves once it happened (after a short grace
 /// period). Runs until then; cancel it by dropping the future.
-pub async fn removed(node: &Node) {
-    let orphan_after = Duration::from_millis(node.config.election_timeout) * ORPHAN_AFTER;
+pub async fn removed(cluster: &Cluster) {
+    let orphan_after = cluster.timing.election_timeout * ORPHAN_AFTER;
     let mut was_member = false;
     let mut leader_seen = Instant::now();
     loop {
         tokio::time::sleep(CHECK_EVERY).await;
-        let Some((log_id, membership)) = committed_membership(node).await else {
+        let Some((log_id, membership)) = committed_membership(cluster).await else {
             return std::future::pending().await;
         };
-        let is_member = membership.get_node(&node.id).is_some();
+        let is_member = membership.get_node(&cluster.id).is_some();
         if is_member {
             was_member = true;
         } else if was_member && log_id.is_some() {
             tracing::warn!(
-                member_id = format!("{:x}", node.id),
+                member_id = format!("{:x}", cluster.id),
                 "this member has been permanently removed from the cluster"
             );
             tokio::time::sleep(GRACE).await;
             return;
         }
-        if node.raft.metrics().borrow().current_leader.is_some() {
+        if cluster.raft.metrics().borrow().current_leader.is_some() {
             leader_seen = Instant::now();
         } else if leader_seen.elapsed() >= orphan_after
-            && removed_remotely(node, &membership, log_id).await
+            && removed_remotely(cluster, &membership, log_id).await
         {
             tracing::warn!(
-                member_id = format!("{:x}", node.id),
+                member_id = format!("{:x}", cluster.id),
                 "peers report that this member has been permanently removed from the cluster"
             );
             return;
@@ -107,19 +100,19 @@ pub async fn removed(node: &Node) {
 
 /// Asks the members of `membership` whether a newer committed config dropped this member.
 async fn removed_remotely(
-    node: &Node,
+    cluster: &Cluster,
     membership: &Membership<NodeId, MemberNode>,
     mine: Option<LogId>,
 ) -> bool {
     let my_index = mine.map_or(0, |l| l.index);
     for (id, member) in membership.nodes() {
-        if *id == node.id {
+        if *id == cluster.id {
             continue;
         }
-        let Some(url) = member.peer_urls.first() else {
+        let Some(url) = member.peer_url() else {
             continue;
         };
-        let Ok(mut client) = node.cluster.peers.client(url) else {
+        let Ok(mut client) = cluster.peers.client(url) else {
             continue;
         };
         let mut request = tonic::Request::new(ClusterInfoRequest {});
@@ -128,10 +121,10 @@ async fn removed_remotely(
             continue;
         };
         let info = resp.into_inner();
-        if info.cluster_id == node.cluster_id
+        if info.cluster_id == cluster.cluster_id
             && info.leader != 0
             && info.membership_index > my_index
-            && !info.members.iter().any(|m| m.id == node.id)
+            && !info.members.iter().any(|m| m.id == cluster.id)
         {
             return true;
         }

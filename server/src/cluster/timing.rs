@@ -20,6 +20,17 @@
 /// connection error instead, so the long deadline only bounds a receiver that hangs.
 pub const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 120_000;
 
+/// The timers and timeouts of the cluster layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// openraft's timers ([`raft_timers`]).
+    pub raft: RaftTimers,
+    /// etcd's `--election-timeout`.
+    pub election_timeout: std::time::Duration,
+    /// etcd's request timeout: bounds every wait.
+    pub request_timeout: std::time::Duration,
+}
+
 /// openraft timer settings, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RaftTimers {

@@ -25,8 +25,9 @@ use keel_proto::keelpb::{TimeoutNowRequest, TimeoutNowResponse};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::peers::Peers;
+use super::Cluster;
 use crate::error::EtcdError;
+use crate::raft::Peers;
 use crate::raft::types::{NodeId, Raft};
 
 /// Holds client proposals and read-index rounds on the leader while a transfer runs.
@@ -115,7 +116,7 @@ impl Transfer<'_> {
             let membership = m.membership_config.membership();
             let url = membership
                 .get_node(&target)
-                .and_then(|n| n.peer_urls.first().cloned());
+                .and_then(|n| n.peer_url().cloned());
             (
                 m.current_leader,
                 m.current_term,
@@ -189,24 +190,23 @@ impl Transfer<'_> {
     }
 }
 
-/// etcd `MoveLeader` on `node`: moves leadership to `target` (see the module docs).
+/// etcd `MoveLeader` on this member: moves leadership to `target` (see the module docs).
 ///
 /// Errors: `NotLeader`, `BadLeaderTransferee`, `TimeoutLeaderTransfer`.
-pub async fn move_leader(node: &crate::node::Node, target: NodeId) -> Result<(), EtcdError> {
-    let timers =
-        super::timing::raft_timers(node.config.heartbeat_interval, node.config.election_timeout);
+pub async fn move_leader(cluster: &Cluster, target: NodeId) -> Result<(), EtcdError> {
+    let timers = cluster.timing.raft;
     let transfer = Transfer {
-        id: node.id,
-        raft: &node.raft,
-        peers: &node.cluster.peers,
-        gate: &node.cluster.gate,
+        id: cluster.id,
+        raft: &cluster.raft,
+        peers: &cluster.peers,
+        gate: &cluster.gate,
         lease: Duration::from_millis(timers.election_timeout_max),
         margin: Duration::from_millis(
             timers
                 .heartbeat_interval
                 .min(timers.election_timeout_min / 4),
         ),
-        timeout: node.request_timeout(),
+        timeout: cluster.timing.request_timeout,
     };
     let started = Instant::now();
     let result = transfer.run(target).await;

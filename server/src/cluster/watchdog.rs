@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use openraft::ServerState;
 
+use super::Cluster;
 use super::timing::RaftTimers;
-use crate::node::Node;
 
 /// When this member last heard from a leader, as milliseconds since `epoch`.
 pub struct LeaderContact {
@@ -96,14 +96,18 @@ fn patience(state: ServerState, timers: &RaftTimers, jitter_ms: u64) -> Option<D
     }
 }
 
-/// Runs the election backstop of `node` until the node is dropped.
-pub async fn run(node: Weak<Node>, timers: RaftTimers) {
-    let seed = {
-        let Some(n) = node.upgrade() else { return };
+/// Runs the election backstop of the member whose cluster state is `cluster`, until that
+/// state is dropped (with its node).
+pub async fn run(cluster: Weak<Cluster>) {
+    let (seed, timers) = {
+        let Some(c) = cluster.upgrade() else { return };
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        n.id ^ nanos ^ (u64::from(std::process::id()) << 32)
+        (
+            c.id ^ nanos ^ (u64::from(std::process::id()) << 32),
+            c.timing.raft,
+        )
     };
     let mut jitter = Jitter::new(seed);
     let mut extra = jitter.between(0, timers.heartbeat_interval);
@@ -114,16 +118,18 @@ pub async fn run(node: Weak<Node>, timers: RaftTimers) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(node) = node.upgrade() else { return };
-        let contact = &node.cluster.leader_contact;
+        let Some(member) = cluster.upgrade() else {
+            return;
+        };
+        let contact = &member.leader_contact;
         let (state, vote, is_voter) = {
-            let m = node.raft.metrics();
+            let m = member.raft.metrics();
             let m = m.borrow();
             let is_voter = m
                 .membership_config
                 .membership()
                 .voter_ids()
-                .any(|v| v == node.id);
+                .any(|v| v == member.id);
             (m.state, m.vote, is_voter)
         };
         if last_vote != Some(vote) {
@@ -131,7 +137,7 @@ pub async fn run(node: Weak<Node>, timers: RaftTimers) {
             // This member granted its vote to another candidate (or follows a new leader):
             // that election is under way, give it time. A vote request refused because the
             // candidate's log is stale does not count.
-            if vote.leader_id().voted_for().is_some_and(|v| v != node.id) {
+            if vote.leader_id().voted_for().is_some_and(|v| v != member.id) {
                 contact.touch();
                 continue;
             }
@@ -147,7 +153,7 @@ pub async fn run(node: Weak<Node>, timers: RaftTimers) {
             ?state,
             "no leader heard from: starting an election"
         );
-        let _ = node.raft.trigger().elect().await;
+        let _ = member.raft.trigger().elect().await;
         contact.touch();
         extra = jitter.between(0, timers.heartbeat_interval);
     }

@@ -1,4 +1,4 @@
-//! On-disk lease records (the `l` part of the sled key space, docs/apply.md).
+//! On-disk lease records (the `l` part of the sled key space, docs/backend.md).
 //!
 //! One sled key per lease: `l` + lease ID (8 bytes, big-endian two's complement) →
 //! `[format version = 1][TTL: i64 BE][remaining TTL: i64 BE]`, both in seconds; a remaining
@@ -9,8 +9,8 @@
 
 use super::LeaseId;
 
-/// First byte of every lease key.
-pub const PREFIX: u8 = b'l';
+/// First byte of every lease key (declared in the backend schema).
+pub const PREFIX: u8 = crate::backend::schema::LEASE_PREFIX;
 /// Format version of the record value.
 pub const FORMAT: u8 = 1;
 const KEY_LEN: usize = 9;
@@ -117,12 +117,12 @@ pub fn load_all(tree: &sled::Tree) -> Result<Vec<LeaseRecord>, RecordError> {
 }
 
 /// Stages "lease `r` is as given" into an apply batch.
-pub fn stage_put(batch: &mut crate::mvcc::Writes, r: &LeaseRecord) {
+pub fn stage_put(batch: &mut crate::backend::Batch, r: &LeaseRecord) {
     batch.insert(&key(r.id)[..], &encode(r)[..]);
 }
 
 /// Stages "lease `id` is gone" into an apply batch.
-pub fn stage_remove(batch: &mut crate::mvcc::Writes, id: LeaseId) {
+pub fn stage_remove(batch: &mut crate::backend::Batch, id: LeaseId) {
     batch.remove(&key(id)[..]);
 }
 
@@ -177,7 +177,7 @@ mod tests {
         let db = sled::Config::new().temporary(true).open().unwrap();
         let tree = db.open_tree("t").unwrap();
         tree.insert(b"k-not-a-lease", b"x").unwrap();
-        let mut b = crate::mvcc::Writes::default();
+        let mut b = crate::backend::Batch::default();
         stage_put(
             &mut b,
             &LeaseRecord {
@@ -194,9 +194,7 @@ mod tests {
                 remaining_ttl: 5,
             },
         );
-        let mut batch = sled::Batch::default();
-        b.fold_into(&mut batch);
-        tree.apply_batch(batch).unwrap();
+        b.commit(&tree).unwrap();
         let all = load_all(&tree).unwrap();
         assert_eq!(
             all.iter()
@@ -204,11 +202,9 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(1, 20, 5), (2, 10, 0)]
         );
-        let mut b = crate::mvcc::Writes::default();
+        let mut b = crate::backend::Batch::default();
         stage_remove(&mut b, 1);
-        let mut batch = sled::Batch::default();
-        b.fold_into(&mut batch);
-        tree.apply_batch(batch).unwrap();
+        b.commit(&tree).unwrap();
         assert_eq!(load_all(&tree).unwrap().len(), 1);
     }
 }

@@ -18,7 +18,7 @@
 //! tasks are aborted, and [`Lessor::demote`] drops the schedule.
 
 use std::future::Future;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::LeaseCheckpointRequest;
@@ -30,13 +30,11 @@ use tokio::task::JoinSet;
 use super::Lessor;
 use super::primary::PrimaryConfig;
 use super::rate::TokenBucket;
-use crate::config::Config;
 use crate::error::EtcdError;
-use crate::node::Node;
 use crate::raft::types::{MemberNode, NodeId};
 
-/// Proposes raft requests for the lease loop (the member's [`Node::propose`]; a fake in
-/// tests).
+/// Proposes raft requests for the lease loop: the member's node implements it (`node.rs`,
+/// `NodeProposer`), tests use a fake. The lease module knows only this trait.
 pub trait Proposer: Send + Sync + 'static {
     /// Proposes `req` and resolves once it is applied here.
     fn propose(
@@ -45,17 +43,8 @@ pub trait Proposer: Send + Sync + 'static {
     ) -> impl Future<Output = Result<RaftResponse, EtcdError>> + Send;
 }
 
-/// A [`Proposer`] that does not keep its member alive.
-pub struct NodeProposer(pub Weak<Node>);
-
-impl Proposer for NodeProposer {
-    async fn propose(&self, req: raft_request::Request) -> Result<RaftResponse, EtcdError> {
-        let node = self.0.upgrade().ok_or(EtcdError::Stopped)?;
-        node.propose(req).await
-    }
-}
-
-/// Settings of the leader's lease loop.
+/// Settings of the leader's lease loop (a member's come from its flags:
+/// `RunnerConfig::from_config` in `config/`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunnerConfig {
     /// Schedule settings (TTL extension, checkpoint interval, revocation retry).
@@ -68,26 +57,6 @@ pub struct RunnerConfig {
     pub checkpoint_batch: usize,
     /// Lease entries proposed and not yet applied, at most.
     pub max_in_flight: usize,
-}
-
-impl RunnerConfig {
-    /// The loop settings of a member with `config`: TTL extension = election timeout (etcd
-    /// `Promote(electionTimeout)`), revocation retry = etcd's request timeout (5 s + 2 ×
-    /// election timeout), the rate and checkpoint interval from the flags.
-    pub fn from_config(config: &Config) -> RunnerConfig {
-        let interval = config.lease_checkpoint_interval;
-        RunnerConfig {
-            primary: PrimaryConfig {
-                extend: Duration::from_millis(config.election_timeout),
-                checkpoint_interval: (interval > 0).then(|| Duration::from_millis(interval)),
-                revoke_retry: Duration::from_millis(5000 + 2 * config.election_timeout),
-            },
-            revoke_rate: config.lease_revoke_rate.max(1),
-            batch: DEFAULT_EXPIRE_BATCH,
-            checkpoint_batch: DEFAULT_CHECKPOINT_BATCH,
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-        }
-    }
 }
 
 /// Default leases per `LeaseExpire` entry: 1000 IDs are ~10 KB, far below
@@ -126,13 +95,6 @@ pub fn leadership(
         let _ = tx.send(false);
     });
     rx
-}
-
-/// Starts the lease loop of `node` (see the module docs).
-pub fn spawn(node: &Arc<Node>, config: RunnerConfig) {
-    let signal = leadership(node.raft.metrics(), node.id);
-    let proposer = Arc::new(NodeProposer(Arc::downgrade(node)));
-    tokio::spawn(run(node.lessor.clone(), proposer, signal, config));
 }
 
 /// Runs the lease loop until the leadership signal closes. See the module docs.

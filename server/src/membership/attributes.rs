@@ -1,7 +1,8 @@
 //! Attributes members publish through raft: name and client URLs (etcd's `publish`).
 //!
-//! On-disk: sled key `s/attr/<member id, 8 bytes BE>` → protobuf `keelpb.MemberAttributes`,
-//! written in the apply batch of the entry that published them.
+//! On-disk: sled key [`schema::MEMBER_ATTRIBUTES_PREFIX`] + member ID (8 bytes BE) → protobuf
+//! `keelpb.MemberAttributes`, written in the apply batch of the entry that published them
+//! (`docs/backend.md`).
 
 use std::collections::BTreeMap;
 use std::sync::RwLock;
@@ -9,7 +10,23 @@ use std::sync::RwLock;
 use keel_proto::keelpb::MemberAttributes;
 use prost::Message;
 
-const PREFIX: &[u8] = b"s/attr/";
+use crate::backend::{Batch, schema};
+
+/// Stored member attributes that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    /// sled failed.
+    #[error(transparent)]
+    Storage(#[from] sled::Error),
+    /// A stored value does not decode (a corrupt or foreign store).
+    #[error("member attributes {key}: {error}")]
+    Decode {
+        /// The sled key, escaped for display.
+        key: String,
+        /// What prost said.
+        error: prost::DecodeError,
+    },
+}
 
 /// In-memory view of the published attributes, loaded at start and updated by apply.
 #[derive(Default)]
@@ -19,11 +36,17 @@ pub struct Attributes {
 
 impl Attributes {
     /// Loads all published attributes from the store.
-    pub fn load(tree: &sled::Tree) -> Result<Attributes, String> {
+    ///
+    /// Errors: sled I/O or a value that does not decode.
+    pub fn load(tree: &sled::Tree) -> Result<Attributes, MembershipError> {
         let mut by_member = BTreeMap::new();
-        for kv in tree.scan_prefix(PREFIX) {
-            let (_, v) = kv.map_err(|e| e.to_string())?;
-            let a = MemberAttributes::decode(v.as_ref()).map_err(|e| e.to_string())?;
+        for kv in tree.scan_prefix(schema::MEMBER_ATTRIBUTES_PREFIX) {
+            let (k, v) = kv?;
+            let a =
+                MemberAttributes::decode(v.as_ref()).map_err(|error| MembershipError::Decode {
+                    key: k.escape_ascii().to_string(),
+                    error,
+                })?;
             by_member.insert(a.member_id, a);
         }
         Ok(Attributes {
@@ -32,9 +55,11 @@ impl Attributes {
     }
 
     /// Stages `attrs` into an apply batch; call [`Attributes::publish`] after the batch lands.
-    pub fn stage(batch: &mut crate::mvcc::Writes, attrs: &MemberAttributes) {
-        let mut key = PREFIX.to_vec();
-        key.extend_from_slice(&attrs.member_id.to_be_bytes());
+    pub fn stage(batch: &mut Batch, attrs: &MemberAttributes) {
+        let key = schema::id_key(
+            schema::MEMBER_ATTRIBUTES_PREFIX,
+            attrs.member_id.to_be_bytes(),
+        );
         batch.insert(key, attrs.encode_to_vec());
     }
 

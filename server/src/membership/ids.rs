@@ -13,22 +13,33 @@ pub struct InitialMember {
     pub peer_urls: Vec<String>,
 }
 
+/// A `--initial-cluster` value that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InitialClusterError {
+    /// An element without `=`, or with an empty name or URL.
+    #[error("--initial-cluster: {0:?} is not name=url")]
+    NotNameUrl(String),
+    /// A URL that is not http(s).
+    #[error("--initial-cluster: URL {0:?} must start with http:// or https://")]
+    Scheme(String),
+    /// No member at all.
+    #[error("--initial-cluster is empty")]
+    Empty,
+}
+
 /// Parses `--initial-cluster` (`name1=http://a:2380,name2=http://b:2380`).
 ///
 /// Errors: an element without `=`, an empty name or URL, or a URL that is not http(s).
-pub fn parse_initial_cluster(spec: &str) -> Result<Vec<InitialMember>, String> {
+pub fn parse_initial_cluster(spec: &str) -> Result<Vec<InitialMember>, InitialClusterError> {
     let mut members: Vec<InitialMember> = Vec::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, url) = part
-            .split_once('=')
-            .ok_or_else(|| format!("--initial-cluster: {part:?} is not name=url"))?;
+        let not_name_url = || InitialClusterError::NotNameUrl(part.to_string());
+        let (name, url) = part.split_once('=').ok_or_else(not_name_url)?;
         if name.is_empty() || url.is_empty() {
-            return Err(format!("--initial-cluster: {part:?} is not name=url"));
+            return Err(not_name_url());
         }
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!(
-                "--initial-cluster: URL {url:?} must start with http:// or https://"
-            ));
+            return Err(InitialClusterError::Scheme(url.to_string()));
         }
         match members.iter_mut().find(|m| m.name == name) {
             Some(m) => m.peer_urls.push(url.to_string()),
@@ -39,7 +50,7 @@ pub fn parse_initial_cluster(spec: &str) -> Result<Vec<InitialMember>, String> {
         }
     }
     if members.is_empty() {
-        return Err("--initial-cluster is empty".into());
+        return Err(InitialClusterError::Empty);
     }
     Ok(members)
 }
@@ -89,8 +100,17 @@ mod tests {
         let m = parse_initial_cluster("a=http://1:2380,b=http://2:2380,a=http://3:2380").unwrap();
         assert_eq!(m.len(), 2);
         assert_eq!(m[0].peer_urls, vec!["http://1:2380", "http://3:2380"]);
-        assert!(parse_initial_cluster("a").is_err());
-        assert!(parse_initial_cluster("a=ftp://x").is_err());
-        assert!(parse_initial_cluster("").is_err());
+        assert_eq!(
+            parse_initial_cluster("a").unwrap_err().to_string(),
+            "--initial-cluster: \"a\" is not name=url"
+        );
+        assert_eq!(
+            parse_initial_cluster("a=ftp://x").unwrap_err().to_string(),
+            "--initial-cluster: URL \"ftp://x\" must start with http:// or https://"
+        );
+        assert_eq!(
+            parse_initial_cluster("").unwrap_err(),
+            InitialClusterError::Empty
+        );
     }
 }

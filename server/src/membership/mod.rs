@@ -7,5 +7,5 @@
 mod attributes;
 mod ids;
 
-pub use attributes::Attributes;
-pub use ids::{InitialMember, cluster_id, member_id, parse_initial_cluster};
+pub use attributes::{Attributes, MembershipError};
+pub use ids::{InitialClusterError, InitialMember, cluster_id, member_id, parse_initial_cluster};

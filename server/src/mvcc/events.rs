@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use keel_proto::mvccpb::Event;
 use keel_proto::mvccpb::event::EventType;
 
-use super::backend;
+use super::codec;
 use super::index::Index;
 use super::revision::Revision;
 use super::revision::{parse_record_key, record_key_lower_bound};
@@ -67,7 +67,7 @@ impl MvccStore {
                 batch.last_revision = last;
                 break;
             }
-            let mut kv = backend::decode_kv(&rkey, &value).map_err(|e| internal(&e))?;
+            let mut kv = codec::decode_kv(&rkey, &value).map_err(|e| internal(&e))?;
             if rev.main <= view.compact_rev && !indexed(&view.index, &kv.key, rev) {
                 // Compacted away but not yet removed from sled (see compactor.rs).
                 continue;

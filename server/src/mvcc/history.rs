@@ -19,7 +19,7 @@ use keel_proto::mvccpb::event::EventType;
 use keel_proto::mvccpb::{Event, KeyValue};
 use prost::Message;
 
-use super::backend;
+use super::codec;
 use super::events::EventBatch;
 use super::index::KeyRange;
 use super::key_index::RevInfo;
@@ -235,7 +235,7 @@ impl MvccStore {
         let mut complete = true;
         for item in self.tree.range(bounds) {
             let (rkey, value) = item.map_err(|e| internal(&e))?;
-            let meta = backend::decode_meta(&rkey, &value).map_err(|e| internal(&e))?;
+            let meta = codec::decode_meta(&rkey, &value).map_err(|e| internal(&e))?;
             if !range.contains(meta.key) {
                 continue;
             }
@@ -243,7 +243,7 @@ impl MvccStore {
                 complete = false;
                 break;
             }
-            let kv = backend::decode_kv(&rkey, &value).map_err(|e| internal(&e))?;
+            let kv = codec::decode_kv(&rkey, &value).map_err(|e| internal(&e))?;
             let event = if meta.tombstone {
                 delete_event(kv, meta.rev.main)
             } else {

@@ -5,7 +5,8 @@
 //!   advances by one per raft entry that changes something (a fresh store is at revision 1,
 //!   the first write makes revision 2, as in etcd).
 //! - sled holds one record per revision (`k` + main + sub [+ `t`]) → `mvccpb.KeyValue`, plus
-//!   a little meta (`m…`); see [`backend`].
+//!   a little meta (`m…`); the layout is declared in [`crate::backend::schema`], the bytes
+//!   are encoded by `codec.rs`.
 //! - The in-memory [`index::Index`] maps each key to its history ([`key_index::KeyHistory`])
 //!   and answers counts, limits, filters, sorting and `keys_only` without reading values.
 //! - [`MvccStore`] serves readers from an immutable published view of the index; the single
@@ -14,7 +15,7 @@
 //!
 //! Design, byte layouts, invariants, locking and measured figures: `docs/mvcc.md`.
 
-pub mod backend;
+mod codec;
 mod compact;
 mod compactor;
 mod events;
@@ -25,6 +26,7 @@ pub mod key_index;
 mod range;
 mod rebuild;
 pub mod revision;
+mod shared;
 mod staged;
 mod store;
 mod txn;
@@ -45,7 +47,7 @@ pub use compactor::{BATCH_PAUSE, BATCH_REMOVALS, INLINE_REMOVALS};
 pub use events::EventBatch;
 pub use hash::{HashKv, crc32c};
 pub use revision::Revision;
-pub use staged::Writes;
+pub use shared::SharedStore;
 pub use store::{IndexStats, MvccStore};
 pub use write_txn::{Committed, WriteTxn};
 
@@ -84,6 +86,14 @@ pub enum MvccError {
     /// from its last flushed state and the WAL.
     #[error("mvcc: apply group abandoned after a partial write: {0}")]
     Abandoned(String),
+}
+
+impl From<crate::backend::BackendError> for MvccError {
+    fn from(e: crate::backend::BackendError) -> Self {
+        match e {
+            crate::backend::BackendError::Storage(e) => MvccError::Storage(e),
+        }
+    }
 }
 
 impl MvccError {

@@ -16,10 +16,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::MvccError;
-use super::backend::decode_meta;
+use super::codec::decode_meta;
 use super::index::Index;
 use super::key_index::{KeyHistory, RevInfo};
-use super::revision::{RECORD_PREFIX, parse_record_key, record_key_lower_bound};
+use super::revision::{parse_record_key, record_key_lower_bound};
+use crate::backend::schema::RECORD_PREFIX;
 
 /// Threads used for the rebuild (the target machine class has 2 cores).
 const THREADS: usize = 2;
@@ -313,7 +314,7 @@ impl<'a> Iterator for Histories<'a> {
 mod tests {
     use super::*;
     use crate::mvcc::Revision;
-    use crate::mvcc::backend::{encode_put, encode_tombstone};
+    use crate::mvcc::codec::{encode_put, encode_tombstone};
     use crate::mvcc::revision::record_key;
     use keel_proto::mvccpb::KeyValue;
 

@@ -6,18 +6,16 @@
 //! sort first by `main`, then by `sub`.
 //!
 //! Two byte layouts exist:
-//! - the sled record key: `b'k'` + `main` (u64 big-endian) + `sub` (u64 big-endian), plus a
-//!   trailing `b't'` for a tombstone (18 bytes, else 17). Big-endian keeps sled's byte order
+//! - the sled record key ([`crate::backend::schema`]): `b'k'` + `main` (u64 big-endian) +
+//!   `sub` (u64 big-endian), plus a trailing `b't'` for a tombstone (18 bytes, else 17). Big-endian keeps sled's byte order
 //!   equal to revision order, so a scan of the `b'k'` prefix walks history oldest first;
 //! - etcd's bolt key (`main` BE, `b'_'`, `sub` BE, optional `b't'`), used only as hash input
 //!   so that `HashKV` covers the same bytes etcd hashes (see `hash.rs`).
 
 use std::fmt;
 
-/// First byte of every MVCC revision record key in the shared sled tree.
-pub const RECORD_PREFIX: u8 = b'k';
-/// Last byte of a tombstone record key (etcd's `markTombstone`).
-pub const TOMBSTONE_MARK: u8 = b't';
+use crate::backend::schema::{RECORD_PREFIX, TOMBSTONE_MARK};
+
 /// Length of a record key without the tombstone mark: prefix + 2 × u64.
 pub const RECORD_KEY_LEN: usize = 17;
 

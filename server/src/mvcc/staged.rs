@@ -1,56 +1,15 @@
-//! Group commit of the apply loop: the changes of several committed write txns (all requests
-//! of one raft entry) gathered into ONE sled batch.
-//!
-//! Why: sled's `apply_batch` rolls its I/O buffer before and after the batch, and each roll
-//! writes the buffer with `sync_file_range(WAIT_AFTER)` (sled 0.34 `pin_log`, `write_to_log`).
-//! One sled batch per request therefore cost two synchronous disk writes per put and capped a
-//! member at about 1,200 puts/s (docs/benchmarks.md, "apply group commit"). Durability does
-//! not need any of it: the raft WAL holds every entry and the consistent index tells a
-//! restarted member where to resume, so a group is exactly as safe as one request.
+//! The apply group: the committed write txns of the entries the apply loop staged since its
+//! last flush, gathered into ONE [`Batch`] (see `backend/batch.rs` for why a group, not a
+//! request, is the unit of a sled write).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use keel_proto::mvccpb::Event;
-use sled::IVec;
 
 use super::compactor::Job;
 use super::store::View;
-
-/// Writes one [`super::WriteTxn`] stages besides its MVCC records (consistent index, leases,
-/// member attributes...), with `sled::Batch`'s `insert`/`remove` shape. Unlike a
-/// `sled::Batch` it can be folded into the group's batch, and a dropped txn discards it.
-#[derive(Debug, Default)]
-pub struct Writes {
-    ops: Vec<(IVec, Option<IVec>)>,
-}
-
-impl Writes {
-    /// Stages `key = value`.
-    pub fn insert<K: Into<IVec>, V: Into<IVec>>(&mut self, key: K, value: V) {
-        self.ops.push((key.into(), Some(value.into())));
-    }
-
-    /// Stages the removal of `key`.
-    pub fn remove<K: Into<IVec>>(&mut self, key: K) {
-        self.ops.push((key.into(), None));
-    }
-
-    /// Appends every staged write, in order, to `batch` (a later write of a key wins).
-    pub fn fold_into(self, batch: &mut sled::Batch) {
-        for (key, value) in self.ops {
-            match value {
-                Some(v) => batch.insert(key, v),
-                None => batch.remove(key),
-            }
-        }
-    }
-
-    /// True when nothing is staged.
-    pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
-    }
-}
+use crate::backend::Batch;
 
 /// Committed write txns that are not in sled yet. Only the apply loop touches it (one writer),
 /// so its mutex is never contended.
@@ -59,9 +18,7 @@ pub(super) struct Staged {
     /// The view after the last staged txn; readers still see the published one.
     pub view: Option<Arc<View>>,
     /// Every staged txn's sled writes, in commit order.
-    pub batch: sled::Batch,
-    /// True once `batch` holds anything (sled::Batch cannot tell).
-    pub dirty: bool,
+    pub batch: Batch,
     /// The changes of each staged revision, by main revision (`events[sub]` has sub revision
     /// `sub`): later txns of the group read values from here, as the records are not in sled.
     pub records: HashMap<i64, Vec<Event>>,
@@ -89,7 +46,10 @@ impl Staged {
 
     /// True when a flush has nothing to do.
     pub fn is_empty(&self) -> bool {
-        self.view.is_none() && !self.dirty && self.jobs.is_empty() && self.abandoned.is_none()
+        self.view.is_none()
+            && self.batch.is_empty()
+            && self.jobs.is_empty()
+            && self.abandoned.is_none()
     }
 }
 

@@ -8,7 +8,7 @@ use keel_proto::etcdserverpb::{RangeRequest, RangeResponse};
 use keel_proto::mvccpb::{Event, KeyValue};
 
 use super::MvccError;
-use super::backend::{self, FORMAT_VERSION, META_COMPACT, META_FORMAT};
+use super::codec::{self, FORMAT_VERSION};
 use super::compactor::{Compactor, INLINE_REMOVALS, Job};
 use super::hash::{self, HashKv};
 use super::index::Index;
@@ -17,6 +17,7 @@ use super::range::{ReadView, ValueSource};
 use super::rebuild;
 use super::staged::Staged;
 use super::write_txn::WriteTxn;
+use crate::backend::schema::{MVCC_COMPACT, MVCC_FORMAT};
 use crate::error::EtcdError;
 
 /// One immutable state of the store, shared by every reader that started while it was
@@ -85,9 +86,9 @@ impl MvccStore {
     /// Errors: sled I/O, an unknown format version, a corrupt record, or no thread for the
     /// compactor.
     pub fn open(tree: sled::Tree) -> Result<MvccStore, MvccError> {
-        match tree.get(META_FORMAT)? {
+        match tree.get(MVCC_FORMAT)? {
             Some(v) => {
-                let found = backend::decode_i64(META_FORMAT, &v)? as u64;
+                let found = codec::decode_i64(MVCC_FORMAT, &v)? as u64;
                 if found != FORMAT_VERSION {
                     return Err(MvccError::Format {
                         found,
@@ -96,11 +97,11 @@ impl MvccStore {
                 }
             }
             None => {
-                tree.insert(META_FORMAT, &backend::encode_i64(FORMAT_VERSION as i64))?;
+                tree.insert(MVCC_FORMAT, &codec::encode_i64(FORMAT_VERSION as i64))?;
             }
         }
-        let compact_rev = match tree.get(META_COMPACT)? {
-            Some(v) => backend::decode_i64(META_COMPACT, &v)?,
+        let compact_rev = match tree.get(MVCC_COMPACT)? {
+            Some(v) => codec::decode_i64(MVCC_COMPACT, &v)?,
             None => -1,
         };
         let mut rebuilt = rebuild::rebuild(&tree)?;
@@ -274,9 +275,7 @@ impl MvccStore {
             // Before the removals reach sled, so a reader that misses a record knows why.
             self.compact_floor.fetch_max(floor, Ordering::AcqRel);
         }
-        if group.dirty {
-            self.tree.apply_batch(std::mem::take(&mut group.batch))?;
-        }
+        std::mem::take(&mut group.batch).commit(&self.tree)?;
         if let Some(view) = group.view.take() {
             self.publish(view);
         }
@@ -333,7 +332,7 @@ impl MvccStore {
         rev: &RevInfo,
         read_rev: i64,
     ) -> Result<KeyValue, EtcdError> {
-        match backend::read_record(&self.tree, rev.revision(), rev.tombstone)? {
+        match codec::read_record(&self.tree, rev.revision(), rev.tombstone)? {
             Some(kv) if kv.key == key => Ok(kv),
             Some(kv) => Err(EtcdError::Internal(format!(
                 "mvcc: record {} holds key {:?}, the index says {:?}",

@@ -10,15 +10,15 @@ use keel_proto::etcdserverpb::{
 use keel_proto::mvccpb::event::EventType;
 use keel_proto::mvccpb::{Event, KeyValue};
 
-use super::backend;
+use super::codec;
 use super::compactor::Job;
 use super::index::{Index, KeyRange};
 use super::key_index::RevInfo;
 use super::range::{ReadView, ValueSource};
 use super::revision::{Revision, record_key};
-use super::staged::Writes;
 use super::store::{MvccStore, View};
 use super::{MvccError, txn};
+use crate::backend::{Batch, schema};
 use crate::error::EtcdError;
 
 /// What one committed entry did to the store.
@@ -57,7 +57,7 @@ pub struct WriteTxn<'a> {
     compacted: bool,
     /// Removals of this txn's compaction left for the background compactor.
     compaction_job: Option<Job>,
-    batch: Writes,
+    batch: Batch,
     /// One event per change; `events[sub]` is the change with sub revision `sub`.
     events: Vec<Event>,
 }
@@ -79,7 +79,7 @@ impl<'a> WriteTxn<'a> {
             index: None,
             compacted: false,
             compaction_job: None,
-            batch: Writes::default(),
+            batch: Batch::default(),
             events: Vec::new(),
         }
     }
@@ -218,9 +218,10 @@ impl<'a> WriteTxn<'a> {
         txn::apply(self, req, lease_exists)
     }
 
-    /// Extra sled writes (consistent index, lease, auth, membership) committed atomically
-    /// with this entry's MVCC changes. Keys must not start with `k` or `m` (MVCC's).
-    pub fn batch_mut(&mut self) -> &mut Writes {
+    /// The backend batch of this txn: other components (consistent index, lease, auth,
+    /// membership) stage their writes here, committed atomically with this entry's MVCC
+    /// changes. Their keys are theirs in [`crate::backend::schema`], never MVCC's (`k`, `m`).
+    pub fn batch_mut(&mut self) -> &mut Batch {
         &mut self.batch
     }
 
@@ -236,11 +237,7 @@ impl<'a> WriteTxn<'a> {
             let floor = staged.compact_floor.unwrap_or(self.compact_rev);
             staged.compact_floor = Some(floor.max(self.compact_rev));
         }
-        let writes = std::mem::take(&mut self.batch);
-        if !writes.is_empty() {
-            writes.fold_into(&mut staged.batch);
-            staged.dirty = true;
-        }
+        staged.batch.append(std::mem::take(&mut self.batch));
         if let Some(index) = self.index.take() {
             staged.view = Some(Arc::new(View {
                 index,
@@ -303,7 +300,7 @@ impl<'a> WriteTxn<'a> {
             lease,
         };
         self.batch
-            .insert(record_key(rev, false), backend::encode_put(&kv));
+            .insert(record_key(rev, false), codec::encode_put(&kv));
         self.index_mut()
             .push(key, RevInfo::put(rev, create, version, lease));
         self.events.push(Event {
@@ -318,7 +315,7 @@ impl<'a> WriteTxn<'a> {
     fn tombstone(&mut self, key: &[u8]) {
         let rev = self.next_revision();
         self.batch
-            .insert(record_key(rev, true), backend::encode_tombstone(key));
+            .insert(record_key(rev, true), codec::encode_tombstone(key));
         self.index_mut().push(key, RevInfo::tombstone(rev));
         self.events.push(Event {
             r#type: EventType::Delete as i32,
@@ -367,7 +364,7 @@ impl<'a> WriteTxn<'a> {
         job.records.sort_unstable();
         self.compaction_job = Some(job);
         self.batch
-            .insert(backend::META_COMPACT, &backend::encode_i64(rev));
+            .insert(schema::MVCC_COMPACT, &codec::encode_i64(rev));
         self.compact_rev = rev;
         self.compacted = true;
         tracing::debug!(revision = rev, removed = total, inline, "mvcc: compacted");

@@ -30,7 +30,8 @@ use openraft::SnapshotMeta;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use super::snapshot::{self, Meta};
-use crate::mvcc::revision::{RECORD_PREFIX, record_key_lower_bound};
+use crate::backend::schema::RECORD_PREFIX;
+use crate::mvcc::revision::record_key_lower_bound;
 
 /// Shared by export (read) and by compaction and install (write). See the module docs.
 pub type ExportLock = Arc<RwLock<()>>;

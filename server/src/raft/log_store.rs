@@ -5,6 +5,12 @@
 //! (Raft paper §5.1 and openraft's `RaftLogStorage` docs): `save_vote` returns only after the
 //! vote is fsync'ed, and the `LogFlushed` callback of `append` fires only after the entries are
 //! fsync'ed. Concurrent appends share one fdatasync (group commit, in the WAL).
+//!
+//! Raft log invariants, asserted as toyDB asserts its log's (a break would let two members
+//! hold different committed entries at one index, Raft paper §5.3–5.4):
+//! - an append carries consecutive indices with non-decreasing terms;
+//! - the committed log id never moves backwards;
+//! - no entry at or below the committed log id is ever truncated.
 
 // openraft's `StorageError` (the error type its storage traits require) is large by design;
 // it only travels on the rare failure path.
@@ -145,6 +151,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // Not waited for: committed is a hint that lets a restart re-apply without an
         // election; it only ever names entries that are already durable.
+        let before = self.meta::<Option<LogId>>(META_COMMITTED)?.flatten();
+        assert!(
+            committed >= before,
+            "raft log: the committed log id would move back from {before:?} to {committed:?}"
+        );
         let bytes = bincode::serialize(&committed).map_err(|e| StorageIOError::write_logs(&e))?;
         self.wal
             .set_meta(META_COMMITTED, &bytes)
@@ -168,8 +179,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Entries at or below the purge point are already in the applied state (a snapshot or
         // the store); the WAL keeps only what follows it.
         let purged = self.wal.purged_index();
+        let mut previous: Option<LogId> = None;
         let encoded: Vec<(u64, Vec<u8>)> = entries
             .into_iter()
+            .inspect(|e| {
+                if let Some(p) = previous {
+                    assert!(
+                        e.log_id.index == p.index + 1 && e.log_id.leader_id >= p.leader_id,
+                        "raft log: entry {} appended after {p}",
+                        e.log_id
+                    );
+                }
+                previous = Some(e.log_id);
+            })
             .filter(|e| purged.is_none_or(|p| e.log_id.index > p))
             .map(|e| bincode::serialize(&e).map(|b| (e.log_id.index, b)))
             .collect::<Result<_, _>>()
@@ -188,6 +210,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let committed = self.meta::<Option<LogId>>(META_COMMITTED)?.flatten();
+        assert!(
+            committed.is_none_or(|c| log_id.index > c.index),
+            "raft log: truncating from {log_id} would drop committed entries (committed: {committed:?})"
+        );
         self.wal
             .truncate_from(log_id.index)
             .map_err(|e| StorageIOError::write_logs(&e))?;
@@ -209,5 +236,66 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .purge_to(log_id.index)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+
+    fn log_id(term: u64, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    fn blank(term: u64, index: u64) -> Entry {
+        Entry {
+            log_id: log_id(term, index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    fn store() -> (tempfile::TempDir, LogStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(dir.path(), crate::wal::WalOptions::default()).unwrap();
+        (dir, LogStore::new(Arc::new(wal)))
+    }
+
+    /// Appends `entries` as openraft would, without waiting for the flush callback.
+    fn append(store: &LogStore, entries: Vec<Entry>) {
+        let encoded: Vec<(u64, Vec<u8>)> = entries
+            .iter()
+            .map(|e| (e.log_id.index, bincode::serialize(e).unwrap()))
+            .collect();
+        let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
+        store.wal.append(&refs).unwrap();
+    }
+
+    #[tokio::test]
+    async fn truncating_uncommitted_entries_is_allowed() {
+        let (_dir, mut s) = store();
+        append(&s, (1..=5).map(|i| blank(1, i)).collect());
+        s.save_committed(Some(log_id(1, 3))).await.unwrap();
+        s.truncate(log_id(1, 4)).await.unwrap();
+        assert_eq!(s.wal.last_index(), Some(3));
+        assert_eq!(s.read_committed().await.unwrap(), Some(log_id(1, 3)));
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "would drop committed entries")]
+    async fn truncating_a_committed_entry_panics() {
+        let (_dir, mut s) = store();
+        append(&s, (1..=5).map(|i| blank(1, i)).collect());
+        s.save_committed(Some(log_id(1, 3))).await.unwrap();
+        let _ = s.truncate(log_id(1, 3)).await;
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "would move back")]
+    async fn the_committed_log_id_never_moves_back() {
+        let (_dir, mut s) = store();
+        s.save_committed(Some(log_id(2, 7))).await.unwrap();
+        let _ = s.save_committed(Some(log_id(2, 6))).await;
     }
 }

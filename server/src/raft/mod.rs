@@ -1,9 +1,13 @@
-//! openraft glue: the type configuration, log storage on the WAL, the state machine over
-//! apply/MVCC, snapshot files, and the peer network over tonic.
+//! openraft glue: the type configuration, log storage on the WAL, the state machine that
+//! drives the applied state ([`AppliedState`], implemented above by `apply`), snapshot files,
+//! and the peer transport: pooled connections ([`peers`]), the dial override
+//! ([`dial_override`]) and openraft's network over tonic ([`network`]).
 
+pub mod dial_override;
 pub mod export;
 pub mod log_store;
 pub mod network;
+pub mod peers;
 pub mod proposer;
 pub mod snapshot;
 pub mod state_machine;
@@ -20,4 +24,5 @@ mod test_support;
 
 pub use log_store::LogStore;
 pub use network::PeerNetwork;
-pub use state_machine::{SharedStore, StateMachine};
+pub use peers::Peers;
+pub use state_machine::{AppliedState, StateMachine};

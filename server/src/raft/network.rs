@@ -31,8 +31,8 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::peers::{Peers, is_transport_failure};
 use super::types::{MemberNode, NodeId, TypeConfig};
-use crate::cluster::peers::{Peers, is_transport_failure};
 
 /// First wait after a transport failure; doubles per failure up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
@@ -58,7 +58,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     async fn new_client(&mut self, target: NodeId, node: &MemberNode) -> PeerConnection {
         PeerConnection {
             target,
-            url: node.peer_urls.first().cloned().unwrap_or_default(),
+            url: node.peer_url().cloned().unwrap_or_default(),
             peers: self.peers.clone(),
         }
     }

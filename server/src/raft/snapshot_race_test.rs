@@ -13,8 +13,9 @@ use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{CommittedLeaderId, EntryPayload, RaftSnapshotBuilder};
 use tokio::io::AsyncWriteExt;
 
-use super::state_machine::{SharedStore, StateMachine};
+use super::state_machine::StateMachine;
 use super::types::{Entry, LogId, Request, TypeConfig};
+use crate::mvcc::SharedStore;
 
 /// Bound on any single step; a step that takes longer is a deadlock.
 pub(super) const STEP: Duration = Duration::from_secs(20);

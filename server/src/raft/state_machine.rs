@@ -1,5 +1,6 @@
-//! openraft state machine: applies committed entries through [`crate::apply::Applier`] and
-//! builds/installs snapshots ([`super::snapshot`]).
+//! openraft state machine: drives the member's applied state ([`AppliedState`], implemented
+//! by `apply::Applier`: raft knows only the trait, as toyDB's raft knows only its `State`)
+//! and builds/installs snapshots ([`super::snapshot`]).
 //!
 //! Snapshots are revision-bounded exports ([`super::export`]): captured on the apply task,
 //! written on a blocking thread while apply continues. Compaction entries and snapshot
@@ -21,7 +22,6 @@
 
 use std::io::{self, Seek};
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership};
@@ -29,39 +29,46 @@ use openraft::{RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembersh
 use super::export::{ExportHook, ExportJob, ExportLock};
 use super::snapshot;
 use super::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError, TypeConfig};
-use crate::apply::Applier;
-use crate::membership::Attributes;
-use crate::mvcc::MvccStore;
 
-/// The current MVCC store, swappable when a snapshot is installed. Readers take a clone of
-/// the `Arc` per request and never hold the lock while reading.
-pub struct SharedStore {
-    store: RwLock<Arc<MvccStore>>,
-}
+/// The state committed entries are applied to, as the raft state machine drives it: entries
+/// in log order into an apply group, one flush per group, and a tree that snapshots export
+/// and installs replace.
+pub trait AppliedState: Send + Sync + 'static {
+    /// The last log entry whose every request is applied (openraft's last applied).
+    fn last_applied(&self) -> Option<LogId>;
 
-impl SharedStore {
-    /// Wraps the store opened at start-up.
-    pub fn new(store: Arc<MvccStore>) -> SharedStore {
-        SharedStore {
-            store: RwLock::new(store),
-        }
-    }
+    /// The last applied membership config.
+    fn membership(&self) -> &StoredMembership<NodeId, MemberNode>;
 
-    /// The store to read from now.
-    pub fn get(&self) -> Arc<MvccStore> {
-        self.store.read().expect("store lock").clone()
-    }
+    /// Applies one committed entry into the current apply group and returns its result.
+    ///
+    /// Errors: storage failures only (fatal for the member).
+    fn stage(&mut self, entry: &Entry) -> Result<Response, StorageError>;
 
-    fn set(&self, store: Arc<MvccStore>) {
-        *self.store.write().expect("store lock") = store;
-    }
+    /// Writes the apply group to the store in one batch, then notifies watchers.
+    ///
+    /// Errors: storage failures (fatal for the member).
+    fn flush(&mut self) -> Result<(), StorageError>;
+
+    /// The sled tree holding the replicated state (what a snapshot carries).
+    fn tree(&self) -> &sled::Tree;
+
+    /// The store revision of the applied state (bounds a snapshot export).
+    fn revision(&self) -> i64;
+
+    /// Called before an install clears and reloads [`AppliedState::tree`].
+    fn begin_install(&mut self);
+
+    /// Called once the tree holds the snapshot whose membership is `members`: reload every
+    /// in-memory view from it.
+    ///
+    /// Errors: the new tree does not load.
+    fn finish_install(&mut self, members: &StoredMembership<NodeId, MemberNode>) -> io::Result<()>;
 }
 
 /// The raft state machine of one member.
 pub struct StateMachine {
-    applier: Applier,
-    shared: Arc<SharedStore>,
-    attributes: Arc<Attributes>,
+    applier: Box<dyn AppliedState>,
     snap_dir: PathBuf,
     receiving: Option<PathBuf>,
     snapshot_seq: u64,
@@ -75,17 +82,10 @@ pub struct StateMachine {
 const INSTALL_MARKER: &str = "INSTALLING";
 
 impl StateMachine {
-    /// Creates the state machine over an opened applier; snapshots live in `snap_dir`.
-    pub fn new(
-        applier: Applier,
-        shared: Arc<SharedStore>,
-        attributes: Arc<Attributes>,
-        snap_dir: PathBuf,
-    ) -> StateMachine {
+    /// Creates the state machine over an opened applied state; snapshots live in `snap_dir`.
+    pub fn new(applier: impl AppliedState, snap_dir: PathBuf) -> StateMachine {
         StateMachine {
-            applier,
-            shared,
-            attributes,
+            applier: Box::new(applier),
             snap_dir,
             receiving: None,
             snapshot_seq: 0,
@@ -116,7 +116,7 @@ impl StateMachine {
                 self.snapshot_seq
             ),
         };
-        let revision = self.applier.store().current_revision();
+        let revision = self.applier.revision();
         ExportJob::capture(
             &self.export_lock,
             self.applier.tree(),
@@ -193,13 +193,9 @@ impl StateMachine {
     }
 
     /// Replaces the whole tree with the (verified) snapshot file at `path`, flushes it, and
-    /// reopens the MVCC store, the attributes and the applier on it.
+    /// has the applied state reload from it.
     fn replace_store(&mut self, path: &std::path::Path) -> io::Result<()> {
-        let watch = self.applier.watch_hub().cloned();
-        if let Some(hub) = &watch {
-            // History reads from here on would see a half-replaced store.
-            hub.begin_install();
-        }
+        self.applier.begin_install();
         let tree = self.applier.tree().clone();
         let mut file = std::fs::File::open(path)?;
         let meta = tokio::task::block_in_place(|| -> io::Result<snapshot::Meta> {
@@ -222,25 +218,7 @@ impl StateMachine {
             tree.flush().map_err(io::Error::other)?;
             Ok(meta)
         })?;
-        let store =
-            Arc::new(MvccStore::open(tree.clone()).map_err(|e| io::Error::other(e.to_string()))?);
-        let attributes = Attributes::load(&tree).map_err(io::Error::other)?;
-        for id in meta.last_membership.membership().nodes().map(|(id, _)| *id) {
-            if let Some(a) = attributes.get(id) {
-                self.attributes.publish(a);
-            }
-        }
-        let lessor = self.applier.lessor().clone();
-        self.applier =
-            Applier::open_with_lessor(tree, store.clone(), self.attributes.clone(), lessor)
-                .map_err(io::Error::other)?;
-        self.shared.set(store);
-        if let Some(hub) = watch {
-            // Every watcher catches up from the new store (or is canceled as compacted).
-            hub.finish_install();
-            self.applier.set_watch_hub(hub);
-        }
-        Ok(())
+        self.applier.finish_install(&meta.last_membership)
     }
 
     /// Finishes an install that a crash interrupted (the marker is still there).

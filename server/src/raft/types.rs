@@ -44,6 +44,14 @@ pub struct MemberNode {
     pub peer_urls: Vec<String>,
 }
 
+impl MemberNode {
+    /// The URL other members dial to reach this one: the first of its peer URLs (etcd's
+    /// peer transport also picks one URL per member).
+    pub fn peer_url(&self) -> Option<&String> {
+        self.peer_urls.first()
+    }
+}
+
 impl fmt::Display for MemberNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}={}", self.name, self.peer_urls.join(","))

@@ -83,8 +83,18 @@ impl LogIndex {
         }
     }
 
-    /// Adds one entry; `check_append(index)` must have passed.
+    /// Adds one entry; `check_append(index)` must have passed (live writes), or the entry was
+    /// written after the records replayed so far (recovery).
+    ///
+    /// Panics if the entry would break the module's invariants: an index map with a hole or
+    /// an entry at or below the purge point would serve the wrong bytes for a log index.
     pub(crate) fn push(&mut self, index: u64, loc: Loc) {
+        if let Some(purged) = self.purged {
+            assert!(
+                index > purged,
+                "log entry {index} at or below the purge point {purged}"
+            );
+        }
         if self.locs.is_empty() {
             self.first = index;
         }
@@ -118,5 +128,46 @@ impl LogIndex {
 
     pub(crate) fn set_meta(&mut self, key: u8, value: &[u8]) {
         self.meta.insert(key, value.to_vec());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loc(offset: u64) -> Loc {
+        Loc {
+            seq: 1,
+            offset,
+            data_len: 1,
+        }
+    }
+
+    #[test]
+    fn entries_continue_above_the_purge_point() {
+        let mut index = LogIndex::default();
+        index.purge_to(4);
+        index.push(5, loc(0));
+        index.push(6, loc(10));
+        assert_eq!(
+            (index.first_index(), index.last_index()),
+            (Some(5), Some(6))
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "at or below the purge point")]
+    fn an_entry_at_the_purge_point_panics() {
+        let mut index = LogIndex::default();
+        index.purge_to(4);
+        index.push(4, loc(0));
+    }
+
+    #[test]
+    #[should_panic(expected = "contiguous")]
+    fn a_hole_in_the_log_panics() {
+        let mut index = LogIndex::default();
+        index.push(1, loc(0));
+        index.push(3, loc(10));
     }
 }

@@ -34,8 +34,6 @@ pub use hub::{HubStats, WatchHub, WatcherSpec};
 pub use source::{HistorySource, StoreHistory};
 pub use stream::{WatchOutput, WatchStream};
 
-use crate::config::{Config, GRPC_OVERHEAD_BYTES};
-
 /// etcd's per-stream watch channel length (`chanBufLen`), Keel's default per-watcher
 /// bound in responses.
 pub const DEFAULT_BUFFER_LEN: usize = 128;
@@ -45,8 +43,13 @@ pub const DEFAULT_STREAM_BUFFER_BYTES: usize = 16 * 1024 * 1024;
 pub const BATCH_MAX_REVISIONS: usize = 1000;
 /// etcd's `maxWatchersPerSync`: unsynced watchers served per sync round.
 pub const SYNC_BATCH: usize = 512;
+/// Default split size of `fragment` responses: etcd's default `--max-request-bytes`
+/// (1.5 MiB) plus its gRPC overhead allowance (512 KiB). `config/` derives the value from
+/// the flags (and its tests tie this default to them).
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1_572_864 + 512 * 1024;
 
-/// Limits of the watch subsystem. Every one comes from a flag or an etcd constant.
+/// Limits of the watch subsystem. Every one comes from a flag or an etcd constant (a
+/// member's come from its flags: `WatchConfig::from_config` in `config/`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchConfig {
     /// Responses one watcher may have queued before it falls behind and catches up from
@@ -73,25 +76,9 @@ impl Default for WatchConfig {
             buffer_len: DEFAULT_BUFFER_LEN,
             stream_buffer_bytes: DEFAULT_STREAM_BUFFER_BYTES,
             progress_interval: progress::DEFAULT_PROGRESS_INTERVAL,
-            max_response_bytes: crate::config::DEFAULT_MAX_REQUEST_BYTES as usize
-                + GRPC_OVERHEAD_BYTES,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             batch_max_revisions: BATCH_MAX_REVISIONS,
             sync_batch: SYNC_BATCH,
-        }
-    }
-}
-
-impl WatchConfig {
-    /// The watch limits of a member's flags.
-    pub fn from_config(config: &Config) -> WatchConfig {
-        WatchConfig {
-            buffer_len: config.watch_buffer_len.max(1),
-            stream_buffer_bytes: config.watch_stream_buffer_bytes.max(1),
-            progress_interval: progress::effective_interval(
-                config.experimental_watch_progress_notify_interval.0,
-            ),
-            max_response_bytes: config.max_request_bytes as usize + GRPC_OVERHEAD_BYTES,
-            ..WatchConfig::default()
         }
     }
 }

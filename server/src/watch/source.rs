@@ -1,6 +1,6 @@
 //! Where the hub reads history from: the MVCC store behind a small trait, so the hub can be
 //! tested against an in-memory model and so a snapshot install (which swaps the store) is
-//! seen through [`crate::raft::SharedStore`].
+//! seen through [`crate::mvcc::SharedStore`].
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use keel_proto::mvccpb::{Event, KeyValue};
 
 use super::key_range::WatchKeyRange;
 use crate::error::EtcdError;
-use crate::raft::SharedStore;
+use crate::mvcc::SharedStore;
 
 /// How much one catch-up read may return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

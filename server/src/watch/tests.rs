@@ -15,7 +15,7 @@ use keel_proto::etcdserverpb::{
 use super::sync::SyncOutcome;
 use super::{StoreHistory, WatchConfig, WatchHub, WatchOutput};
 use crate::mvcc::MvccStore;
-use crate::raft::SharedStore;
+use crate::mvcc::SharedStore;
 
 /// The scenarios: goldenscripts in `watch/testscripts/` (docs/testing.md).
 mod golden;

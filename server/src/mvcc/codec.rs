@@ -1,17 +1,8 @@
-//! How MVCC state is laid out in the shared sled tree.
+//! The bytes of MVCC's part of the member tree: record and meta values (the keys are declared
+//! in [`crate::backend::schema`], which documents the whole layout once).
 //!
-//! MVCC owns two key prefixes of the member's sled tree (other modules use other first bytes:
-//! `c` consistent index, `l` lease, `a` auth, `s` membership):
-//!
-//! | key | value |
-//! |---|---|
-//! | `k` + main (u64 BE) + sub (u64 BE) | prost `mvccpb.KeyValue` of a put (all fields) |
-//! | `k` + main (u64 BE) + sub (u64 BE) + `t` | prost `mvccpb.KeyValue` with only `key` (a delete) |
-//! | `mformat` | MVCC format version, u64 BE ([`FORMAT_VERSION`]) |
-//! | `mcompact` | compact revision, i64 BE (absent = never compacted) |
-//!
-//! The value bytes are exactly what etcd stores in its `key` bucket (gogo-proto and prost
-//! both write set fields in field order and skip defaults), which lets `HashKV` hash the same
+//! Record values are exactly what etcd stores in its `key` bucket (gogo-proto and prost both
+//! write set fields in field order and skip defaults), which lets `HashKV` hash the same
 //! bytes as etcd.
 
 use keel_proto::mvccpb::KeyValue;
@@ -20,11 +11,8 @@ use prost::Message;
 use super::MvccError;
 use super::revision::{Revision, parse_record_key, record_key};
 
-/// sled key of the MVCC format version.
-pub const META_FORMAT: &[u8] = b"mformat";
-/// sled key of the compact revision.
-pub const META_COMPACT: &[u8] = b"mcompact";
-/// Current on-disk format of MVCC records and meta. Bump on any incompatible change.
+/// Current on-disk format of MVCC records and meta (the value of
+/// [`crate::backend::schema::MVCC_FORMAT`]). Bump on any incompatible change.
 pub const FORMAT_VERSION: u64 = 1;
 
 /// Encodes the value of a put record.
@@ -218,8 +206,11 @@ mod tests {
 
     #[test]
     fn i64_meta_round_trips() {
-        assert_eq!(decode_i64(META_COMPACT, &encode_i64(-1)).unwrap(), -1);
-        assert!(decode_i64(META_COMPACT, &[1, 2]).is_err());
+        assert_eq!(
+            decode_i64(crate::backend::schema::MVCC_COMPACT, &encode_i64(-1)).unwrap(),
+            -1
+        );
+        assert!(decode_i64(crate::backend::schema::MVCC_COMPACT, &[1, 2]).is_err());
     }
 
     #[test]

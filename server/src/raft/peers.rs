@@ -17,8 +17,8 @@ use keel_proto::keelpb::peer_client::PeerClient;
 use tonic::transport::{Channel, Endpoint};
 
 use super::dial_override::DialOverrides;
+use super::types::{NodeId, Raft};
 use crate::error::EtcdError;
-use crate::raft::types::NodeId;
 
 /// Time allowed to open a TCP connection to a peer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -149,6 +149,24 @@ impl Peers {
     pub fn connected_since(&self, id: NodeId, since: Instant) -> bool {
         self.active_since(id).is_some_and(|t| t <= since)
     }
+}
+
+/// The leader this member knows of and the peer URL to reach it at ([`MemberNode::peer_url`]
+/// of its entry in the membership config): `(None, None)` while no leader is known, a `None`
+/// URL when the leader is not in this member's config yet. Every leader-only RPC (forwarded
+/// proposals, read index, membership changes, lease keepalives) is routed with it.
+///
+/// [`MemberNode::peer_url`]: super::types::MemberNode::peer_url
+pub fn leader_url(raft: &Raft) -> (Option<NodeId>, Option<String>) {
+    let m = raft.metrics();
+    let m = m.borrow();
+    let url = m.current_leader.and_then(|l| {
+        m.membership_config
+            .membership()
+            .get_node(&l)
+            .and_then(|n| n.peer_url().cloned())
+    });
+    (m.current_leader, url)
 }
 
 /// What a failed peer RPC tells about the request it carried.

@@ -3,11 +3,24 @@
 //! Flags follow etcd's `etcd --help` (v3.4–3.6). As in etcd, when `--config-file` is given
 //! the YAML file is the whole configuration and other flags are ignored. Keel differs from
 //! etcd only in the default data dir (`<name>.keel` instead of `<name>.etcd`).
+//!
+//! This module sits with `main.rs` and `node.rs` at the top of the module tree: it turns the
+//! flags into each component's own settings ([`settings`]: `WatchConfig`, the lease loop's
+//! `RunnerConfig`, the bootstrap flags), so no component below reads `Config`.
+
+mod duration;
+mod error;
+mod settings;
 
 use std::path::PathBuf;
 
 use clap::Parser;
 use serde::Deserialize;
+
+pub use duration::{GoDuration, GoDurationError};
+pub use error::ConfigError;
+
+use crate::raft::dial_override;
 
 /// etcd's default `--max-request-bytes`: 1.5 MiB.
 pub const DEFAULT_MAX_REQUEST_BYTES: u32 = 1_572_864;
@@ -86,7 +99,7 @@ pub struct Config {
     /// Interval of progress notifications to watchers that set `progress_notify` (a Go
     /// duration such as `10m` or `500ms`; etcd's default 10m, minimum 100ms).
     #[arg(long, default_value = "10m")]
-    pub experimental_watch_progress_notify_interval: crate::watch::progress::GoDuration,
+    pub experimental_watch_progress_notify_interval: GoDuration,
     /// Keel: responses one watcher may have queued before it falls behind and catches up
     /// from the store (etcd's fixed per-stream channel holds 128).
     #[arg(long, default_value_t = crate::watch::DEFAULT_BUFFER_LEN)]
@@ -96,7 +109,7 @@ pub struct Config {
     pub watch_stream_buffer_bytes: usize,
     /// Keel: comma-separated `ADVERTISED_PEER_URL=DIAL_URL` pairs; connections to a peer
     /// advertised at the left URL dial the right URL instead (e.g. a TCP proxy of the chaos
-    /// harness). Membership keeps the advertised URLs. See `cluster::dial_override`.
+    /// harness). Membership keeps the advertised URLs. See `raft::dial_override`.
     #[arg(long, default_value = "")]
     pub experimental_peer_dial_override: String,
     /// Logging level: debug, info, warn, error.
@@ -113,8 +126,9 @@ impl Default for Config {
 impl Config {
     /// Parses the command line; if `--config-file` is set, loads that file instead.
     ///
-    /// Errors: an unreadable or invalid YAML file (message names the file).
-    pub fn load() -> Result<Config, String> {
+    /// Errors: an unreadable or invalid YAML file (message names the file), or a check of
+    /// [`Config::normalize`].
+    pub fn load() -> Result<Config, ConfigError> {
         let cli = Config::parse();
         let mut cfg = match &cli.config_file {
             None => cli,
@@ -132,7 +146,7 @@ impl Config {
     /// - `--experimental-peer-dial-override` must parse.
     ///
     /// Errors: etcd's message for a too-short election timeout; the override's parse error.
-    pub fn normalize(&mut self) -> Result<(), String> {
+    pub fn normalize(&mut self) -> Result<(), ConfigError> {
         let default_cluster = "default=http://localhost:2380";
         if self.initial_cluster.trim().is_empty()
             || (self.initial_cluster == default_cluster && self.name != "default")
@@ -143,23 +157,29 @@ impl Config {
                 .collect::<Vec<_>>()
                 .join(",");
         }
-        crate::cluster::dial_override::parse(&self.experimental_peer_dial_override)?;
+        dial_override::parse(&self.experimental_peer_dial_override)?;
         if self.election_timeout < 5 * self.heartbeat_interval {
-            return Err(format!(
-                "--election-timeout[{}ms] should be at least as 5 times as --heartbeat-interval[{}ms]",
-                self.election_timeout, self.heartbeat_interval
-            ));
+            return Err(ConfigError::ElectionTimeout {
+                election: self.election_timeout,
+                heartbeat: self.heartbeat_interval,
+            });
         }
         Ok(())
     }
 
     /// Loads a YAML config file with etcd's keys (`name`, `data-dir`, `listen-client-urls`,
     /// ...); missing keys take the flag defaults. Unknown etcd keys are ignored.
-    pub fn from_yaml_file(path: &std::path::Path) -> Result<Config, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read --config-file {}: {e}", path.display()))?;
-        let mut cfg: Config = serde_norway::from_str(&text)
-            .map_err(|e| format!("invalid --config-file {}: {e}", path.display()))?;
+    ///
+    /// Errors: the file cannot be read, or is not YAML with these keys.
+    pub fn from_yaml_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let mut cfg: Config = serde_norway::from_str(&text).map_err(|error| ConfigError::Yaml {
+            path: path.to_path_buf(),
+            error,
+        })?;
         cfg.config_file = Some(path.to_path_buf());
         Ok(cfg)
     }
@@ -193,7 +213,7 @@ pub fn split_urls(urls: &str) -> Vec<String> {
 /// Turns `http://host:port` into a socket address to bind (`localhost` → 127.0.0.1).
 ///
 /// Errors: a URL without a port, or a host that does not resolve.
-pub fn bind_addr(url: &str) -> Result<std::net::SocketAddr, String> {
+pub fn bind_addr(url: &str) -> Result<std::net::SocketAddr, ConfigError> {
     use std::net::ToSocketAddrs;
     let rest = url
         .strip_prefix("http://")
@@ -203,9 +223,14 @@ pub fn bind_addr(url: &str) -> Result<std::net::SocketAddr, String> {
     let hostport = hostport.replacen("localhost", "127.0.0.1", 1);
     hostport
         .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {url}: {e}"))?
+        .map_err(|error| ConfigError::Resolve {
+            url: url.to_string(),
+            error,
+        })?
         .next()
-        .ok_or_else(|| format!("{url} resolves to no address"))
+        .ok_or_else(|| ConfigError::NoAddress {
+            url: url.to_string(),
+        })
 }
 
 #[cfg(test)]
@@ -242,11 +267,8 @@ mod tests {
         assert_eq!(c.listen_client_urls, "http://127.0.0.1:9");
         assert_eq!(c.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
         std::fs::write(&p, "max-txn-ops: [").unwrap();
-        assert!(
-            Config::from_yaml_file(&p)
-                .unwrap_err()
-                .contains("invalid --config-file")
-        );
+        let err = Config::from_yaml_file(&p).unwrap_err().to_string();
+        assert!(err.contains("invalid --config-file"), "{err}");
     }
 
     #[test]
@@ -287,7 +309,7 @@ mod tests {
             "100",
         ]);
         assert_eq!(
-            c.normalize().unwrap_err(),
+            c.normalize().unwrap_err().to_string(),
             "--election-timeout[100ms] should be at least as 5 times as --heartbeat-interval[500ms]"
         );
     }
@@ -305,7 +327,7 @@ mod tests {
         std::fs::write(&p, "experimental-peer-dial-override: 'http://a:1'\n").unwrap();
         let mut c = Config::from_yaml_file(&p).unwrap();
         assert_eq!(c.experimental_peer_dial_override, "http://a:1");
-        assert!(c.normalize().unwrap_err().starts_with(
+        assert!(c.normalize().unwrap_err().to_string().starts_with(
             "invalid value \"http://a:1\" for flag --experimental-peer-dial-override"
         ));
     }

@@ -1,0 +1,116 @@
+//! [`Batch`]: the writes one apply group makes to the member tree, staged by every component
+//! (mvcc records and meta, the consistent index, leases, member attributes, the raft
+//! membership; next auth and alarms) and committed as ONE atomic sled batch.
+//!
+//! Why one batch per group, not per request: sled's `apply_batch` rolls its I/O buffer before
+//! and after the batch, and each roll writes the buffer with `sync_file_range(WAIT_AFTER)`
+//! (sled 0.34 `pin_log`, `write_to_log`). One sled batch per request therefore cost two
+//! synchronous disk writes per put and capped a member at about 1,200 puts/s
+//! (docs/benchmarks.md, "Finding 1: sled syncs its log twice per `apply_batch`"). Durability
+//! does not need any of it: the raft WAL holds every entry and the consistent index,
+//! committed in the same batch, tells a restarted member where to resume, so a group is
+//! exactly as safe as one request.
+
+use sled::IVec;
+
+use super::BackendError;
+
+/// Staged writes to the member tree, in order, with `sled::Batch`'s `insert`/`remove` shape.
+///
+/// Unlike a `sled::Batch` it can be appended to another one (a request's writes join its
+/// apply group's), it can tell whether it is empty, and dropping it discards everything.
+/// A later write of a key wins over an earlier one, as in sled.
+#[derive(Debug, Default)]
+pub struct Batch {
+    ops: Vec<(IVec, Option<IVec>)>,
+}
+
+impl Batch {
+    /// Stages `key = value`.
+    pub fn insert<K: Into<IVec>, V: Into<IVec>>(&mut self, key: K, value: V) {
+        self.ops.push((key.into(), Some(value.into())));
+    }
+
+    /// Stages the removal of `key`.
+    pub fn remove<K: Into<IVec>>(&mut self, key: K) {
+        self.ops.push((key.into(), None));
+    }
+
+    /// Appends every write of `later` after this batch's own.
+    pub fn append(&mut self, mut later: Batch) {
+        if self.ops.is_empty() {
+            self.ops = later.ops;
+        } else {
+            self.ops.append(&mut later.ops);
+        }
+    }
+
+    /// True when nothing is staged.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Number of staged writes (a key written twice counts twice).
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Writes everything staged to `tree` as one atomic sled batch (no fsync: durability
+    /// comes from the raft WAL and the consistent index). A no-op when nothing is staged.
+    ///
+    /// Errors: sled I/O; then nothing of the batch is in the tree.
+    pub fn commit(self, tree: &sled::Tree) -> Result<(), BackendError> {
+        if self.ops.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for (key, value) in self.ops {
+            match value {
+                Some(v) => batch.insert(key, v),
+                None => batch.remove(key),
+            }
+        }
+        tree.apply_batch(batch)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_lands_whole_in_order_and_later_writes_win() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = db.open_tree("t").unwrap();
+        tree.insert(b"gone", b"x").unwrap();
+        let mut first = Batch::default();
+        first.insert(b"a".as_slice(), b"1".as_slice());
+        first.remove(b"gone".as_slice());
+        let mut second = Batch::default();
+        second.insert(b"a".as_slice(), b"2".as_slice());
+        second.insert(b"b".as_slice(), b"3".as_slice());
+        first.append(second);
+        assert_eq!(first.len(), 4);
+        assert!(
+            tree.get(b"a").unwrap().is_none(),
+            "nothing lands before commit"
+        );
+        first.commit(&tree).unwrap();
+        assert_eq!(tree.get(b"a").unwrap().unwrap(), b"2");
+        assert_eq!(tree.get(b"b").unwrap().unwrap(), b"3");
+        assert!(tree.get(b"gone").unwrap().is_none());
+    }
+
+    #[test]
+    fn an_empty_batch_commits_nothing() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = db.open_tree("t").unwrap();
+        let mut b = Batch::default();
+        assert!(b.is_empty());
+        b.append(Batch::default());
+        assert!(b.is_empty());
+        b.commit(&tree).unwrap();
+        assert!(tree.is_empty());
+    }
+}

@@ -1,0 +1,53 @@
+//! [`ConfigError`]: why a member cannot start with its flags.
+
+use std::path::PathBuf;
+
+use crate::raft::dial_override::DialOverrideError;
+
+/// A configuration that cannot be used; the texts are what `keel` prints before it exits.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `--config-file` cannot be read.
+    #[error("cannot read --config-file {}: {error}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        error: std::io::Error,
+    },
+    /// `--config-file` is not valid YAML for these keys.
+    #[error("invalid --config-file {}: {error}", path.display())]
+    Yaml {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error.
+        error: serde_norway::Error,
+    },
+    /// etcd's check of `--election-timeout` against `--heartbeat-interval`.
+    #[error(
+        "--election-timeout[{election}ms] should be at least as 5 times as --heartbeat-interval[{heartbeat}ms]"
+    )]
+    ElectionTimeout {
+        /// `--election-timeout` (ms).
+        election: u64,
+        /// `--heartbeat-interval` (ms).
+        heartbeat: u64,
+    },
+    /// `--experimental-peer-dial-override` does not parse.
+    #[error(transparent)]
+    DialOverride(#[from] DialOverrideError),
+    /// A URL to listen on does not resolve to a socket address.
+    #[error("cannot resolve {url}: {error}")]
+    Resolve {
+        /// The URL.
+        url: String,
+        /// The resolver's error.
+        error: std::io::Error,
+    },
+    /// A URL to listen on resolves to nothing.
+    #[error("{url} resolves to no address")]
+    NoAddress {
+        /// The URL.
+        url: String,
+    },
+}

@@ -1,0 +1,137 @@
+//! Each component's settings, derived from the flags: the components below `config` take
+//! these plain structs and never read [`Config`] (dependencies point down).
+
+use std::time::Duration;
+
+use super::{Config, GRPC_OVERHEAD_BYTES, split_urls};
+use crate::cluster::bootstrap;
+use crate::cluster::timing::{self, RaftTimers, Timing};
+use crate::lease::PrimaryConfig;
+use crate::lease::runner::{
+    DEFAULT_CHECKPOINT_BATCH, DEFAULT_EXPIRE_BATCH, DEFAULT_MAX_IN_FLIGHT, RunnerConfig,
+};
+use crate::watch::{WatchConfig, progress};
+
+impl Config {
+    /// etcd's request timeout: 5 s plus twice the election timeout.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(5000 + 2 * self.election_timeout)
+    }
+
+    /// openraft's timers for `--heartbeat-interval` and `--election-timeout`.
+    pub fn raft_timers(&self) -> RaftTimers {
+        timing::raft_timers(self.heartbeat_interval, self.election_timeout)
+    }
+
+    /// The cluster layer's timers and timeouts.
+    pub fn timing(&self) -> Timing {
+        Timing {
+            raft: self.raft_timers(),
+            election_timeout: Duration::from_millis(self.election_timeout),
+            request_timeout: self.request_timeout(),
+        }
+    }
+}
+
+impl WatchConfig {
+    /// The watch limits of a member's flags.
+    pub fn from_config(config: &Config) -> WatchConfig {
+        WatchConfig {
+            buffer_len: config.watch_buffer_len.max(1),
+            stream_buffer_bytes: config.watch_stream_buffer_bytes.max(1),
+            progress_interval: progress::effective_interval(
+                config.experimental_watch_progress_notify_interval.0,
+            ),
+            max_response_bytes: config.max_request_bytes as usize + GRPC_OVERHEAD_BYTES,
+            ..WatchConfig::default()
+        }
+    }
+}
+
+impl RunnerConfig {
+    /// The lease loop settings of a member with `config`: TTL extension = election timeout
+    /// (etcd `Promote(electionTimeout)`), revocation retry = etcd's request timeout, the
+    /// rate and checkpoint interval from the flags.
+    pub fn from_config(config: &Config) -> RunnerConfig {
+        let interval = config.lease_checkpoint_interval;
+        RunnerConfig {
+            primary: PrimaryConfig {
+                extend: Duration::from_millis(config.election_timeout),
+                checkpoint_interval: (interval > 0).then(|| Duration::from_millis(interval)),
+                revoke_retry: config.request_timeout(),
+            },
+            revoke_rate: config.lease_revoke_rate.max(1),
+            batch: DEFAULT_EXPIRE_BATCH,
+            checkpoint_batch: DEFAULT_CHECKPOINT_BATCH,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
+}
+
+impl bootstrap::Flags {
+    /// The identity flags of a member with `config`.
+    pub fn from_config(config: &Config) -> bootstrap::Flags {
+        bootstrap::Flags {
+            name: config.name.clone(),
+            initial_cluster: config.initial_cluster.clone(),
+            advertise_peer_urls: split_urls(&config.initial_advertise_peer_urls),
+            token: config.initial_cluster_token.clone(),
+            new_cluster: config.initial_cluster_state == "new",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[test]
+    fn default_flags_give_the_components_defaults() {
+        let c = Config::default();
+        assert_eq!(WatchConfig::from_config(&c), WatchConfig::default());
+        assert_eq!(c.request_timeout(), Duration::from_millis(7000));
+        let r = RunnerConfig::from_config(&c);
+        assert_eq!(r.primary.extend, Duration::from_millis(1000));
+        assert_eq!(r.primary.revoke_retry, Duration::from_millis(7000));
+        assert_eq!(
+            r.primary.checkpoint_interval,
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(r.revoke_rate, 100_000);
+        let f = bootstrap::Flags::from_config(&c);
+        assert_eq!(
+            f.advertise_peer_urls,
+            vec!["http://localhost:2380".to_string()]
+        );
+        assert!(f.new_cluster);
+        assert_eq!(f.token, "etcd-cluster");
+    }
+
+    #[test]
+    fn flags_reach_the_watch_and_lease_settings() {
+        let c = Config::parse_from([
+            "keel",
+            "--watch-buffer-len",
+            "0",
+            "--max-request-bytes",
+            "100",
+            "--experimental-watch-progress-notify-interval",
+            "10ms",
+            "--lease-checkpoint-interval",
+            "0",
+            "--initial-cluster-state",
+            "existing",
+        ]);
+        let w = WatchConfig::from_config(&c);
+        assert_eq!(w.buffer_len, 1, "at least one response");
+        assert_eq!(w.max_response_bytes, 100 + GRPC_OVERHEAD_BYTES);
+        assert_eq!(w.progress_interval, progress::MIN_PROGRESS_INTERVAL);
+        assert_eq!(
+            RunnerConfig::from_config(&c).primary.checkpoint_interval,
+            None
+        );
+        assert!(!bootstrap::Flags::from_config(&c).new_cluster);
+    }
+}
