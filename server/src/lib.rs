@@ -15,6 +15,7 @@ pub mod lease;
 pub mod membership;
 pub mod mvcc;
 pub mod node;
+pub mod qos;
 pub mod raft;
 pub mod wal;
 pub mod watch;
