@@ -34,6 +34,8 @@
 
 pub mod method;
 pub mod rules;
+pub mod ruleset;
 
 pub use method::{Method, MethodSet};
 pub use rules::{Match, Priority, Rule, RuleError};
+pub use ruleset::{RuleChange, RuleSet};
