@@ -32,10 +32,14 @@
 //! validation), [`ruleset`] (the replicated set, encoding, changes), [`request`] (what a
 //! request looks like to QoS), [`matcher`], [`limiter`], [`overload`], [`admission`].
 
+pub mod matcher;
 pub mod method;
+pub mod request;
 pub mod rules;
 pub mod ruleset;
 
+pub use matcher::Matcher;
 pub use method::{Method, MethodSet};
+pub use request::{RangeCost, RequestInfo};
 pub use rules::{Match, Priority, Rule, RuleError};
 pub use ruleset::{RuleChange, RuleSet};
