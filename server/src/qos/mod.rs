@@ -32,12 +32,14 @@
 //! validation), [`ruleset`] (the replicated set, encoding, changes), [`request`] (what a
 //! request looks like to QoS), [`matcher`], [`limiter`], [`overload`], [`admission`].
 
+pub mod limiter;
 pub mod matcher;
 pub mod method;
 pub mod request;
 pub mod rules;
 pub mod ruleset;
 
+pub use limiter::{Limiters, Permit, Refusal, RuleStats};
 pub use matcher::Matcher;
 pub use method::{Method, MethodSet};
 pub use request::{RangeCost, RequestInfo};
