@@ -35,6 +35,7 @@
 pub mod limiter;
 pub mod matcher;
 pub mod method;
+pub mod overload;
 pub mod request;
 pub mod rules;
 pub mod ruleset;
@@ -42,6 +43,7 @@ pub mod ruleset;
 pub use limiter::{Limiters, Permit, Refusal, RuleStats};
 pub use matcher::Matcher;
 pub use method::{Method, MethodSet};
+pub use overload::{Load, LoadGauge, Overload, Thresholds};
 pub use request::{RangeCost, RequestInfo};
 pub use rules::{Match, Priority, Rule, RuleError};
 pub use ruleset::{RuleChange, RuleSet};
