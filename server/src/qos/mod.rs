@@ -32,6 +32,7 @@
 //! validation), [`ruleset`] (the replicated set, encoding, changes), [`request`] (what a
 //! request looks like to QoS), [`matcher`], [`limiter`], [`overload`], [`admission`].
 
+pub mod admission;
 pub mod limiter;
 pub mod matcher;
 pub mod method;
@@ -40,6 +41,7 @@ pub mod request;
 pub mod rules;
 pub mod ruleset;
 
+pub use admission::{Admission, AdmissionStats, Refused};
 pub use limiter::{Limiters, Permit, Refusal, RuleStats};
 pub use matcher::Matcher;
 pub use method::{Method, MethodSet};
