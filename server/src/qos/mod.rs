@@ -41,6 +41,9 @@ pub mod request;
 pub mod rules;
 pub mod ruleset;
 
+#[cfg(test)]
+mod tests;
+
 pub use admission::{Admission, AdmissionStats, Refused};
 pub use limiter::{Limiters, Permit, Refusal, RuleStats};
 pub use matcher::Matcher;

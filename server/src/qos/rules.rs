@@ -399,4 +399,17 @@ mod tests {
         );
         assert!(err("rules: [{name: a, rate: x}]").starts_with("rules[0].rate: invalid type"));
     }
+
+    #[test]
+    fn a_set_holds_at_most_max_rules() {
+        let file = |n: usize| {
+            let rules: Vec<String> = (0..n).map(|i| format!("{{name: r{i}, rate: 1}}")).collect();
+            format!("rules: [{}]", rules.join(", "))
+        };
+        assert_eq!(parse_file(&file(MAX_RULES)).unwrap().len(), MAX_RULES);
+        assert_eq!(
+            parse_file(&file(MAX_RULES + 1)).unwrap_err().to_string(),
+            "rules: holds 257 rules, at most 256 are allowed"
+        );
+    }
 }

@@ -1,0 +1,4 @@
+//! QoS scenario and model tests.
+
+mod golden;
+mod model;
