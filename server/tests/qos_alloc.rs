@@ -133,6 +133,7 @@ fn admission_allocates_nothing() {
                 .load()
                 .set_committed(if round % 4 == 0 { 20_000 } else { 0 });
             for r in &reqs {
+                let _ = admission.check_overload(r);
                 match admission.admit(r) {
                     Ok(permit) if held.len() < held.capacity() => held.push(permit),
                     Ok(_) => allowed += 1,

@@ -8,6 +8,9 @@
 //!    token and no in-flight slot;
 //! 3. the rule's in-flight cap, then its token bucket ([`RuleLimiter::acquire`]).
 //!
+//! [`Admission::check_overload`] runs step 2 alone, for a member that forwards a proposal
+//! to the leader (which admits it in full).
+//!
 //! A request that no rule governs costs one read lock, the match loop, and for a proposal
 //! three relaxed loads; it touches no shared counter. Nothing on the path allocates
 //! (`server/tests/qos_alloc.rs`).
@@ -125,7 +128,30 @@ impl<C: Clock + Clone> Admission<C> {
     /// As [`Admission::admit`], saying why a request was refused (for logs and tests).
     pub fn check(&self, request: &RequestInfo<'_>) -> Result<Permit, Refused> {
         let active = self.active.read().unwrap_or_else(PoisonError::into_inner);
-        let limiter: Option<&RuleLimiter<C>> = active
+        let (limiter, priority) = self.overload(&active, request)?;
+        match limiter {
+            None => Ok(Permit::unmatched(priority)),
+            Some(l) => l.acquire(priority).map_err(Refused::Limit),
+        }
+    }
+
+    /// Only the overload step of [`Admission::check`]: no token, no in-flight slot. For a
+    /// member that forwards a proposal to the leader, which admits it in full (so a rule's
+    /// rate holds for the cluster, not per member; docs/qos.md, "wiring"), while this member
+    /// still refuses new proposals when it lags itself, as etcd does.
+    pub fn check_overload(&self, request: &RequestInfo<'_>) -> Result<(), Refused> {
+        let active = self.active.read().unwrap_or_else(PoisonError::into_inner);
+        self.overload(&active, request).map(drop)
+    }
+
+    /// The governing rule's limiter and the request's priority, or the overload refusal
+    /// (counted).
+    fn overload<'a>(
+        &self,
+        active: &'a Active<C>,
+        request: &RequestInfo<'_>,
+    ) -> Result<(Option<&'a RuleLimiter<C>>, Priority), Refused> {
+        let limiter = active
             .matcher
             .first_match(request)
             .map(|i| active.limiters.get(i));
@@ -144,10 +170,7 @@ impl<C: Clock + Clone> Admission<C> {
             }
             return Err(Refused::Overload(o));
         }
-        match limiter {
-            None => Ok(Permit::unmatched(priority)),
-            Some(l) => l.acquire(priority).map_err(Refused::Limit),
-        }
+        Ok((limiter, priority))
     }
 
     /// Puts `rules` in force: what apply calls after a rule change committed (or at start
@@ -244,5 +267,18 @@ mod tests {
         assert!(a.check(&put).is_ok(), "the token is still there");
         let s = a.stats();
         assert_eq!((s.rules[0].allowed, s.rules[0].refused_overload), (1, 1));
+    }
+
+    #[test]
+    fn check_overload_takes_no_token() {
+        let a = admission("rules: [{name: one, rate: 1, priority: low, match: {methods: [Put]}}]");
+        let put = RequestInfo::new(Method::Put).keys(b"k", b"");
+        for _ in 0..10 {
+            assert_eq!(a.check_overload(&put), Ok(()));
+        }
+        assert!(a.check(&put).is_ok(), "the bucket is still full");
+        a.load().set_committed(1_001);
+        assert!(matches!(a.check_overload(&put), Err(Refused::Overload(_))));
+        assert_eq!(a.stats().rules[0].refused_overload, 1);
     }
 }
