@@ -240,6 +240,13 @@ mod tests {
     }
 
     #[test]
+    fn admission_is_shared_and_permits_cross_awaits() {
+        fn shared<T: Send + Sync + 'static>() {}
+        shared::<Admission>();
+        shared::<Permit>();
+    }
+
+    #[test]
     fn the_refusal_is_etcds_too_many_requests() {
         let a = admission("rules: [{name: one, rate: 1, match: {methods: [Put]}}]");
         let put = RequestInfo::new(Method::Put).keys(b"k", b"");
