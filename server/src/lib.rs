@@ -17,6 +17,7 @@ pub mod lease;
 pub mod membership;
 pub mod mvcc;
 pub mod node;
+pub mod qos;
 pub mod raft;
 pub mod wal;
 pub mod watch;
