@@ -10,19 +10,16 @@ use keel_testkit::etcdctl::{CtlOutput, etcdctl};
 use serde_json::{Value, json};
 
 use super::super::{EtcdDb, HashCheck, snapshot};
-use super::{Contents, History, find_program, read, sample, write};
+use super::{
+    Contents, History, etcdctl_restore, have_programs, read, sample, write, write_snapshot,
+};
 
 fn have_etcdctl(test: &str) -> bool {
-    if find_program("etcdctl", "ETCDCTL_BIN").is_some() {
-        return true;
-    }
-    let why = "needs etcdctl 3.4.23 (apt-get install -y etcd-client)";
-    assert!(
-        std::env::var_os("KEEL_REQUIRE_ETCD").is_none(),
-        "{test}: KEEL_REQUIRE_ETCD is set but {why}"
-    );
-    eprintln!("SKIPPED {test}: {why}");
-    false
+    have_programs(
+        test,
+        &[("etcdctl", "ETCDCTL_BIN")],
+        "etcdctl 3.4.23 (apt-get install -y etcd-client)",
+    )
 }
 
 /// An offline etcdctl command (the endpoint is never dialled).
@@ -109,22 +106,9 @@ fn etcdctl_restores_a_keel_snapshot() {
     }
     let dir = tempfile::tempdir().unwrap();
     let c = sample();
-    let db = dir.path().join("keel.db");
-    write(&c, &db);
-    let snap = dir.path().join("keel.snapshot");
-    snapshot::save_stream(snapshot::SnapshotStream::open(&db).unwrap(), &snap).unwrap();
+    let snap = write_snapshot(&c, dir.path());
     let data = dir.path().join("restored");
-    let peer = "http://127.0.0.1:2380";
-    offline(&[
-        "snapshot",
-        "restore",
-        snap.to_str().unwrap(),
-        &format!("--data-dir={}", data.display()),
-        "--name=r1",
-        &format!("--initial-cluster=r1={peer}"),
-        &format!("--initial-advertise-peer-urls={peer}"),
-    ])
-    .ok();
+    etcdctl_restore(&snap, &data, "http://127.0.0.1:2380");
     let restored = EtcdDb::open(data.join("member/snap/db"), HashCheck::Skip).unwrap();
     let got = read(&restored);
     assert_eq!(got.records, c.records);

@@ -233,6 +233,54 @@ pub(super) fn describe(records: &[MvccRecord]) -> Vec<String> {
         .collect()
 }
 
+/// Writes `c` as a snapshot file (database + sha256, as `etcdctl snapshot save` stores it)
+/// at `dir/keel.snapshot`, through the `Maintenance.Snapshot` framing.
+pub(super) fn write_snapshot(c: &Contents, dir: &Path) -> std::path::PathBuf {
+    let db = dir.join("keel.db");
+    write(c, &db);
+    let snap = dir.join("keel.snapshot");
+    let stream = super::snapshot::SnapshotStream::open(&db).unwrap();
+    super::snapshot::save_stream(stream, &snap).unwrap();
+    snap
+}
+
+/// `etcdctl snapshot restore <snap>` into a new data dir for the one-member cluster
+/// `r1=<peer>`; asserts success.
+pub(super) fn etcdctl_restore(snap: &Path, data: &Path, peer: &str) {
+    keel_testkit::etcdctl::etcdctl(
+        "127.0.0.1:1",
+        &[
+            "snapshot",
+            "restore",
+            snap.to_str().unwrap(),
+            &format!("--data-dir={}", data.display()),
+            "--name=r1",
+            &format!("--initial-cluster=r1={peer}"),
+            &format!("--initial-advertise-peer-urls={peer}"),
+        ],
+    )
+    .ok();
+}
+
+/// Whether every `(program, env override)` a test needs exists. When one does not, prints
+/// `SKIPPED <test>: needs <install>` and returns false, or fails the test if
+/// `KEEL_REQUIRE_ETCD` is set (CI, once it installs them).
+pub(super) fn have_programs(test: &str, programs: &[(&str, &str)], install: &str) -> bool {
+    if programs
+        .iter()
+        .all(|(p, env)| find_program(p, env).is_some())
+    {
+        return true;
+    }
+    let why = format!("needs {install}");
+    assert!(
+        std::env::var_os("KEEL_REQUIRE_ETCD").is_none(),
+        "{test}: KEEL_REQUIRE_ETCD is set but it {why}"
+    );
+    eprintln!("SKIPPED {test}: {why}");
+    false
+}
+
 /// The path of a program on `PATH`, or of `$<env>` if set; `None` if neither exists.
 pub(super) fn find_program(name: &str, env: &str) -> Option<std::path::PathBuf> {
     if let Some(p) = std::env::var_os(env) {
