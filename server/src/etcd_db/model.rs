@@ -157,6 +157,7 @@ pub struct ConfState {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
     /// Member ID (a JSON number; the bucket key is its hex form).
+    #[serde(default)]
     pub id: u64,
     /// Peer URLs.
     #[serde(rename = "peerURLs", default, deserialize_with = "null_default")]

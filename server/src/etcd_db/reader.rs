@@ -153,8 +153,11 @@ impl EtcdDb {
                 .ok_or_else(|| corrupt(schema::MEMBERS, &e.key, "not a hex member ID"))?;
             let mut m: Member = serde_json::from_slice(&e.value)
                 .map_err(|err| corrupt(schema::MEMBERS, &e.key, err.to_string()))?;
-            // etcd takes the ID from the key (`readMembersFromBackend`).
-            m.id = id;
+            // etcd starts from the key's ID and lets the JSON's `id` override it
+            // (`readMembersFromBackend`).
+            if m.id == 0 {
+                m.id = id;
+            }
             out.members.push(m);
         }
         for e in self.entries(schema::MEMBERS_REMOVED)?.into_iter().flatten() {
