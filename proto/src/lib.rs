@@ -3,6 +3,7 @@
 //! - [`mvccpb`], [`etcdserverpb`], [`authpb`], [`v3lockpb`], [`v3electionpb`]: the etcd v3 API,
 //!   wire-compatible with etcd 3.6 (same packages, services, methods, messages and field
 //!   numbers), written from etcd's public API reference.
+//! - [`leasepb`]: etcd's persisted `Lease` (the `lease` bucket of etcd's database file).
 //! - [`keelpb`]: Keel's internal protocol: the raft request carried in log entries and the
 //!   peer RPCs between members.
 //! - [`rpctypes`]: etcd's error catalogue (codes and exact texts), shared by server and client.
@@ -23,6 +24,11 @@ pub mod mvccpb {
 /// etcd `authpb`: `User`, `Role`, `Permission`, `UserAddOptions` (api/authpb/auth.proto).
 pub mod authpb {
     tonic::include_proto!("authpb");
+}
+
+/// etcd `leasepb`: `Lease`, the value of etcd's `lease` bucket (server/lease/leasepb/lease.proto).
+pub mod leasepb {
+    tonic::include_proto!("leasepb");
 }
 
 /// etcd `etcdserverpb`: the KV, Watch, Lease, Cluster, Maintenance and Auth services and

@@ -12,6 +12,7 @@ pub mod cindex;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod etcd_db;
 pub mod failpoint;
 pub mod lease;
 pub mod membership;

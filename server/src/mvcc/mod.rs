@@ -45,7 +45,7 @@ mod tests_scenarios;
 
 pub use compactor::{BATCH_PAUSE, BATCH_REMOVALS, INLINE_REMOVALS};
 pub use events::EventBatch;
-pub use hash::{HashKv, crc32c};
+pub use hash::{Crc32c, HashKv, crc32c};
 pub use revision::Revision;
 pub use shared::SharedStore;
 pub use store::{IndexStats, MvccStore};
