@@ -43,6 +43,10 @@
 pub mod error;
 pub mod model;
 pub mod perm;
+pub mod storage;
+pub mod store;
 
 pub use error::AuthError;
 pub use model::{Access, AuthInfo, ROOT_ROLE, ROOT_USER};
+pub use storage::AuthWrites;
+pub use store::AuthStore;
