@@ -42,11 +42,14 @@
 
 pub mod error;
 pub mod model;
+pub mod password;
 pub mod perm;
 pub mod storage;
 pub mod store;
+pub mod token;
 
 pub use error::AuthError;
 pub use model::{Access, AuthInfo, ROOT_ROLE, ROOT_USER};
 pub use storage::AuthWrites;
 pub use store::AuthStore;
+pub use token::TokenProvider;
