@@ -40,6 +40,8 @@
 //! - bcrypt never runs under a lock ([`password`]).
 //! - While auth is enabled, user `root` exists and holds role `root`.
 
+pub mod apply;
+pub mod check;
 pub mod error;
 pub mod model;
 pub mod password;
@@ -48,6 +50,8 @@ pub mod storage;
 pub mod store;
 pub mod token;
 
+
+pub use apply::{AuthRequest, AuthResponse, InternalAuthenticate};
 pub use error::AuthError;
 pub use model::{Access, AuthInfo, ROOT_ROLE, ROOT_USER};
 pub use storage::AuthWrites;
