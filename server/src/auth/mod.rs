@@ -50,6 +50,8 @@ pub mod storage;
 pub mod store;
 pub mod token;
 
+#[cfg(test)]
+mod tests;
 
 pub use apply::{AuthRequest, AuthResponse, InternalAuthenticate};
 pub use error::AuthError;

@@ -1,0 +1,776 @@
+//! Data-driven tests of auth: goldenscripts under `testscripts/` run against [`Runner`], plus
+//! the reload test.
+//!
+//! `testscripts/store/` pins the store's rules (users, roles, grants, enable/disable, the
+//! root rules, revision bumps, every error); `testscripts/check/` pins the permission table.
+//! Regenerate expected output with `UPDATE_GOLDENFILES=1 cargo test -p keel-server --lib
+//! auth::` and review the diff.
+//!
+//! After every applied command the runner asserts the store's invariants: a failed command
+//! changed nothing and staged nothing; a successful one staged exactly the state it holds
+//! (loading the sled tree the writes landed in gives an equal store, cache included).
+//!
+//! Commands (every apply and check command takes `as=USER` (default `root`, empty = no
+//! credentials) and `rev=N` (default: the store's revision)):
+//!
+//! - `enable`, `disable`, `status`
+//! - `user-add NAME [password=PW] [no-password=true] [hashed=B64] [plaintext=PW]`
+//! - `user-get NAME`, `user-list`, `user-delete NAME`
+//! - `user-passwd NAME PW [hashed=B64] [plaintext=PW]`
+//! - `grant-role USER ROLE`, `revoke-role USER ROLE`
+//! - `role-add NAME`, `role-get NAME`, `role-list`, `role-delete NAME`
+//! - `grant-perm ROLE read|write|readwrite|<number>|none KEY [END] [prefix=true]`
+//! - `revoke-perm ROLE KEY [END] [prefix=true]`
+//! - `authenticate NAME PW`: checks the password, applies Authenticate, prints the token
+//! - `token TOKEN`: who the token stands for
+//! - `verify NAME PW`: whether PW matches the user's stored hash
+//! - `dump`: users, roles and flags
+//! - `lease-attach ID KEY...`: attaches keys to a lease, for the checks
+//! - `check KIND ...`: KIND is `range|watch KEY [END] [prefix=true]`,
+//!   `put KEY [prev-kv=true] [lease=ID]`, `delete KEY [END] [prefix=true] [prev-kv=true]`,
+//!   `txn "SPEC"`, `lease-grant`, `lease-revoke ID`, `lease-keepalive ID`,
+//!   `lease-ttl ID [keys=true]`, `lease-leases`, `user-get NAME`, `role-get NAME`,
+//!   `rpc NAME` (see [`rpc_by_name`]). A txn SPEC is ops separated by spaces, `else`
+//!   starting the failure branch: `cmp:R`, `get:R`, `put:KEY[+prev][+lease=ID]`,
+//!   `del:R[+prev]`, `txn{ SPEC }`, where R is `KEY`, `KEY..END` or `KEY..*` (from key).
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use goldenscript::{Argument, Command, Context};
+use keel_proto::authpb::{Permission, UserAddOptions};
+use keel_proto::etcdserverpb::{
+    AuthDisableRequest, AuthEnableRequest, AuthRoleAddRequest, AuthRoleDeleteRequest,
+    AuthRoleGetRequest, AuthRoleGrantPermissionRequest, AuthRoleListRequest,
+    AuthRoleRevokePermissionRequest, AuthStatusRequest, AuthUserAddRequest,
+    AuthUserChangePasswordRequest, AuthUserDeleteRequest, AuthUserGetRequest,
+    AuthUserGrantRoleRequest, AuthUserListRequest, AuthUserRevokeRoleRequest, Compare,
+    DeleteRangeRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
+    WatchCreateRequest, request_op,
+};
+
+use super::apply::{self, AuthRequest, AuthResponse, InternalAuthenticate};
+use super::check::{self, Rpc};
+use super::model::AuthInfo;
+use super::perm::PermCache;
+use super::store::AuthStore;
+use super::token::{SimpleTokens, TokenProvider};
+use super::{password, storage};
+
+test_each_file::test_each_path! { in "server/src/auth/testscripts/store" as store_scripts => run_script }
+test_each_file::test_each_path! { in "server/src/auth/testscripts/check" as check_scripts => run_script }
+
+fn run_script(path: &std::path::Path) {
+    goldenscript::run(&mut Runner::new(), path).expect("goldenscript failed")
+}
+
+/// bcrypt cost in tests: the minimum, so scripts stay fast.
+const COST: u32 = password::MIN_COST;
+/// The random part of every simple token the runner issues (deterministic output).
+const PREFIX: &str = "sssvIpwfnLAcWAQH";
+
+struct Runner {
+    store: AuthStore,
+    tokens: TokenProvider,
+    /// The raft index of the next applied command.
+    index: u64,
+    _db: sled::Db,
+    tree: sled::Tree,
+    leases: BTreeMap<i64, Vec<Vec<u8>>>,
+}
+
+type Res = Result<String, Box<dyn Error>>;
+
+impl Runner {
+    fn new() -> Runner {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = db.open_tree("t").unwrap();
+        Runner {
+            store: AuthStore::new(),
+            tokens: TokenProvider::Simple(SimpleTokens::new(Duration::from_secs(300))),
+            index: 0,
+            _db: db,
+            tree,
+            leases: BTreeMap::new(),
+        }
+    }
+
+    /// The credentials of `as=`/`rev=` (default: root at the current revision).
+    fn who(&self, args: &mut goldenscript::ArgumentConsumer) -> Result<AuthInfo, Box<dyn Error>> {
+        let user = args.take_key("as").unwrap_or("root").to_string();
+        let rev = match args.take_key("rev") {
+            Some(r) => r.parse()?,
+            None => self.store.revision(),
+        };
+        Ok(if user.is_empty() {
+            AuthInfo::default()
+        } else {
+            AuthInfo::new(user, rev)
+        })
+    }
+
+    /// Applies one request as `ai`, asserting the invariants (see the module doc).
+    fn apply(&mut self, ai: &AuthInfo, req: AuthRequest) -> Result<AuthResponse, Box<dyn Error>> {
+        let before = self.store.clone();
+        let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        self.index += 1;
+        let result = apply::apply(
+            &mut self.store,
+            &self.tokens,
+            ai,
+            self.index,
+            &req,
+            &mut writes,
+        );
+        match result {
+            Err(e) => {
+                assert_eq!(self.store, before, "a failed {req:?} changed the store");
+                assert!(writes.is_empty(), "a failed {req:?} staged {writes:?}");
+                Err(e.into())
+            }
+            Ok(resp) => {
+                let mut batch = sled::Batch::default();
+                for (k, v) in writes {
+                    match v {
+                        Some(v) => batch.insert(k, v),
+                        None => batch.remove(k),
+                    }
+                }
+                self.tree.apply_batch(batch)?;
+                let reloaded = AuthStore::load(&self.tree)?;
+                assert_eq!(reloaded, self.store, "staged writes differ from the store");
+                assert_eq!(
+                    self.store.cache(),
+                    &PermCache::build(self.store.users(), self.store.roles()),
+                    "cache differs from a rebuild"
+                );
+                Ok(resp)
+            }
+        }
+    }
+
+    /// Runs an apply command, printing the revision change.
+    fn apply_command(&mut self, cmd: &Command) -> Res {
+        let mut args = cmd.consume_args();
+        let ai = self.who(&mut args)?;
+        let name = |args: &mut goldenscript::ArgumentConsumer| -> Result<String, Box<dyn Error>> {
+            Ok(args.next_pos().ok_or("name not given")?.to_string())
+        };
+        let req = match cmd.name.as_str() {
+            "enable" => AuthRequest::Enable(AuthEnableRequest {}),
+            "disable" => AuthRequest::Disable(AuthDisableRequest {}),
+            "status" => AuthRequest::Status(AuthStatusRequest {}),
+            "user-add" => {
+                let name = name(&mut args)?;
+                let no_password = args
+                    .take_key("no-password")
+                    .map(|v| v.parse())
+                    .transpose()?;
+                let (password, hashed) = passwords(&mut args)?;
+                AuthRequest::UserAdd(AuthUserAddRequest {
+                    name,
+                    password,
+                    options: no_password.map(|no_password| UserAddOptions { no_password }),
+                    hashed_password: hashed,
+                })
+            }
+            "user-get" => AuthRequest::UserGet(AuthUserGetRequest {
+                name: name(&mut args)?,
+            }),
+            "user-list" => AuthRequest::UserList(AuthUserListRequest {}),
+            "user-delete" => AuthRequest::UserDelete(AuthUserDeleteRequest {
+                name: name(&mut args)?,
+            }),
+            "user-passwd" => {
+                let name = name(&mut args)?;
+                let (password, hashed) = match args.next_pos() {
+                    Some(pw) => (String::new(), password::hash(pw, COST)?),
+                    None => passwords(&mut args)?,
+                };
+                AuthRequest::UserChangePassword(AuthUserChangePasswordRequest {
+                    name,
+                    password,
+                    hashed_password: hashed,
+                })
+            }
+            "grant-role" => AuthRequest::UserGrantRole(AuthUserGrantRoleRequest {
+                user: name(&mut args)?,
+                role: name(&mut args)?,
+            }),
+            "revoke-role" => AuthRequest::UserRevokeRole(AuthUserRevokeRoleRequest {
+                name: name(&mut args)?,
+                role: name(&mut args)?,
+            }),
+            "role-add" => AuthRequest::RoleAdd(AuthRoleAddRequest {
+                name: name(&mut args)?,
+            }),
+            "role-get" => AuthRequest::RoleGet(AuthRoleGetRequest {
+                role: name(&mut args)?,
+            }),
+            "role-list" => AuthRequest::RoleList(AuthRoleListRequest {}),
+            "role-delete" => AuthRequest::RoleDelete(AuthRoleDeleteRequest {
+                role: name(&mut args)?,
+            }),
+            "grant-perm" => {
+                let role = name(&mut args)?;
+                let kind = name(&mut args)?;
+                let perm = if kind == "none" {
+                    None
+                } else {
+                    let (key, range_end) = key_range(&mut args)?;
+                    let perm_type = match kind.as_str() {
+                        "read" => 0,
+                        "write" => 1,
+                        "readwrite" => 2,
+                        n => n.parse()?,
+                    };
+                    Some(Permission {
+                        perm_type,
+                        key,
+                        range_end,
+                    })
+                };
+                AuthRequest::RoleGrantPermission(AuthRoleGrantPermissionRequest {
+                    name: role,
+                    perm,
+                })
+            }
+            "revoke-perm" => {
+                let role = name(&mut args)?;
+                let (key, range_end) = key_range(&mut args)?;
+                AuthRequest::RoleRevokePermission(AuthRoleRevokePermissionRequest {
+                    role,
+                    key,
+                    range_end,
+                })
+            }
+            other => return Err(format!("unknown command {other}").into()),
+        };
+        args.reject_next()?;
+        let revision = self.store.revision();
+        let resp = self.apply(&ai, req)?;
+        let mut out = match resp {
+            AuthResponse::Status(s) => {
+                format!("enabled={} revision={}", s.enabled, s.auth_revision)
+            }
+            AuthResponse::UserGet(u) => format!("roles: {:?}", u.roles),
+            AuthResponse::UserList(u) => format!("users: {:?}", u.users),
+            AuthResponse::RoleList(r) => format!("roles: {:?}", r.roles),
+            AuthResponse::RoleGet(r) => {
+                let perms: Vec<String> = r.perm.iter().map(format_perm).collect();
+                format!("perms: [{}]", perms.join(", "))
+            }
+            _ => "ok".to_string(),
+        };
+        if self.store.revision() != revision {
+            write!(out, " (revision {revision} → {})", self.store.revision())?;
+        }
+        Ok(out + "\n")
+    }
+
+    /// `authenticate NAME PW`: etcd's Authenticate (password check outside the store, then
+    /// the Authenticate entry).
+    fn authenticate(&mut self, cmd: &Command) -> Res {
+        let mut args = cmd.consume_args();
+        let name = args.next_pos().ok_or("name not given")?.to_string();
+        let pw = args.next_pos().ok_or("password not given")?.to_string();
+        args.reject_next()?;
+        let check = self.store.password_check(&name)?;
+        if !password::verify(&pw, &check.hash) {
+            return Err(super::AuthError::AuthFailed.into());
+        }
+        let req = AuthRequest::Authenticate(InternalAuthenticate {
+            name,
+            simple_token: PREFIX.to_string(),
+        });
+        let AuthResponse::Authenticate(resp) = self.apply(&AuthInfo::default(), req)? else {
+            unreachable!()
+        };
+        assert_eq!(
+            check.revision,
+            self.store.revision(),
+            "no change in between"
+        );
+        Ok(format!("token {}\n", resp.token))
+    }
+
+    /// `verify NAME PW`: whether PW matches the user's stored hash (auth need not be on).
+    fn verify(&self, cmd: &Command) -> Res {
+        let mut args = cmd.consume_args();
+        let name = args.next_pos().ok_or("name not given")?;
+        let pw = args.next_pos().ok_or("password not given")?;
+        args.reject_next()?;
+        let user = self.store.user(name).ok_or("no such user")?;
+        let verdict = if password::verify(pw, &user.password) {
+            "match"
+        } else {
+            "no match"
+        };
+        Ok(format!("{verdict}\n"))
+    }
+
+    fn token(&self, cmd: &Command) -> Res {
+        let mut args = cmd.consume_args();
+        let token = args.next_pos().ok_or("token not given")?;
+        args.reject_next()?;
+        Ok(match self.tokens.lookup(token, self.store.revision()) {
+            Some(ai) => format!("{} at revision {}\n", ai.username, ai.revision),
+            None => "invalid\n".to_string(),
+        })
+    }
+
+    fn dump(&self) -> Res {
+        let mut out = format!(
+            "enabled={} revision={}\n",
+            self.store.is_enabled(),
+            self.store.revision()
+        );
+        for (name, user) in self.store.users() {
+            let no_pw = user.options.is_some_and(|o| o.no_password);
+            let pw = if no_pw {
+                "no-password"
+            } else if user.password.is_empty() {
+                "empty-password"
+            } else {
+                "bcrypt"
+            };
+            writeln!(out, "user {name}: roles={:?} {pw}", user.roles)?;
+        }
+        for (name, role) in self.store.roles() {
+            let perms: Vec<String> = role.key_permission.iter().map(format_perm).collect();
+            writeln!(out, "role {name}: [{}]", perms.join(", "))?;
+        }
+        Ok(out)
+    }
+
+    fn lease_attach(&mut self, cmd: &Command) -> Res {
+        let mut args = cmd.consume_args();
+        let id: i64 = args.next_pos().ok_or("lease ID not given")?.parse()?;
+        let keys = self.leases.entry(id).or_default();
+        while let Some(key) = args.next_pos() {
+            keys.push(key.as_bytes().to_vec());
+        }
+        args.reject_next()?;
+        Ok(String::new())
+    }
+
+    /// `check KIND ...`: prints `<who>: <request> → ok | <error>`.
+    fn check(&self, cmd: &Command) -> Res {
+        let mut args = cmd.consume_args();
+        let ai = self.who(&mut args)?;
+        let echo: Vec<String> = cmd
+            .args
+            .iter()
+            .filter(|a| !matches!(a, Argument::KeyValue(k, _) if k == "as" || k == "rev"))
+            .map(Argument::to_string)
+            .collect();
+        let kind = args.next_pos().ok_or("check kind not given")?;
+        let leases = |id: i64| self.leases.get(&id).cloned();
+        let id = |args: &mut goldenscript::ArgumentConsumer| -> Result<i64, Box<dyn Error>> {
+            Ok(args.next_pos().ok_or("lease ID not given")?.parse()?)
+        };
+        let flag = |args: &mut goldenscript::ArgumentConsumer,
+                    key: &str|
+         -> Result<bool, Box<dyn Error>> {
+            Ok(args
+                .take_key(key)
+                .map(|v| v.parse())
+                .transpose()?
+                .unwrap_or(false))
+        };
+        let s = &self.store;
+        let result = match kind {
+            "range" => {
+                let (key, range_end) = key_range(&mut args)?;
+                check::range(
+                    s,
+                    &ai,
+                    &RangeRequest {
+                        key,
+                        range_end,
+                        ..Default::default()
+                    },
+                )
+            }
+            "watch" => {
+                let (key, range_end) = key_range(&mut args)?;
+                let r = WatchCreateRequest {
+                    key,
+                    range_end,
+                    ..Default::default()
+                };
+                check::watch_create(s, &ai, &r)
+            }
+            "put" => {
+                let key = args.next_pos().ok_or("key not given")?.as_bytes().to_vec();
+                let prev_kv = flag(&mut args, "prev-kv")?;
+                let lease = args
+                    .take_key("lease")
+                    .map(str::parse)
+                    .transpose()?
+                    .unwrap_or(0);
+                check::put(
+                    s,
+                    &ai,
+                    &PutRequest {
+                        key,
+                        prev_kv,
+                        lease,
+                        ..Default::default()
+                    },
+                    &leases,
+                )
+            }
+            "delete" => {
+                let prev_kv = flag(&mut args, "prev-kv")?;
+                let (key, range_end) = key_range(&mut args)?;
+                let r = DeleteRangeRequest {
+                    key,
+                    range_end,
+                    prev_kv,
+                };
+                check::delete_range(s, &ai, &r)
+            }
+            "txn" => {
+                let spec = args.next_pos().ok_or("txn spec not given")?;
+                let txn = parse_txn(spec)?;
+                check::txn(s, &ai, &txn, &leases)
+            }
+            "lease-grant" => check::lease_grant(s, &ai),
+            "lease-revoke" => check::lease_revoke(s, &ai, id(&mut args)?, &leases),
+            "lease-keepalive" => check::lease_keep_alive(s, &ai, id(&mut args)?, &leases),
+            "lease-ttl" => {
+                let id = id(&mut args)?;
+                let keys = flag(&mut args, "keys")?;
+                let r = LeaseTimeToLiveRequest { id, keys };
+                check::lease_time_to_live(s, &ai, &r, &leases)
+            }
+            "lease-leases" => check::lease_leases(s, &ai, self.leases.values().flatten()),
+            "user-get" => {
+                let name = args.next_pos().ok_or("name not given")?.to_string();
+                check::user_get(s, &ai, &AuthUserGetRequest { name })
+            }
+            "role-get" => {
+                let role = args.next_pos().ok_or("role not given")?.to_string();
+                check::role_get(s, &ai, &AuthRoleGetRequest { role })
+            }
+            "rpc" => {
+                let name = args.next_pos().ok_or("rpc not given")?;
+                check::rpc(
+                    s,
+                    &ai,
+                    rpc_by_name(name).ok_or(format!("unknown rpc {name}"))?,
+                )
+            }
+            other => return Err(format!("unknown check {other}").into()),
+        };
+        args.reject_next()?;
+        let who = if ai.is_anonymous() {
+            "(no credentials)".to_string()
+        } else if ai.revision != s.revision() {
+            format!("{}@{}", ai.username, ai.revision)
+        } else {
+            ai.username.clone()
+        };
+        let verdict = match result {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.to_string(),
+        };
+        Ok(format!("{who}: {} → {verdict}\n", echo.join(" ")))
+    }
+}
+
+impl goldenscript::Runner for Runner {
+    type Command = Command;
+
+    fn run(&mut self, cmd: &Command, _context: &Context) -> Res {
+        match cmd.name.as_str() {
+            "authenticate" => self.authenticate(cmd),
+            "token" => self.token(cmd),
+            "verify" => self.verify(cmd),
+            "dump" => self.dump(),
+            "lease-attach" => self.lease_attach(cmd),
+            "check" => self.check(cmd),
+            _ => self.apply_command(cmd),
+        }
+    }
+}
+
+/// `password=PW` (hashed by the runner, as the API layer does), `hashed=B64` (raw) and
+/// `plaintext=PW` (a plaintext password left in the entry). No option: an empty password
+/// hashed, as etcd's API hashes it.
+fn passwords(
+    args: &mut goldenscript::ArgumentConsumer,
+) -> Result<(String, String), Box<dyn Error>> {
+    let plaintext = args.take_key("plaintext").unwrap_or("").to_string();
+    let hashed = match (args.take_key("hashed"), args.take_key("password")) {
+        (Some(h), _) => h.to_string(),
+        (None, Some(pw)) => password::hash(pw, COST)?,
+        (None, None) if plaintext.is_empty() => password::hash("", COST)?,
+        (None, None) => String::new(),
+    };
+    Ok((plaintext, hashed))
+}
+
+/// `KEY [END] [prefix=true]` → key and range end (`prefix=true`: etcd's prefix end).
+fn key_range(
+    args: &mut goldenscript::ArgumentConsumer,
+) -> Result<(Vec<u8>, Vec<u8>), Box<dyn Error>> {
+    let prefix: bool = args
+        .take_key("prefix")
+        .map(|v| v.parse())
+        .transpose()?
+        .unwrap_or(false);
+    let key = args.next_pos().ok_or("key not given")?.as_bytes().to_vec();
+    let end = match args.next_pos() {
+        Some(end) => end.as_bytes().to_vec(),
+        None if prefix => prefix_end(&key),
+        None => Vec::new(),
+    };
+    Ok((key, end))
+}
+
+/// etcd `GetPrefixRangeEnd`: the key after every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// `KEY`, `KEY..END` or `KEY..*` → key and range end.
+fn spec_range(s: &str) -> (Vec<u8>, Vec<u8>) {
+    match s.split_once("..") {
+        None => (s.as_bytes().to_vec(), Vec::new()),
+        Some((k, "*")) => (k.as_bytes().to_vec(), vec![0]),
+        Some((k, e)) => (k.as_bytes().to_vec(), e.as_bytes().to_vec()),
+    }
+}
+
+/// Parses a txn SPEC (see the module doc).
+fn parse_txn(spec: &str) -> Result<TxnRequest, Box<dyn Error>> {
+    let spaced = spec.replace('{', "{ ").replace('}', " }");
+    let mut tokens = spaced.split_whitespace();
+    let txn = parse_ops(&mut tokens)?;
+    if let Some(t) = tokens.next() {
+        return Err(format!("unexpected {t} in txn spec").into());
+    }
+    Ok(txn)
+}
+
+fn parse_ops<'a>(tokens: &mut impl Iterator<Item = &'a str>) -> Result<TxnRequest, Box<dyn Error>> {
+    let mut txn = TxnRequest::default();
+    let mut failure = false;
+    while let Some(token) = tokens.next() {
+        if token == "}" {
+            break;
+        }
+        if token == "else" {
+            failure = true;
+            continue;
+        }
+        let op = if token == "txn{" {
+            request_op::Request::RequestTxn(parse_ops(tokens)?)
+        } else {
+            let (kind, rest) = token.split_once(':').ok_or(format!("bad op {token}"))?;
+            let mut parts = rest.split('+');
+            let (key, range_end) = spec_range(parts.next().unwrap_or(""));
+            let mut prev_kv = false;
+            let mut lease = 0;
+            for part in parts {
+                match part.split_once('=') {
+                    None if part == "prev" => prev_kv = true,
+                    Some(("lease", id)) => lease = id.parse()?,
+                    _ => return Err(format!("bad op option {part}").into()),
+                }
+            }
+            match kind {
+                "cmp" => {
+                    txn.compare.push(Compare {
+                        key,
+                        range_end,
+                        ..Default::default()
+                    });
+                    continue;
+                }
+                "get" => request_op::Request::RequestRange(RangeRequest {
+                    key,
+                    range_end,
+                    ..Default::default()
+                }),
+                "put" => request_op::Request::RequestPut(PutRequest {
+                    key,
+                    prev_kv,
+                    lease,
+                    ..Default::default()
+                }),
+                "del" => request_op::Request::RequestDeleteRange(DeleteRangeRequest {
+                    key,
+                    range_end,
+                    prev_kv,
+                }),
+                _ => return Err(format!("bad op {token}").into()),
+            }
+        };
+        let op = RequestOp { request: Some(op) };
+        if failure {
+            txn.failure.push(op);
+        } else {
+            txn.success.push(op);
+        }
+    }
+    Ok(txn)
+}
+
+/// The `rpc NAME` names.
+fn rpc_by_name(name: &str) -> Option<Rpc> {
+    use Rpc::*;
+    Some(match name {
+        "compact" => Compact,
+        "member-add" => MemberAdd,
+        "member-remove" => MemberRemove,
+        "member-update" => MemberUpdate,
+        "member-promote" => MemberPromote,
+        "member-list" => MemberList,
+        "status" => Status,
+        "alarm-get" => AlarmGet,
+        "alarm-change" => AlarmChange,
+        "defragment" => Defragment,
+        "snapshot" => Snapshot,
+        "hash" => Hash,
+        "hash-kv" => HashKv,
+        "move-leader" => MoveLeader,
+        "downgrade" => Downgrade,
+        "auth-enable" => AuthEnable,
+        "auth-disable" => AuthDisable,
+        "auth-status" => AuthStatus,
+        "user-add" => UserAdd,
+        "user-delete" => UserDelete,
+        "user-passwd" => UserChangePassword,
+        "grant-role" => UserGrantRole,
+        "revoke-role" => UserRevokeRole,
+        "user-list" => UserList,
+        "role-add" => RoleAdd,
+        "role-delete" => RoleDelete,
+        "grant-perm" => RoleGrantPermission,
+        "revoke-perm" => RoleRevokePermission,
+        "role-list" => RoleList,
+        "authenticate" => Authenticate,
+        "lease-grant" => LeaseGrant,
+        _ => return None,
+    })
+}
+
+/// `READ "k"`, `WRITE ["a", "b")`, `READWRITE ["a", ∞)`.
+fn format_perm(p: &Permission) -> String {
+    let kind = match p.perm_type {
+        0 => "READ".to_string(),
+        1 => "WRITE".to_string(),
+        2 => "READWRITE".to_string(),
+        n => format!("TYPE{n}"),
+    };
+    let q = |b: &[u8]| format!("\"{}\"", b.escape_ascii());
+    if p.range_end.is_empty() {
+        format!("{kind} {}", q(&p.key))
+    } else if p.range_end == [0] {
+        format!("{kind} [{}, ∞)", q(&p.key))
+    } else {
+        format!("{kind} [{}, {})", q(&p.key), q(&p.range_end))
+    }
+}
+
+/// Applies a history to a store, writes it to a sled tree, and loads it back from the tree
+/// and from the tree's key-value pairs (a snapshot's records): same state, same cache, and
+/// the permission answers agree.
+#[test]
+fn reload_from_sled_and_from_snapshot_pairs_gives_the_same_store() {
+    let mut r = Runner::new();
+    let script = [
+        "user-add root password=rootpw",
+        "role-add root",
+        "grant-role root root",
+        "user-add alice password=a",
+        "user-add bob no-password=true",
+        "role-add reader",
+        "role-add writer",
+        "grant-perm reader read foo/ prefix=true",
+        "grant-perm writer readwrite bar",
+        "grant-role alice reader",
+        "grant-role alice writer",
+        "grant-role bob reader",
+        "role-delete writer",
+        "enable",
+    ];
+    let input = script.join("\n") + "\n---\n";
+    let output = goldenscript::generate(&mut r, &input).unwrap();
+    assert!(!output.contains("Error"), "{output}");
+    let from_tree = AuthStore::load(&r.tree).unwrap();
+    let pairs: Vec<(sled::IVec, sled::IVec)> = r.tree.iter().collect::<Result<_, _>>().unwrap();
+    // A snapshot holds other components' records too: they must be skipped.
+    let mut snapshot: Vec<(Vec<u8>, Vec<u8>)> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_vec(), v.to_vec()))
+        .collect();
+    snapshot.push((b"c/consistent_index".to_vec(), vec![7; 12]));
+    snapshot.push((b"k\0\0\0\0\0\0\0\x02".to_vec(), vec![1]));
+    let from_snapshot = AuthStore::load_pairs(snapshot).unwrap();
+    assert_eq!(from_tree, r.store);
+    assert_eq!(from_snapshot, r.store);
+    assert!(from_snapshot.is_enabled());
+    assert_eq!(from_snapshot.revision(), r.store.revision());
+    assert_eq!(
+        from_snapshot.revision(),
+        14,
+        "13 changes after the starting revision 1"
+    );
+    // The rebuilt cache answers like the live one.
+    let alice = AuthInfo::new("alice", from_snapshot.revision());
+    for (key, end, ok) in [
+        (&b"foo/x"[..], &b""[..], true),
+        (b"foo/", b"foo0", true),
+        (b"bar", b"", false), // writer was deleted
+        (b"baz", b"", false),
+    ] {
+        let req = RangeRequest {
+            key: key.to_vec(),
+            range_end: end.to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(
+            check::range(&from_snapshot, &alice, &req).is_ok(),
+            ok,
+            "{key:?}"
+        );
+        assert_eq!(check::range(&r.store, &alice, &req).is_ok(), ok, "{key:?}");
+    }
+    assert!(
+        storage::read_tree(&r.tree)
+            .unwrap()
+            .users
+            .contains_key("bob")
+    );
+}
+
+/// A store loaded enabled makes the token provider record tokens; one loaded disabled (e.g.
+/// a snapshot taken after AuthDisable) drops the tokens it held.
+#[test]
+fn tokens_follow_the_loaded_store() {
+    let mut r = Runner::new();
+    let script = "user-add root password=rootpw\ngrant-role root root\nenable\n---\n";
+    goldenscript::generate(&mut r, script).unwrap();
+    let enabled = AuthStore::load(&r.tree).unwrap();
+    let tokens = TokenProvider::Simple(SimpleTokens::new(Duration::from_secs(300)));
+    apply::sync_tokens(&enabled, &tokens);
+    let token = tokens.assign(&AuthInfo::new("root", 4), PREFIX, 9).unwrap();
+    assert_eq!(tokens.lookup(&token, 4), Some(AuthInfo::new("root", 4)));
+    apply::sync_tokens(&AuthStore::new(), &tokens);
+    assert_eq!(tokens.lookup(&token, 4), None);
+    let token = tokens.assign(&AuthInfo::new("root", 4), PREFIX, 10).unwrap();
+    assert_eq!(tokens.lookup(&token, 4), None, "nothing is recorded while disabled");
+}
