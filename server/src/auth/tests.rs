@@ -771,6 +771,12 @@ fn tokens_follow_the_loaded_store() {
     assert_eq!(tokens.lookup(&token, 4), Some(AuthInfo::new("root", 4)));
     apply::sync_tokens(&AuthStore::new(), &tokens);
     assert_eq!(tokens.lookup(&token, 4), None);
-    let token = tokens.assign(&AuthInfo::new("root", 4), PREFIX, 10).unwrap();
-    assert_eq!(tokens.lookup(&token, 4), None, "nothing is recorded while disabled");
+    let token = tokens
+        .assign(&AuthInfo::new("root", 4), PREFIX, 10)
+        .unwrap();
+    assert_eq!(
+        tokens.lookup(&token, 4),
+        None,
+        "nothing is recorded while disabled"
+    );
 }
