@@ -12,20 +12,21 @@
 //!   every key and is the only admin role; it may be granted without existing as a role.
 //! - The **auth revision** starts at 1 and moves by one on every user or role change and on
 //!   AuthDisable. A request made with credentials from an older revision is refused with
-//!   `etcdserver: revision of auth store is old`, and clients re-authenticate.
+//!   `ErrGRPCAuthOldRevision`, and clients re-authenticate.
 //!
 //! # Parts
 //!
 //! - [`store`]: the state machine (`apply_*` per Auth request) and its loading;
-//!   [`storage`]: the sled layout and the [`storage::AuthWrites`] trait apply stages into;
+//!   [`storage`]: the records' encoding and the [`storage::AuthWrites`] trait apply stages into;
 //!   [`perm`]: the per-user permission cache; [`check`]: which request needs what;
 //!   [`apply`]: the hook that runs one auth entry (check, change, token effects);
-//!   [`password`]: bcrypt; [`token`]: simple and JWT tokens; [`error`]: etcd's texts.
+//!   [`password`]: bcrypt; [`token`]: simple and JWT tokens; [`error`]: auth's errors.
 //!
-//! # Storage (first byte `a`, owned by this module; see [`storage`])
+//! # Storage (first byte `a`, owned by this module)
 //!
-//! `a/format` (u64 BE), `a/enabled` (`[0|1]`), `a/revision` (u64 BE), `a/user/<name>` →
-//! prost `authpb.User`, `a/role/<name>` → prost `authpb.Role`.
+//! The keys are declared in [`crate::backend::schema`] (`AUTH_*`: format version, enabled
+//! flag, auth revision, `a/user/<name>` → prost `authpb.User`, `a/role/<name>` → prost
+//! `authpb.Role`); [`storage`] encodes and decodes their values.
 //!
 //! # Invariants
 //!

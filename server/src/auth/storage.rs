@@ -1,39 +1,26 @@
-//! How auth state is laid out in the member's sled tree (first byte `a`, owned by auth), and
-//! the trait through which apply stages auth's changes into the entry's batch.
+//! How auth state is stored in the member tree, and the trait through which apply stages
+//! auth's changes into the entry's batch.
 //!
-//! | key | value |
-//! |---|---|
-//! | `a/format` | format version of this layout, u64 BE ([`FORMAT_VERSION`]) |
-//! | `a/enabled` | `[1]` when auth is enabled, `[0]` (or absent) when not |
-//! | `a/revision` | the auth revision, u64 BE (absent = 1, etcd's starting revision) |
-//! | `a/user/<name>` | prost `authpb.User` (bcrypt hash, sorted roles, options) |
-//! | `a/role/<name>` | prost `authpb.Role` (permissions sorted by key, then range end) |
+//! The keys (first byte `a`, owned by auth) are declared in [`crate::backend::schema`]
+//! (`AUTH_*`, documented there and in docs/backend.md); this file encodes and decodes their
+//! values: the format version and the revision as u64 BE, the enabled flag as one byte, users
+//! and roles as the prost `authpb` messages etcd keeps in its `authUsers` and `authRoles`
+//! buckets.
 //!
-//! etcd keeps the same records in its `auth`, `authUsers` and `authRoles` buckets (keys
-//! `authEnabled`, `authRevision`, user and role names); the values here are the same authpb
-//! messages.
-//!
-//! Every write goes through [`AuthWrites`], which the coordinator implements for the batch
-//! that also carries the entry's consistent index: an auth change and the log position that
-//! made it land together or not at all (etcd #11651).
+//! Every write goes through [`AuthWrites`], implemented for the apply batch
+//! ([`backend::Batch`]), which also carries the entry's consistent index: an auth change and
+//! the log position that made it land together or not at all (etcd #11651).
 
 use std::collections::BTreeMap;
 
 use keel_proto::authpb::{Role, User};
 use prost::Message;
 
-/// First bytes of every auth key.
-pub const PREFIX: &[u8] = b"a/";
-/// Key of the layout's format version.
-pub const KEY_FORMAT: &[u8] = b"a/format";
-/// Key of the enabled flag.
-pub const KEY_ENABLED: &[u8] = b"a/enabled";
-/// Key of the auth revision.
-pub const KEY_REVISION: &[u8] = b"a/revision";
-/// Prefix of user records (followed by the user name).
-pub const USER_PREFIX: &[u8] = b"a/user/";
-/// Prefix of role records (followed by the role name).
-pub const ROLE_PREFIX: &[u8] = b"a/role/";
+use crate::backend::schema::{
+    AUTH_ENABLED, AUTH_FORMAT, AUTH_PREFIX, AUTH_REVISION, AUTH_ROLE_PREFIX, AUTH_USER_PREFIX,
+};
+use crate::backend;
+
 /// Current format of the auth records. Bump on any incompatible change.
 pub const FORMAT_VERSION: u64 = 1;
 
@@ -48,42 +35,23 @@ pub trait AuthWrites {
     fn remove(&mut self, key: &[u8]);
 }
 
-impl AuthWrites for sled::Batch {
+impl AuthWrites for backend::Batch {
     fn put(&mut self, key: &[u8], value: Vec<u8>) {
         self.insert(key, value);
     }
     fn remove(&mut self, key: &[u8]) {
-        sled::Batch::remove(self, key);
-    }
-}
-
-impl AuthWrites for crate::backend::Batch {
-    fn put(&mut self, key: &[u8], value: Vec<u8>) {
-        self.insert(key, value);
-    }
-    fn remove(&mut self, key: &[u8]) {
-        crate::backend::Batch::remove(self, key);
-    }
-}
-
-/// A plain map of staged writes (`None` = removal), for tests and tools.
-impl AuthWrites for BTreeMap<Vec<u8>, Option<Vec<u8>>> {
-    fn put(&mut self, key: &[u8], value: Vec<u8>) {
-        self.insert(key.to_vec(), Some(value));
-    }
-    fn remove(&mut self, key: &[u8]) {
-        self.insert(key.to_vec(), None);
+        backend::Batch::remove(self, key);
     }
 }
 
 /// The sled key of user `name`.
 pub fn user_key(name: &str) -> Vec<u8> {
-    [USER_PREFIX, name.as_bytes()].concat()
+    [AUTH_USER_PREFIX, name.as_bytes()].concat()
 }
 
 /// The sled key of role `name`.
 pub fn role_key(name: &str) -> Vec<u8> {
-    [ROLE_PREFIX, name.as_bytes()].concat()
+    [AUTH_ROLE_PREFIX, name.as_bytes()].concat()
 }
 
 /// Stages the record of `user`.
@@ -98,14 +66,14 @@ pub(super) fn put_role(w: &mut impl AuthWrites, name: &str, role: &Role) {
 
 /// Stages the enabled flag.
 pub(super) fn put_enabled(w: &mut impl AuthWrites, enabled: bool) {
-    w.put(KEY_ENABLED, vec![enabled as u8]);
+    w.put(AUTH_ENABLED, vec![enabled as u8]);
 }
 
 /// Stages the auth revision (and the format version beside it, so any store holding auth
 /// state names its format).
 pub(super) fn put_revision(w: &mut impl AuthWrites, revision: u64) {
-    w.put(KEY_FORMAT, FORMAT_VERSION.to_be_bytes().to_vec());
-    w.put(KEY_REVISION, revision.to_be_bytes().to_vec());
+    w.put(AUTH_FORMAT, FORMAT_VERSION.to_be_bytes().to_vec());
+    w.put(AUTH_REVISION, revision.to_be_bytes().to_vec());
 }
 
 /// The auth state as stored: what [`decode`] returns.
@@ -122,11 +90,11 @@ pub struct Stored {
 }
 
 /// Decodes auth records from `pairs` (key, value), in any order; pairs whose key does not
-/// start with [`PREFIX`] are skipped, so a whole snapshot's records can be passed.
+/// start with [`AUTH_PREFIX`] are skipped, so a whole snapshot's records can be passed.
 ///
 /// Errors (text names the key): an unknown format version, a value of the wrong size, a
 /// record that does not decode, a name that is not UTF-8 or differs from the record's own
-/// `name`, an unknown `a/` key.
+/// `name`, an unknown `a` key.
 pub fn decode<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> Result<Stored, String>
 where
     K: AsRef<[u8]>,
@@ -138,7 +106,7 @@ where
     };
     for (key, value) in pairs {
         let (key, value) = (key.as_ref(), value.as_ref());
-        if !key.starts_with(PREFIX) {
+        if key.first() != Some(&AUTH_PREFIX) {
             continue;
         }
         let bad = |why: &str| format!("auth record {}: {why}", key.escape_ascii());
@@ -147,22 +115,22 @@ where
                 v.try_into().map_err(|_| bad("value is not 8 bytes"))?,
             ))
         };
-        if key == KEY_FORMAT {
+        if key == AUTH_FORMAT {
             let format = u64_be(value)?;
             if format != FORMAT_VERSION {
                 return Err(bad(&format!(
                     "unsupported format {format} (this binary reads {FORMAT_VERSION})"
                 )));
             }
-        } else if key == KEY_ENABLED {
+        } else if key == AUTH_ENABLED {
             stored.enabled = match value {
                 [0] => false,
                 [1] => true,
                 _ => return Err(bad("value is not [0] or [1]")),
             };
-        } else if key == KEY_REVISION {
+        } else if key == AUTH_REVISION {
             stored.revision = u64_be(value)?;
-        } else if let Some(name) = key.strip_prefix(USER_PREFIX) {
+        } else if let Some(name) = key.strip_prefix(AUTH_USER_PREFIX) {
             let name = std::str::from_utf8(name).map_err(|_| bad("name is not UTF-8"))?;
             let user = User::decode(value).map_err(|e| bad(&format!("does not decode: {e}")))?;
             if user.name != name.as_bytes() {
@@ -172,7 +140,7 @@ where
                 return Err(bad("roles are not sorted"));
             }
             stored.users.insert(name.to_string(), user);
-        } else if let Some(name) = key.strip_prefix(ROLE_PREFIX) {
+        } else if let Some(name) = key.strip_prefix(AUTH_ROLE_PREFIX) {
             let name = std::str::from_utf8(name).map_err(|_| bad("name is not UTF-8"))?;
             let role = Role::decode(value).map_err(|e| bad(&format!("does not decode: {e}")))?;
             if role.name != name.as_bytes() {
@@ -191,7 +159,7 @@ where
 /// Errors: sled I/O, or what [`decode`] rejects.
 pub fn read_tree(tree: &sled::Tree) -> Result<Stored, String> {
     let pairs: Vec<(sled::IVec, sled::IVec)> = tree
-        .scan_prefix(PREFIX)
+        .scan_prefix([AUTH_PREFIX])
         .collect::<Result<_, _>>()
         .map_err(|e| format!("reading auth records: {e}"))?;
     decode(pairs)
@@ -212,9 +180,9 @@ mod tests {
     #[test]
     fn rejects_foreign_or_corrupt_records() {
         let err = |pairs: Vec<(&[u8], Vec<u8>)>| decode(pairs).unwrap_err();
-        assert!(err(vec![(KEY_FORMAT, 2u64.to_be_bytes().to_vec())]).contains("format 2"));
-        assert!(err(vec![(KEY_ENABLED, vec![2])]).contains("[0] or [1]"));
-        assert!(err(vec![(KEY_REVISION, vec![1, 2])]).contains("8 bytes"));
+        assert!(err(vec![(AUTH_FORMAT, 2u64.to_be_bytes().to_vec())]).contains("format 2"));
+        assert!(err(vec![(AUTH_ENABLED, vec![2])]).contains("[0] or [1]"));
+        assert!(err(vec![(AUTH_REVISION, vec![1, 2])]).contains("8 bytes"));
         assert!(err(vec![(b"a/other", vec![])]).contains("unknown auth key"));
         let alice = User {
             name: b"alice".to_vec(),
@@ -227,9 +195,9 @@ mod tests {
     #[test]
     fn skips_other_components_keys() {
         let stored = decode(vec![
-            (b"c/consistent_index".as_slice(), vec![1, 2, 3]),
+            (backend::schema::CONSISTENT_INDEX, vec![1, 2, 3]),
             (b"k\0\0".as_slice(), vec![9]),
-            (KEY_ENABLED, vec![1]),
+            (AUTH_ENABLED, vec![1]),
         ])
         .unwrap();
         assert!(stored.enabled);

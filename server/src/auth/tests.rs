@@ -58,6 +58,7 @@ use super::perm::PermCache;
 use super::store::AuthStore;
 use super::token::{SimpleTokens, TokenProvider};
 use super::{password, storage};
+use crate::backend::{Backend, Batch, schema};
 
 test_each_file::test_each_path! { in "server/src/auth/testscripts/store" as store_scripts => run_script }
 test_each_file::test_each_path! { in "server/src/auth/testscripts/check" as check_scripts => run_script }
@@ -76,8 +77,7 @@ struct Runner {
     tokens: TokenProvider,
     /// The raft index of the next applied command.
     index: u64,
-    _db: sled::Db,
-    tree: sled::Tree,
+    backend: Backend,
     leases: BTreeMap<i64, Vec<Vec<u8>>>,
 }
 
@@ -85,14 +85,11 @@ type Res = Result<String, Box<dyn Error>>;
 
 impl Runner {
     fn new() -> Runner {
-        let db = sled::Config::new().temporary(true).open().unwrap();
-        let tree = db.open_tree("t").unwrap();
         Runner {
             store: AuthStore::new(),
             tokens: TokenProvider::Simple(SimpleTokens::new(Duration::from_secs(300))),
             index: 0,
-            _db: db,
-            tree,
+            backend: Backend::temporary().unwrap(),
             leases: BTreeMap::new(),
         }
     }
@@ -114,7 +111,7 @@ impl Runner {
     /// Applies one request as `ai`, asserting the invariants (see the module doc).
     fn apply(&mut self, ai: &AuthInfo, req: AuthRequest) -> Result<AuthResponse, Box<dyn Error>> {
         let before = self.store.clone();
-        let mut writes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        let mut writes = Batch::default();
         self.index += 1;
         let result = apply::apply(
             &mut self.store,
@@ -131,15 +128,8 @@ impl Runner {
                 Err(e.into())
             }
             Ok(resp) => {
-                let mut batch = sled::Batch::default();
-                for (k, v) in writes {
-                    match v {
-                        Some(v) => batch.insert(k, v),
-                        None => batch.remove(k),
-                    }
-                }
-                self.tree.apply_batch(batch)?;
-                let reloaded = AuthStore::load(&self.tree)?;
+                writes.commit(self.backend.tree())?;
+                let reloaded = AuthStore::load(self.backend.tree())?;
                 assert_eq!(reloaded, self.store, "staged writes differ from the store");
                 assert_eq!(
                     self.store.cache(),
@@ -279,7 +269,7 @@ impl Runner {
         args.reject_next()?;
         let check = self.store.password_check(&name)?;
         if !password::verify(&pw, &check.hash) {
-            return Err(super::AuthError::AuthFailed.into());
+            return Err(keel_proto::rpctypes::RpcError::AuthFailed.into());
         }
         let req = AuthRequest::Authenticate(InternalAuthenticate {
             name,
@@ -710,14 +700,14 @@ fn reload_from_sled_and_from_snapshot_pairs_gives_the_same_store() {
     let input = script.join("\n") + "\n---\n";
     let output = goldenscript::generate(&mut r, &input).unwrap();
     assert!(!output.contains("Error"), "{output}");
-    let from_tree = AuthStore::load(&r.tree).unwrap();
-    let pairs: Vec<(sled::IVec, sled::IVec)> = r.tree.iter().collect::<Result<_, _>>().unwrap();
+    let from_tree = AuthStore::load(r.backend.tree()).unwrap();
+    let pairs: Vec<(sled::IVec, sled::IVec)> = r.backend.tree().iter().collect::<Result<_, _>>().unwrap();
     // A snapshot holds other components' records too: they must be skipped.
     let mut snapshot: Vec<(Vec<u8>, Vec<u8>)> = pairs
         .iter()
         .map(|(k, v)| (k.to_vec(), v.to_vec()))
         .collect();
-    snapshot.push((b"c/consistent_index".to_vec(), vec![7; 12]));
+    snapshot.push((schema::CONSISTENT_INDEX.to_vec(), vec![7; 12]));
     snapshot.push((b"k\0\0\0\0\0\0\0\x02".to_vec(), vec![1]));
     let from_snapshot = AuthStore::load_pairs(snapshot).unwrap();
     assert_eq!(from_tree, r.store);
@@ -750,7 +740,7 @@ fn reload_from_sled_and_from_snapshot_pairs_gives_the_same_store() {
         assert_eq!(check::range(&r.store, &alice, &req).is_ok(), ok, "{key:?}");
     }
     assert!(
-        storage::read_tree(&r.tree)
+        storage::read_tree(r.backend.tree())
             .unwrap()
             .users
             .contains_key("bob")
@@ -764,7 +754,7 @@ fn tokens_follow_the_loaded_store() {
     let mut r = Runner::new();
     let script = "user-add root password=rootpw\ngrant-role root root\nenable\n---\n";
     goldenscript::generate(&mut r, script).unwrap();
-    let enabled = AuthStore::load(&r.tree).unwrap();
+    let enabled = AuthStore::load(r.backend.tree()).unwrap();
     let tokens = TokenProvider::Simple(SimpleTokens::new(Duration::from_secs(300)));
     apply::sync_tokens(&enabled, &tokens);
     let token = tokens.assign(&AuthInfo::new("root", 4), PREFIX, 9).unwrap();
