@@ -19,6 +19,7 @@ use keel_proto::etcdserverpb::{
     AuthRoleGetRequest, AuthUserGetRequest, DeleteRangeRequest, LeaseTimeToLiveRequest, PutRequest,
     RangeRequest, TxnRequest, WatchCreateRequest, request_op::Request,
 };
+use keel_proto::rpctypes::RpcError;
 
 use super::error::AuthError;
 use super::model::{Access, AuthInfo};
@@ -50,18 +51,18 @@ pub fn key_op(
         return Ok(());
     }
     if ai.revision == 0 {
-        return Err(AuthError::UserEmpty);
+        return Err(RpcError::UserEmpty.into());
     }
     if ai.revision < store.revision() {
-        return Err(AuthError::AuthOldRevision);
+        return Err(RpcError::AuthOldRevision.into());
     }
     let Some(perms) = store.perms(&ai.username) else {
-        return Err(AuthError::PermissionDenied);
+        return Err(RpcError::PermissionDenied.into());
     };
     if perms.root || perms.permits(key, range_end, access) {
         Ok(())
     } else {
-        Err(AuthError::PermissionDenied)
+        Err(RpcError::PermissionDenied.into())
     }
 }
 
@@ -71,19 +72,19 @@ pub fn admin(store: &AuthStore, ai: &AuthInfo) -> Result<(), AuthError> {
         return Ok(());
     }
     if ai.is_anonymous() {
-        return Err(AuthError::UserEmpty);
+        return Err(RpcError::UserEmpty.into());
     }
     match store.perms(&ai.username) {
-        None => Err(AuthError::UserNotFound),
+        None => Err(RpcError::UserNotFound.into()),
         Some(p) if p.root => Ok(()),
-        Some(_) => Err(AuthError::PermissionDenied),
+        Some(_) => Err(RpcError::PermissionDenied.into()),
     }
 }
 
 /// etcd `requireAuthInfo`: any credentials at all.
 pub fn authenticated(store: &AuthStore, ai: &AuthInfo) -> Result<(), AuthError> {
     if store.is_enabled() && ai.is_anonymous() {
-        return Err(AuthError::UserEmpty);
+        return Err(RpcError::UserEmpty.into());
     }
     Ok(())
 }

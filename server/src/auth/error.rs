@@ -1,77 +1,31 @@
 //! Every error the auth component can return, with etcd's exact text and gRPC code.
 //!
-//! This file is the ONE place that holds auth's error texts. clientv3 and etcdctl recognise
-//! errors by their message (`rpctypes.Error` looks them up in `errStringToError`), so each
-//! text is byte-for-byte etcd's:
+//! clientv3 and etcdctl recognise errors by their message (`rpctypes.Error` looks them up in
+//! `errStringToError`), so each text is byte-for-byte etcd's:
 //!
-//! - the client-facing ones are etcd's `ErrGRPC*` of `api/v3rpc/rpctypes/error.go` (v3.6.14,
-//!   unchanged since 3.4), the status etcd's `togRPCError` gives the `auth.Err*` of
-//!   `server/auth/store.go`;
+//! - the client-facing ones are entries of etcd's catalogue, [`keel_proto::rpctypes`]
+//!   (`ErrGRPC*` of `api/v3rpc/rpctypes/error.go`), wrapped as [`AuthError::Rpc`] with the
+//!   code and text the catalogue gives them (etcd's `togRPCError` maps the `auth.Err*` of
+//!   `server/auth/store.go` to them);
 //! - the others are `auth.Err*` (or bcrypt) errors that `togRPCError` does not map: etcd
-//!   answers them with gRPC `Unknown` and the Go error's own text, and so does Keel;
+//!   answers them with gRPC `Unknown` and the Go error's own text, and so does Keel. Their
+//!   texts live here, the one place in auth that spells an error text;
 //! - [`AuthError::PlaintextPassword`] and [`AuthError::Internal`] are Keel's own (see
 //!   docs/auth.md, "What differs from etcd").
 
+use keel_proto::rpctypes::RpcError;
 use tonic::{Code, Status};
 
 /// An auth failure: one of etcd's auth errors, or a Keel-only internal one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
-    /// AuthEnable without a user `root` (`ErrGRPCRootUserNotExist`).
-    #[error("etcdserver: root user does not exist")]
-    RootUserNotExist,
-    /// AuthEnable while user `root` lacks role `root` (`ErrGRPCRootRoleNotExist`).
-    #[error("etcdserver: root user does not have root role")]
-    RootRoleNotExist,
-    /// UserAdd of an existing name (`ErrGRPCUserAlreadyExist`).
-    #[error("etcdserver: user name already exists")]
-    UserAlreadyExist,
-    /// UserAdd with an empty name, or a request without credentials while auth is on
-    /// (`ErrGRPCUserEmpty`).
-    #[error("etcdserver: user name is empty")]
-    UserEmpty,
-    /// A user that does not exist (`ErrGRPCUserNotFound`).
-    #[error("etcdserver: user name not found")]
-    UserNotFound,
-    /// RoleAdd of an existing name (`ErrGRPCRoleAlreadyExist`).
-    #[error("etcdserver: role name already exists")]
-    RoleAlreadyExist,
-    /// A role that does not exist (`ErrGRPCRoleNotFound`).
-    #[error("etcdserver: role name not found")]
-    RoleNotFound,
-    /// RoleAdd with an empty name (`ErrGRPCRoleEmpty`).
-    #[error("etcdserver: role name is empty")]
-    RoleEmpty,
-    /// Authenticate with an unknown user or a wrong password (`ErrGRPCAuthFailed`).
-    #[error("etcdserver: authentication failed, invalid user ID or password")]
-    AuthFailed,
-    /// RoleGrantPermission without a permission (`ErrGRPCPermissionNotGiven`).
-    #[error("etcdserver: permission not given")]
-    PermissionNotGiven,
-    /// The user may not do this (`ErrGRPCPermissionDenied`).
-    #[error("etcdserver: permission denied")]
-    PermissionDenied,
-    /// UserRevokeRole of a role the user does not hold (`ErrGRPCRoleNotGranted`).
-    #[error("etcdserver: role is not granted to the user")]
-    RoleNotGranted,
-    /// RoleRevokePermission of a permission the role does not hold
-    /// (`ErrGRPCPermissionNotGranted`).
-    #[error("etcdserver: permission is not granted to the role")]
-    PermissionNotGranted,
-    /// Authenticate while auth is disabled (`ErrGRPCAuthNotEnabled`).
-    #[error("etcdserver: authentication is not enabled")]
-    AuthNotEnabled,
-    /// A token that is unknown, expired, forged or malformed (`ErrGRPCInvalidAuthToken`).
-    #[error("etcdserver: invalid auth token")]
-    InvalidAuthToken,
-    /// A change the root rules forbid, or an invalid permission range
-    /// (`ErrGRPCInvalidAuthMgmt`).
-    #[error("etcdserver: invalid auth management")]
-    InvalidAuthMgmt,
-    /// The request's auth revision is older than the store's (`ErrGRPCAuthOldRevision`);
-    /// clientv3 re-authenticates and retries.
-    #[error("etcdserver: revision of auth store is old")]
-    AuthOldRevision,
+    /// One of etcd's client-facing errors (in auth: `RootUserNotExist`, `RootRoleNotExist`,
+    /// `UserAlreadyExist`, `UserEmpty`, `UserNotFound`, `RoleAlreadyExist`, `RoleNotFound`,
+    /// `RoleEmpty`, `AuthFailed`, `PermissionNotGiven`, `PermissionDenied`, `RoleNotGranted`,
+    /// `PermissionNotGranted`, `AuthNotEnabled`, `InvalidAuthToken`, `InvalidAuthMgmt`,
+    /// `AuthOldRevision`), sent with the catalogue's code and text.
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
 
     /// Authenticate as a user created with `no_password`, or a hashed password that does not
     /// decode (etcd `auth.ErrNoPasswordUser`; gRPC `Unknown`).
@@ -109,18 +63,12 @@ pub enum AuthError {
 }
 
 impl AuthError {
-    /// The gRPC status code etcd answers this error with (its `rpctypes` entry, or `Unknown`
-    /// for the errors `togRPCError` does not map).
+    /// The gRPC status code etcd answers this error with (its [`RpcError::code`], or
+    /// `Unknown` for the errors `togRPCError` does not map).
     pub fn code(&self) -> Code {
         use AuthError::*;
         match self {
-            UserEmpty | RoleEmpty | AuthFailed | PermissionNotGiven | InvalidAuthMgmt
-            | AuthOldRevision => Code::InvalidArgument,
-            RootUserNotExist | RootRoleNotExist | UserAlreadyExist | UserNotFound
-            | RoleAlreadyExist | RoleNotFound | RoleNotGranted | PermissionNotGranted
-            | AuthNotEnabled => Code::FailedPrecondition,
-            PermissionDenied => Code::PermissionDenied,
-            InvalidAuthToken => Code::Unauthenticated,
+            Rpc(e) => e.code(),
             NoPasswordUser | PasswordTooLong | VerifyOnly | InvalidAuthOpts | InvalidAuthMethod
             | MissingKey | KeyMismatch => Code::Unknown,
             PlaintextPassword => Code::InvalidArgument,
@@ -144,102 +92,22 @@ impl From<AuthError> for Status {
 mod tests {
     use super::*;
 
-    /// etcd's `rpctypes.ErrGRPC*` for auth, copied from api/v3rpc/rpctypes/error.go (v3.6.14).
+    /// The catalogue's entries pass through unchanged (their texts and codes are pinned by
+    /// `keel_proto::rpctypes`' own tests against etcd's `error.go`).
     #[test]
-    fn client_facing_texts_and_codes_are_etcds() {
-        use AuthError::*;
-        let table = [
-            (
-                RootUserNotExist,
-                Code::FailedPrecondition,
-                "etcdserver: root user does not exist",
-            ),
-            (
-                RootRoleNotExist,
-                Code::FailedPrecondition,
-                "etcdserver: root user does not have root role",
-            ),
-            (
-                UserAlreadyExist,
-                Code::FailedPrecondition,
-                "etcdserver: user name already exists",
-            ),
-            (
-                UserEmpty,
-                Code::InvalidArgument,
-                "etcdserver: user name is empty",
-            ),
-            (
-                UserNotFound,
-                Code::FailedPrecondition,
-                "etcdserver: user name not found",
-            ),
-            (
-                RoleAlreadyExist,
-                Code::FailedPrecondition,
-                "etcdserver: role name already exists",
-            ),
-            (
-                RoleNotFound,
-                Code::FailedPrecondition,
-                "etcdserver: role name not found",
-            ),
-            (
-                RoleEmpty,
-                Code::InvalidArgument,
-                "etcdserver: role name is empty",
-            ),
-            (
-                AuthFailed,
-                Code::InvalidArgument,
-                "etcdserver: authentication failed, invalid user ID or password",
-            ),
-            (
-                PermissionNotGiven,
-                Code::InvalidArgument,
-                "etcdserver: permission not given",
-            ),
-            (
-                PermissionDenied,
-                Code::PermissionDenied,
-                "etcdserver: permission denied",
-            ),
-            (
-                RoleNotGranted,
-                Code::FailedPrecondition,
-                "etcdserver: role is not granted to the user",
-            ),
-            (
-                PermissionNotGranted,
-                Code::FailedPrecondition,
-                "etcdserver: permission is not granted to the role",
-            ),
-            (
-                AuthNotEnabled,
-                Code::FailedPrecondition,
-                "etcdserver: authentication is not enabled",
-            ),
-            (
-                InvalidAuthToken,
-                Code::Unauthenticated,
-                "etcdserver: invalid auth token",
-            ),
-            (
-                InvalidAuthMgmt,
-                Code::InvalidArgument,
-                "etcdserver: invalid auth management",
-            ),
-            (
-                AuthOldRevision,
-                Code::InvalidArgument,
-                "etcdserver: revision of auth store is old",
-            ),
-        ];
-        for (err, code, text) in table {
-            let status = err.to_status();
-            assert_eq!(status.code(), code, "{err:?}");
-            assert_eq!(status.message(), text, "{err:?}");
+    fn client_facing_errors_are_the_catalogues() {
+        for e in [
+            RpcError::UserNotFound,
+            RpcError::AuthOldRevision,
+            RpcError::PermissionDenied,
+        ] {
+            let status = AuthError::from(e).to_status();
+            assert_eq!((status.code(), status.message()), (e.code(), e.message()));
         }
+        assert_eq!(
+            AuthError::from(RpcError::InvalidAuthToken).code(),
+            Code::Unauthenticated
+        );
     }
 
     #[test]

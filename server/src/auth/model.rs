@@ -15,7 +15,7 @@ pub const ROOT_ROLE: &str = "root";
 /// (etcd `auth.AuthInfo`, stamped into the raft entry's `RequestHeader`).
 ///
 /// The default (empty name, revision 0) is "no credentials": with auth enabled, etcd
-/// answers it with `etcdserver: user name is empty`.
+/// answers it with `ErrGRPCUserEmpty` ([`keel_proto::rpctypes::RpcError::UserEmpty`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct AuthInfo {
     /// The user name ("" = no credentials).

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use keel_proto::authpb::{Permission, Role, User, UserAddOptions};
+use keel_proto::rpctypes::RpcError;
 use keel_proto::etcdserverpb::{
     AuthDisableRequest, AuthDisableResponse, AuthEnableRequest, AuthEnableResponse,
     AuthRoleAddRequest, AuthRoleAddResponse, AuthRoleDeleteRequest, AuthRoleDeleteResponse,
@@ -154,13 +155,13 @@ impl AuthStore {
     /// current revision. Call it under the store's lock, release the lock, then run
     /// [`super::password::verify`].
     ///
-    /// Errors: auth disabled ([`AuthError::AuthNotEnabled`]), unknown user
-    /// ([`AuthError::AuthFailed`]), a `no_password` user ([`AuthError::NoPasswordUser`]).
+    /// Errors: auth disabled ([`RpcError::AuthNotEnabled`]), unknown user
+    /// ([`RpcError::AuthFailed`]), a `no_password` user ([`AuthError::NoPasswordUser`]).
     pub fn password_check(&self, name: &str) -> Result<PasswordCheck, AuthError> {
         if !self.enabled {
-            return Err(AuthError::AuthNotEnabled);
+            return Err(RpcError::AuthNotEnabled.into());
         }
-        let user = self.users.get(name).ok_or(AuthError::AuthFailed)?;
+        let user = self.users.get(name).ok_or(RpcError::AuthFailed)?;
         if no_password(user) {
             return Err(AuthError::NoPasswordUser);
         }
@@ -173,15 +174,15 @@ impl AuthStore {
     /// Applies the Authenticate entry of user `name` (etcd `authStore.Authenticate`; the
     /// password was checked before proposing). Returns who the token must be issued to.
     ///
-    /// Errors: auth disabled ([`AuthError::AuthNotEnabled`]), the user is gone or has
-    /// `no_password` ([`AuthError::AuthFailed`]).
+    /// Errors: auth disabled ([`RpcError::AuthNotEnabled`]), the user is gone or has
+    /// `no_password` ([`RpcError::AuthFailed`]).
     pub fn apply_authenticate(&self, name: &str) -> Result<AuthInfo, AuthError> {
         if !self.enabled {
-            return Err(AuthError::AuthNotEnabled);
+            return Err(RpcError::AuthNotEnabled.into());
         }
-        let user = self.users.get(name).ok_or(AuthError::AuthFailed)?;
+        let user = self.users.get(name).ok_or(RpcError::AuthFailed)?;
         if no_password(user) {
-            return Err(AuthError::AuthFailed);
+            return Err(RpcError::AuthFailed.into());
         }
         Ok(AuthInfo::new(name, self.revision))
     }
@@ -189,7 +190,7 @@ impl AuthStore {
     /// AuthEnable: needs user `root` holding role `root`; already enabled is a no-op. Does not
     /// move the revision (etcd).
     ///
-    /// Errors: [`AuthError::RootUserNotExist`], [`AuthError::RootRoleNotExist`].
+    /// Errors: [`RpcError::RootUserNotExist`], [`RpcError::RootRoleNotExist`].
     pub fn apply_auth_enable(
         &mut self,
         _req: &AuthEnableRequest,
@@ -201,9 +202,9 @@ impl AuthStore {
         let root = self
             .users
             .get(ROOT_USER)
-            .ok_or(AuthError::RootUserNotExist)?;
+            .ok_or(RpcError::RootUserNotExist)?;
         if !has_root_role(root) {
-            return Err(AuthError::RootRoleNotExist);
+            return Err(RpcError::RootRoleNotExist.into());
         }
         self.enabled = true;
         storage::put_enabled(w, true);
@@ -236,8 +237,8 @@ impl AuthStore {
     /// UserAdd: a user with no roles; its password is `hashedPassword` (base64 of the bcrypt
     /// hash) unless `options.no_password`.
     ///
-    /// Errors: empty name ([`AuthError::UserEmpty`]), existing name
-    /// ([`AuthError::UserAlreadyExist`]), a hash that is not base64
+    /// Errors: empty name ([`RpcError::UserEmpty`]), existing name
+    /// ([`RpcError::UserAlreadyExist`]), a hash that is not base64
     /// ([`AuthError::NoPasswordUser`], etcd's choice), a plaintext password
     /// ([`AuthError::PlaintextPassword`]).
     pub fn apply_user_add(
@@ -246,10 +247,10 @@ impl AuthStore {
         w: &mut impl AuthWrites,
     ) -> Result<AuthUserAddResponse, AuthError> {
         if req.name.is_empty() {
-            return Err(AuthError::UserEmpty);
+            return Err(RpcError::UserEmpty.into());
         }
         if self.users.contains_key(&req.name) {
-            return Err(AuthError::UserAlreadyExist);
+            return Err(RpcError::UserAlreadyExist.into());
         }
         let options = req.options.unwrap_or(UserAddOptions { no_password: false });
         let password = if options.no_password {
@@ -270,18 +271,18 @@ impl AuthStore {
 
     /// UserDelete. The caller drops the user's tokens (etcd `invalidateUser`).
     ///
-    /// Errors: `root` while auth is enabled ([`AuthError::InvalidAuthMgmt`]), unknown user
-    /// ([`AuthError::UserNotFound`]).
+    /// Errors: `root` while auth is enabled ([`RpcError::InvalidAuthMgmt`]), unknown user
+    /// ([`RpcError::UserNotFound`]).
     pub fn apply_user_delete(
         &mut self,
         req: &AuthUserDeleteRequest,
         w: &mut impl AuthWrites,
     ) -> Result<AuthUserDeleteResponse, AuthError> {
         if self.enabled && req.name == ROOT_USER {
-            return Err(AuthError::InvalidAuthMgmt);
+            return Err(RpcError::InvalidAuthMgmt.into());
         }
         if self.users.remove(&req.name).is_none() {
-            return Err(AuthError::UserNotFound);
+            return Err(RpcError::UserNotFound.into());
         }
         w.remove(&storage::user_key(&req.name));
         self.cache.refresh_user(&req.name, &self.users, &self.roles);
@@ -292,7 +293,7 @@ impl AuthStore {
     /// UserChangePassword: replaces the hash (kept empty for a `no_password` user, whose
     /// change still moves the revision). The caller drops the user's tokens.
     ///
-    /// Errors: unknown user ([`AuthError::UserNotFound`]), a hash that is not base64
+    /// Errors: unknown user ([`RpcError::UserNotFound`]), a hash that is not base64
     /// ([`AuthError::NoPasswordUser`]), a plaintext password
     /// ([`AuthError::PlaintextPassword`]).
     pub fn apply_user_change_password(
@@ -300,7 +301,7 @@ impl AuthStore {
         req: &AuthUserChangePasswordRequest,
         w: &mut impl AuthWrites,
     ) -> Result<AuthUserChangePasswordResponse, AuthError> {
-        let user = self.users.get(&req.name).ok_or(AuthError::UserNotFound)?;
+        let user = self.users.get(&req.name).ok_or(RpcError::UserNotFound)?;
         let password = if no_password(user) {
             Vec::new()
         } else {
@@ -318,16 +319,16 @@ impl AuthStore {
     /// UserGrantRole: adds the role to the user's sorted roles. Role `root` need not exist;
     /// a role the user already holds is a no-op (no revision move).
     ///
-    /// Errors: unknown user ([`AuthError::UserNotFound`]), unknown role other than `root`
-    /// ([`AuthError::RoleNotFound`]).
+    /// Errors: unknown user ([`RpcError::UserNotFound`]), unknown role other than `root`
+    /// ([`RpcError::RoleNotFound`]).
     pub fn apply_user_grant_role(
         &mut self,
         req: &AuthUserGrantRoleRequest,
         w: &mut impl AuthWrites,
     ) -> Result<AuthUserGrantRoleResponse, AuthError> {
-        let user = self.users.get(&req.user).ok_or(AuthError::UserNotFound)?;
+        let user = self.users.get(&req.user).ok_or(RpcError::UserNotFound)?;
         if req.role != ROOT_ROLE && !self.roles.contains_key(&req.role) {
-            return Err(AuthError::RoleNotFound);
+            return Err(RpcError::RoleNotFound.into());
         }
         let Err(at) = user.roles.binary_search(&req.role) else {
             return Ok(AuthUserGrantRoleResponse::default());
@@ -341,23 +342,23 @@ impl AuthStore {
 
     /// UserRevokeRole.
     ///
-    /// Errors: role `root` from user `root` while enabled ([`AuthError::InvalidAuthMgmt`]),
-    /// unknown user ([`AuthError::UserNotFound`]), a role the user does not hold
-    /// ([`AuthError::RoleNotGranted`]).
+    /// Errors: role `root` from user `root` while enabled ([`RpcError::InvalidAuthMgmt`]),
+    /// unknown user ([`RpcError::UserNotFound`]), a role the user does not hold
+    /// ([`RpcError::RoleNotGranted`]).
     pub fn apply_user_revoke_role(
         &mut self,
         req: &AuthUserRevokeRoleRequest,
         w: &mut impl AuthWrites,
     ) -> Result<AuthUserRevokeRoleResponse, AuthError> {
         if self.enabled && req.name == ROOT_USER && req.role == ROOT_ROLE {
-            return Err(AuthError::InvalidAuthMgmt);
+            return Err(RpcError::InvalidAuthMgmt.into());
         }
-        let user = self.users.get(&req.name).ok_or(AuthError::UserNotFound)?;
+        let user = self.users.get(&req.name).ok_or(RpcError::UserNotFound)?;
         let mut user = user.clone();
         let before = user.roles.len();
         user.roles.retain(|r| *r != req.role);
         if user.roles.len() == before {
-            return Err(AuthError::RoleNotGranted);
+            return Err(RpcError::RoleNotGranted.into());
         }
         self.put_user(&req.name, user, w);
         self.commit_revision(w);
@@ -366,12 +367,12 @@ impl AuthStore {
 
     /// UserGet: the user's roles, sorted.
     ///
-    /// Errors: unknown user ([`AuthError::UserNotFound`]).
+    /// Errors: unknown user ([`RpcError::UserNotFound`]).
     pub fn apply_user_get(
         &self,
         req: &AuthUserGetRequest,
     ) -> Result<AuthUserGetResponse, AuthError> {
-        let user = self.users.get(&req.name).ok_or(AuthError::UserNotFound)?;
+        let user = self.users.get(&req.name).ok_or(RpcError::UserNotFound)?;
         Ok(AuthUserGetResponse {
             header: None,
             roles: user.roles.clone(),
@@ -388,18 +389,18 @@ impl AuthStore {
 
     /// RoleAdd: a role with no permissions.
     ///
-    /// Errors: empty name ([`AuthError::RoleEmpty`]), existing name
-    /// ([`AuthError::RoleAlreadyExist`]).
+    /// Errors: empty name ([`RpcError::RoleEmpty`]), existing name
+    /// ([`RpcError::RoleAlreadyExist`]).
     pub fn apply_role_add(
         &mut self,
         req: &AuthRoleAddRequest,
         w: &mut impl AuthWrites,
     ) -> Result<AuthRoleAddResponse, AuthError> {
         if req.name.is_empty() {
-            return Err(AuthError::RoleEmpty);
+            return Err(RpcError::RoleEmpty.into());
         }
         if self.roles.contains_key(&req.name) {
-            return Err(AuthError::RoleAlreadyExist);
+            return Err(RpcError::RoleAlreadyExist.into());
         }
         let role = Role {
             name: req.name.as_bytes().to_vec(),
@@ -413,12 +414,12 @@ impl AuthStore {
     /// RoleGet: the role's permissions; for role `root` only its implicit READWRITE on every
     /// key (etcd `rootPerm`), whatever is stored.
     ///
-    /// Errors: unknown role ([`AuthError::RoleNotFound`]).
+    /// Errors: unknown role ([`RpcError::RoleNotFound`]).
     pub fn apply_role_get(
         &self,
         req: &AuthRoleGetRequest,
     ) -> Result<AuthRoleGetResponse, AuthError> {
-        let role = self.roles.get(&req.role).ok_or(AuthError::RoleNotFound)?;
+        let role = self.roles.get(&req.role).ok_or(RpcError::RoleNotFound)?;
         let perm = if req.role == ROOT_ROLE {
             vec![root_permission()]
         } else {
@@ -437,18 +438,18 @@ impl AuthStore {
 
     /// RoleDelete: removes the role and takes it from every user holding it.
     ///
-    /// Errors: `root` while enabled ([`AuthError::InvalidAuthMgmt`]), unknown role
-    /// ([`AuthError::RoleNotFound`]).
+    /// Errors: `root` while enabled ([`RpcError::InvalidAuthMgmt`]), unknown role
+    /// ([`RpcError::RoleNotFound`]).
     pub fn apply_role_delete(
         &mut self,
         req: &AuthRoleDeleteRequest,
         w: &mut impl AuthWrites,
     ) -> Result<AuthRoleDeleteResponse, AuthError> {
         if self.enabled && req.role == ROOT_ROLE {
-            return Err(AuthError::InvalidAuthMgmt);
+            return Err(RpcError::InvalidAuthMgmt.into());
         }
         if self.roles.remove(&req.role).is_none() {
-            return Err(AuthError::RoleNotFound);
+            return Err(RpcError::RoleNotFound.into());
         }
         w.remove(&storage::role_key(&req.role));
         let holders: Vec<String> = self
@@ -470,21 +471,21 @@ impl AuthStore {
     /// key and range end. Permissions stay sorted by key, then range end. Moves the revision
     /// even when nothing changes (etcd).
     ///
-    /// Errors: no permission ([`AuthError::PermissionNotGiven`]), an invalid range
-    /// ([`AuthError::InvalidAuthMgmt`]), unknown role ([`AuthError::RoleNotFound`]).
+    /// Errors: no permission ([`RpcError::PermissionNotGiven`]), an invalid range
+    /// ([`RpcError::InvalidAuthMgmt`]), unknown role ([`RpcError::RoleNotFound`]).
     pub fn apply_role_grant_permission(
         &mut self,
         req: &AuthRoleGrantPermissionRequest,
         w: &mut impl AuthWrites,
     ) -> Result<AuthRoleGrantPermissionResponse, AuthError> {
-        let perm = req.perm.as_ref().ok_or(AuthError::PermissionNotGiven)?;
+        let perm = req.perm.as_ref().ok_or(RpcError::PermissionNotGiven)?;
         if !is_valid_permission_range(&perm.key, &perm.range_end) {
-            return Err(AuthError::InvalidAuthMgmt);
+            return Err(RpcError::InvalidAuthMgmt.into());
         }
         let mut role = self
             .roles
             .get(&req.name)
-            .ok_or(AuthError::RoleNotFound)?
+            .ok_or(RpcError::RoleNotFound)?
             .clone();
         let position = role.key_permission.binary_search_by(|p| {
             (p.key.as_slice(), p.range_end.as_slice())
@@ -508,8 +509,8 @@ impl AuthStore {
 
     /// RoleRevokePermission: removes the permission on exactly `key` and `range_end`.
     ///
-    /// Errors: unknown role ([`AuthError::RoleNotFound`]), no such permission
-    /// ([`AuthError::PermissionNotGranted`]).
+    /// Errors: unknown role ([`RpcError::RoleNotFound`]), no such permission
+    /// ([`RpcError::PermissionNotGranted`]).
     pub fn apply_role_revoke_permission(
         &mut self,
         req: &AuthRoleRevokePermissionRequest,
@@ -518,13 +519,13 @@ impl AuthStore {
         let mut role = self
             .roles
             .get(&req.role)
-            .ok_or(AuthError::RoleNotFound)?
+            .ok_or(RpcError::RoleNotFound)?
             .clone();
         let before = role.key_permission.len();
         role.key_permission
             .retain(|p| p.key != req.key || p.range_end != req.range_end);
         if role.key_permission.len() == before {
-            return Err(AuthError::PermissionNotGranted);
+            return Err(RpcError::PermissionNotGranted.into());
         }
         self.put_role(&req.role, role, w);
         self.commit_revision(w);

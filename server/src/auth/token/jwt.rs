@@ -4,7 +4,7 @@
 //! Claims (etcd's, as JSON): `username` (string), `revision` (the auth revision the token was
 //! issued at) and `exp` (Unix seconds, issue time + `ttl`). No server state: a token is valid
 //! until `exp` whatever happens to the user, but since it carries the auth revision, any auth
-//! change makes it fail permission checks with `etcdserver: revision of auth store is old`,
+//! change makes it fail permission checks with `ErrGRPCAuthOldRevision`,
 //! and clientv3 re-authenticates.
 //!
 //! Keys: RS*/PS* (RSA), ES256/ES384 (ECDSA), EdDSA (Ed25519) use PEM files; HS* uses the

@@ -17,6 +17,8 @@ pub mod simple;
 
 use std::time::{Duration, Instant, SystemTime};
 
+use keel_proto::rpctypes::RpcError;
+
 use super::error::AuthError;
 use super::model::AuthInfo;
 pub use jwt::JwtTokens;
@@ -73,18 +75,18 @@ impl TokenProvider {
     /// [`super::store::AuthStore::apply_authenticate`]), entry index `index` and the entry's
     /// random part `prefix`.
     ///
-    /// Errors: nop provider ([`AuthError::AuthFailed`]), verify-only JWT
+    /// Errors: nop provider ([`RpcError::AuthFailed`]), verify-only JWT
     /// ([`AuthError::VerifyOnly`]).
     pub fn assign(&self, who: &AuthInfo, prefix: &str, index: u64) -> Result<String, AuthError> {
         match self {
-            TokenProvider::Nop => Err(AuthError::AuthFailed),
+            TokenProvider::Nop => Err(RpcError::AuthFailed.into()),
             TokenProvider::Simple(t) => Ok(t.assign(&who.username, prefix, index, Instant::now())),
             TokenProvider::Jwt(t) => t.assign(&who.username, who.revision, unix_now()),
         }
     }
 
     /// Who `token` authenticates; `None` for an unknown, expired, forged or malformed token
-    /// (the caller answers [`AuthError::InvalidAuthToken`]). `current_revision` is the
+    /// (the caller answers [`RpcError::InvalidAuthToken`]). `current_revision` is the
     /// store's revision: a simple token stands for the user at the current revision, a JWT
     /// for the revision it was signed at.
     pub fn lookup(&self, token: &str, current_revision: u64) -> Option<AuthInfo> {
@@ -153,7 +155,7 @@ mod tests {
         assert_eq!(p.gen_prefix(), "");
         assert_eq!(
             p.assign(&AuthInfo::new("a", 1), "", 1),
-            Err(AuthError::AuthFailed)
+            Err(RpcError::AuthFailed.into())
         );
         assert_eq!(p.lookup("x.1", 1), None);
     }
