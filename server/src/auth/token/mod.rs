@@ -37,18 +37,18 @@ pub enum TokenProvider {
 }
 
 impl TokenProvider {
-    /// The provider for `--auth-token auth_token` and `--auth-token-ttl simple_ttl` (simple
-    /// tokens only; zero means 300 s).
+    /// The provider for the parsed `--auth-token` (`config/auth_token.rs`) and
+    /// `--auth-token-ttl simple_ttl` (simple tokens only; zero means 300 s).
     ///
-    /// Errors: see [`TokenOptions::parse`] and [`JwtTokens::new`].
-    pub fn from_flags(auth_token: &str, simple_ttl: Duration) -> Result<TokenProvider, AuthError> {
-        Ok(match TokenOptions::parse(auth_token)? {
+    /// Errors: see [`JwtTokens::new`].
+    pub fn new(options: &TokenOptions, simple_ttl: Duration) -> Result<TokenProvider, AuthError> {
+        Ok(match options {
             TokenOptions::Nop => TokenProvider::Nop,
             TokenOptions::Simple => {
                 tracing::warn!("simple token is not cryptographically signed");
                 TokenProvider::Simple(SimpleTokens::new(simple_ttl))
             }
-            TokenOptions::Jwt(opts) => TokenProvider::Jwt(Box::new(JwtTokens::new(&opts)?)),
+            TokenOptions::Jwt(opts) => TokenProvider::Jwt(Box::new(JwtTokens::new(opts)?)),
         })
     }
 
@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn simple_provider_issues_tokens_valid_after_their_index() {
-        let p = TokenProvider::from_flags("simple", Duration::from_secs(300)).unwrap();
+        let p = TokenProvider::new(&TokenOptions::Simple, Duration::from_secs(300)).unwrap();
         p.enable();
         let prefix = p.gen_prefix();
         assert_eq!(prefix.len(), 16);
@@ -151,7 +151,7 @@ mod tests {
 
     #[test]
     fn nop_provider_refuses_to_issue() {
-        let p = TokenProvider::from_flags("", Duration::ZERO).unwrap();
+        let p = TokenProvider::new(&TokenOptions::Nop, Duration::ZERO).unwrap();
         assert_eq!(p.gen_prefix(), "");
         assert_eq!(
             p.assign(&AuthInfo::new("a", 1), "", 1),
@@ -162,25 +162,25 @@ mod tests {
 
     #[test]
     fn jwt_provider_carries_the_signing_revision() {
-        let dir = env!("CARGO_MANIFEST_DIR");
-        let p = TokenProvider::from_flags(
-            &format!(
-                "jwt,pub-key={dir}/src/auth/testdata/ec.pub,priv-key={dir}/src/auth/testdata/ec.key,sign-method=ES256,ttl=5m"
-            ),
-            Duration::ZERO,
-        )
-        .unwrap();
+        let key = |file: &str| {
+            let dir = env!("CARGO_MANIFEST_DIR");
+            Some(std::fs::read(format!("{dir}/src/auth/testdata/{file}")).unwrap())
+        };
+        let mut opts = JwtOptions {
+            sign_method: jsonwebtoken::Algorithm::ES256,
+            public_key: key("ec.pub"),
+            private_key: key("ec.key"),
+            ttl: options::DEFAULT_JWT_TTL,
+        };
+        let p = TokenProvider::new(&TokenOptions::Jwt(opts.clone()), Duration::ZERO).unwrap();
         assert_eq!(p.gen_prefix(), "");
         let token = p.assign(&AuthInfo::new("alice", 4), "", 12).unwrap();
         assert_eq!(p.required_index(&token), None);
         assert_eq!(p.lookup(&token, 9), Some(AuthInfo::new("alice", 4)));
+        (opts.public_key, opts.private_key) = (None, None);
         assert!(matches!(
-            TokenProvider::from_flags("jwt,sign-method=ES256", Duration::ZERO),
+            TokenProvider::new(&TokenOptions::Jwt(opts), Duration::ZERO),
             Err(AuthError::MissingKey)
-        ));
-        assert!(matches!(
-            TokenProvider::from_flags("bogus", Duration::ZERO),
-            Err(AuthError::InvalidAuthOpts)
         ));
     }
 }
