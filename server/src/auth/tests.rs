@@ -1,5 +1,6 @@
-//! Data-driven tests of auth: goldenscripts under `testscripts/` run against [`Runner`], plus
-//! the reload test.
+//! Data-driven tests of auth: goldenscripts under `testscripts/` run against [`Runner`] (a
+//! `script::Commands` of the shared frame, `mvcc/tests_golden/script.rs`), plus the reload
+//! test.
 //!
 //! `testscripts/store/` pins the store's rules (users, roles, grants, enable/disable, the
 //! root rules, revision bumps, every error); `testscripts/check/` pins the permission table.
@@ -35,11 +36,10 @@
 //!   `del:R[+prev]`, `txn{ SPEC }`, where R is `KEY`, `KEY..END` or `KEY..*` (from key).
 
 use std::collections::BTreeMap;
-use std::error::Error;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use goldenscript::{Argument, Command, Context};
+use goldenscript::Argument;
 use keel_proto::authpb::{Permission, UserAddOptions};
 use keel_proto::etcdserverpb::{
     AuthDisableRequest, AuthEnableRequest, AuthRoleAddRequest, AuthRoleDeleteRequest,
@@ -59,12 +59,13 @@ use super::store::AuthStore;
 use super::token::{SimpleTokens, TokenProvider};
 use super::{password, storage};
 use crate::backend::{Backend, Batch, schema};
+use crate::mvcc::tests_golden::script::{self, Args, Cmd, Result};
 
 test_each_file::test_each_path! { in "server/src/auth/testscripts/store" as store_scripts => run_script }
 test_each_file::test_each_path! { in "server/src/auth/testscripts/check" as check_scripts => run_script }
 
 fn run_script(path: &std::path::Path) {
-    goldenscript::run(&mut Runner::new(), path).expect("goldenscript failed")
+    script::run(path, Runner::new())
 }
 
 /// bcrypt cost in tests: the minimum, so scripts stay fast.
@@ -81,8 +82,6 @@ struct Runner {
     leases: BTreeMap<i64, Vec<Vec<u8>>>,
 }
 
-type Res = Result<String, Box<dyn Error>>;
-
 impl Runner {
     fn new() -> Runner {
         Runner {
@@ -95,9 +94,9 @@ impl Runner {
     }
 
     /// The credentials of `as=`/`rev=` (default: root at the current revision).
-    fn who(&self, args: &mut goldenscript::ArgumentConsumer) -> Result<AuthInfo, Box<dyn Error>> {
-        let user = args.take_key("as").unwrap_or("root").to_string();
-        let rev = match args.take_key("rev") {
+    fn who(&self, args: &mut Args) -> Result<AuthInfo> {
+        let user = args.take("as").unwrap_or_else(|| "root".to_string());
+        let rev = match args.take("rev") {
             Some(r) => r.parse()?,
             None => self.store.revision(),
         };
@@ -109,7 +108,7 @@ impl Runner {
     }
 
     /// Applies one request as `ai`, asserting the invariants (see the module doc).
-    fn apply(&mut self, ai: &AuthInfo, req: AuthRequest) -> Result<AuthResponse, Box<dyn Error>> {
+    fn apply(&mut self, ai: &AuthInfo, req: AuthRequest) -> Result<AuthResponse> {
         let before = self.store.clone();
         let mut writes = Batch::default();
         self.index += 1;
@@ -142,23 +141,17 @@ impl Runner {
     }
 
     /// Runs an apply command, printing the revision change.
-    fn apply_command(&mut self, cmd: &Command) -> Res {
-        let mut args = cmd.consume_args();
-        let ai = self.who(&mut args)?;
-        let name = |args: &mut goldenscript::ArgumentConsumer| -> Result<String, Box<dyn Error>> {
-            Ok(args.next_pos().ok_or("name not given")?.to_string())
-        };
-        let req = match cmd.name.as_str() {
+    fn apply_command(&mut self, command: &str, args: &mut Args) -> Result<String> {
+        let ai = self.who(args)?;
+        let name = |args: &mut Args| args.pos("name");
+        let req = match command {
             "enable" => AuthRequest::Enable(AuthEnableRequest {}),
             "disable" => AuthRequest::Disable(AuthDisableRequest {}),
             "status" => AuthRequest::Status(AuthStatusRequest {}),
             "user-add" => {
-                let name = name(&mut args)?;
-                let no_password = args
-                    .take_key("no-password")
-                    .map(|v| v.parse())
-                    .transpose()?;
-                let (password, hashed) = passwords(&mut args)?;
+                let name = name(args)?;
+                let no_password = args.take("no-password").map(|v| v.parse()).transpose()?;
+                let (password, hashed) = passwords(args)?;
                 AuthRequest::UserAdd(AuthUserAddRequest {
                     name,
                     password,
@@ -167,17 +160,17 @@ impl Runner {
                 })
             }
             "user-get" => AuthRequest::UserGet(AuthUserGetRequest {
-                name: name(&mut args)?,
+                name: name(args)?,
             }),
             "user-list" => AuthRequest::UserList(AuthUserListRequest {}),
             "user-delete" => AuthRequest::UserDelete(AuthUserDeleteRequest {
-                name: name(&mut args)?,
+                name: name(args)?,
             }),
             "user-passwd" => {
-                let name = name(&mut args)?;
+                let name = name(args)?;
                 let (password, hashed) = match args.next_pos() {
-                    Some(pw) => (String::new(), password::hash(pw, COST)?),
-                    None => passwords(&mut args)?,
+                    Some(pw) => (String::new(), password::hash(&pw, COST)?),
+                    None => passwords(args)?,
                 };
                 AuthRequest::UserChangePassword(AuthUserChangePasswordRequest {
                     name,
@@ -186,30 +179,30 @@ impl Runner {
                 })
             }
             "grant-role" => AuthRequest::UserGrantRole(AuthUserGrantRoleRequest {
-                user: name(&mut args)?,
-                role: name(&mut args)?,
+                user: name(args)?,
+                role: name(args)?,
             }),
             "revoke-role" => AuthRequest::UserRevokeRole(AuthUserRevokeRoleRequest {
-                name: name(&mut args)?,
-                role: name(&mut args)?,
+                name: name(args)?,
+                role: name(args)?,
             }),
             "role-add" => AuthRequest::RoleAdd(AuthRoleAddRequest {
-                name: name(&mut args)?,
+                name: name(args)?,
             }),
             "role-get" => AuthRequest::RoleGet(AuthRoleGetRequest {
-                role: name(&mut args)?,
+                role: name(args)?,
             }),
             "role-list" => AuthRequest::RoleList(AuthRoleListRequest {}),
             "role-delete" => AuthRequest::RoleDelete(AuthRoleDeleteRequest {
-                role: name(&mut args)?,
+                role: name(args)?,
             }),
             "grant-perm" => {
-                let role = name(&mut args)?;
-                let kind = name(&mut args)?;
+                let role = name(args)?;
+                let kind = name(args)?;
                 let perm = if kind == "none" {
                     None
                 } else {
-                    let (key, range_end) = key_range(&mut args)?;
+                    let (key, range_end) = key_range(args)?;
                     let perm_type = match kind.as_str() {
                         "read" => 0,
                         "write" => 1,
@@ -228,8 +221,8 @@ impl Runner {
                 })
             }
             "revoke-perm" => {
-                let role = name(&mut args)?;
-                let (key, range_end) = key_range(&mut args)?;
+                let role = name(args)?;
+                let (key, range_end) = key_range(args)?;
                 AuthRequest::RoleRevokePermission(AuthRoleRevokePermissionRequest {
                     role,
                     key,
@@ -238,7 +231,6 @@ impl Runner {
             }
             other => return Err(format!("unknown command {other}").into()),
         };
-        args.reject_next()?;
         let revision = self.store.revision();
         let resp = self.apply(&ai, req)?;
         let mut out = match resp {
@@ -262,11 +254,9 @@ impl Runner {
 
     /// `authenticate NAME PW`: etcd's Authenticate (password check outside the store, then
     /// the Authenticate entry).
-    fn authenticate(&mut self, cmd: &Command) -> Res {
-        let mut args = cmd.consume_args();
-        let name = args.next_pos().ok_or("name not given")?.to_string();
-        let pw = args.next_pos().ok_or("password not given")?.to_string();
-        args.reject_next()?;
+    fn authenticate(&mut self, args: &mut Args) -> Result<String> {
+        let name = args.pos("name")?;
+        let pw = args.pos("password")?;
         let check = self.store.password_check(&name)?;
         if !password::verify(&pw, &check.hash) {
             return Err(keel_proto::rpctypes::RpcError::AuthFailed.into());
@@ -287,13 +277,11 @@ impl Runner {
     }
 
     /// `verify NAME PW`: whether PW matches the user's stored hash (auth need not be on).
-    fn verify(&self, cmd: &Command) -> Res {
-        let mut args = cmd.consume_args();
-        let name = args.next_pos().ok_or("name not given")?;
-        let pw = args.next_pos().ok_or("password not given")?;
-        args.reject_next()?;
-        let user = self.store.user(name).ok_or("no such user")?;
-        let verdict = if password::verify(pw, &user.password) {
+    fn verify(&self, args: &mut Args) -> Result<String> {
+        let name = args.pos("name")?;
+        let pw = args.pos("password")?;
+        let user = self.store.user(&name).ok_or("no such user")?;
+        let verdict = if password::verify(&pw, &user.password) {
             "match"
         } else {
             "no match"
@@ -301,17 +289,15 @@ impl Runner {
         Ok(format!("{verdict}\n"))
     }
 
-    fn token(&self, cmd: &Command) -> Res {
-        let mut args = cmd.consume_args();
-        let token = args.next_pos().ok_or("token not given")?;
-        args.reject_next()?;
-        Ok(match self.tokens.lookup(token, self.store.revision()) {
+    fn token(&self, args: &mut Args) -> Result<String> {
+        let token = args.pos("token")?;
+        Ok(match self.tokens.lookup(&token, self.store.revision()) {
             Some(ai) => format!("{} at revision {}\n", ai.username, ai.revision),
             None => "invalid\n".to_string(),
         })
     }
 
-    fn dump(&self) -> Res {
+    fn dump(&self) -> Result<String> {
         let mut out = format!(
             "enabled={} revision={}\n",
             self.store.is_enabled(),
@@ -335,45 +321,31 @@ impl Runner {
         Ok(out)
     }
 
-    fn lease_attach(&mut self, cmd: &Command) -> Res {
-        let mut args = cmd.consume_args();
-        let id: i64 = args.next_pos().ok_or("lease ID not given")?.parse()?;
+    fn lease_attach(&mut self, args: &mut Args) -> Result<String> {
+        let id: i64 = args.pos_num("lease ID")?;
         let keys = self.leases.entry(id).or_default();
         while let Some(key) = args.next_pos() {
-            keys.push(key.as_bytes().to_vec());
+            keys.push(key.into_bytes());
         }
-        args.reject_next()?;
         Ok(String::new())
     }
 
     /// `check KIND ...`: prints `<who>: <request> → ok | <error>`.
-    fn check(&self, cmd: &Command) -> Res {
-        let mut args = cmd.consume_args();
-        let ai = self.who(&mut args)?;
-        let echo: Vec<String> = cmd
+    fn check(&self, command: &goldenscript::Command, args: &mut Args) -> Result<String> {
+        let ai = self.who(args)?;
+        let echo: Vec<String> = command
             .args
             .iter()
             .filter(|a| !matches!(a, Argument::KeyValue(k, _) if k == "as" || k == "rev"))
             .map(Argument::to_string)
             .collect();
-        let kind = args.next_pos().ok_or("check kind not given")?;
+        let kind = args.pos("check kind")?;
         let leases = |id: i64| self.leases.get(&id).cloned();
-        let id = |args: &mut goldenscript::ArgumentConsumer| -> Result<i64, Box<dyn Error>> {
-            Ok(args.next_pos().ok_or("lease ID not given")?.parse()?)
-        };
-        let flag = |args: &mut goldenscript::ArgumentConsumer,
-                    key: &str|
-         -> Result<bool, Box<dyn Error>> {
-            Ok(args
-                .take_key(key)
-                .map(|v| v.parse())
-                .transpose()?
-                .unwrap_or(false))
-        };
+        let id = |args: &mut Args| args.pos_num::<i64>("lease ID");
         let s = &self.store;
-        let result = match kind {
+        let result = match kind.as_str() {
             "range" => {
-                let (key, range_end) = key_range(&mut args)?;
+                let (key, range_end) = key_range(args)?;
                 check::range(
                     s,
                     &ai,
@@ -385,7 +357,7 @@ impl Runner {
                 )
             }
             "watch" => {
-                let (key, range_end) = key_range(&mut args)?;
+                let (key, range_end) = key_range(args)?;
                 let r = WatchCreateRequest {
                     key,
                     range_end,
@@ -394,13 +366,9 @@ impl Runner {
                 check::watch_create(s, &ai, &r)
             }
             "put" => {
-                let key = args.next_pos().ok_or("key not given")?.as_bytes().to_vec();
-                let prev_kv = flag(&mut args, "prev-kv")?;
-                let lease = args
-                    .take_key("lease")
-                    .map(str::parse)
-                    .transpose()?
-                    .unwrap_or(0);
+                let key = args.pos("key")?.into_bytes();
+                let prev_kv = args.flag("prev-kv")?;
+                let lease = args.num("lease", 0)?;
                 check::put(
                     s,
                     &ai,
@@ -414,8 +382,8 @@ impl Runner {
                 )
             }
             "delete" => {
-                let prev_kv = flag(&mut args, "prev-kv")?;
-                let (key, range_end) = key_range(&mut args)?;
+                let prev_kv = args.flag("prev-kv")?;
+                let (key, range_end) = key_range(args)?;
                 let r = DeleteRangeRequest {
                     key,
                     range_end,
@@ -424,39 +392,38 @@ impl Runner {
                 check::delete_range(s, &ai, &r)
             }
             "txn" => {
-                let spec = args.next_pos().ok_or("txn spec not given")?;
-                let txn = parse_txn(spec)?;
+                let spec = args.pos("txn spec")?;
+                let txn = parse_txn(&spec)?;
                 check::txn(s, &ai, &txn, &leases)
             }
             "lease-grant" => check::lease_grant(s, &ai),
-            "lease-revoke" => check::lease_revoke(s, &ai, id(&mut args)?, &leases),
-            "lease-keepalive" => check::lease_keep_alive(s, &ai, id(&mut args)?, &leases),
+            "lease-revoke" => check::lease_revoke(s, &ai, id(args)?, &leases),
+            "lease-keepalive" => check::lease_keep_alive(s, &ai, id(args)?, &leases),
             "lease-ttl" => {
-                let id = id(&mut args)?;
-                let keys = flag(&mut args, "keys")?;
+                let id = id(args)?;
+                let keys = args.flag("keys")?;
                 let r = LeaseTimeToLiveRequest { id, keys };
                 check::lease_time_to_live(s, &ai, &r, &leases)
             }
             "lease-leases" => check::lease_leases(s, &ai, self.leases.values().flatten()),
             "user-get" => {
-                let name = args.next_pos().ok_or("name not given")?.to_string();
+                let name = args.pos("name")?;
                 check::user_get(s, &ai, &AuthUserGetRequest { name })
             }
             "role-get" => {
-                let role = args.next_pos().ok_or("role not given")?.to_string();
+                let role = args.pos("role")?;
                 check::role_get(s, &ai, &AuthRoleGetRequest { role })
             }
             "rpc" => {
-                let name = args.next_pos().ok_or("rpc not given")?;
+                let name = args.pos("rpc")?;
                 check::rpc(
                     s,
                     &ai,
-                    rpc_by_name(name).ok_or(format!("unknown rpc {name}"))?,
+                    rpc_by_name(&name).ok_or(format!("unknown rpc {name}"))?,
                 )
             }
             other => return Err(format!("unknown check {other}").into()),
         };
-        args.reject_next()?;
         let who = if ai.is_anonymous() {
             "(no credentials)".to_string()
         } else if ai.revision != s.revision() {
@@ -472,32 +439,30 @@ impl Runner {
     }
 }
 
-impl goldenscript::Runner for Runner {
-    type Command = Command;
-
-    fn run(&mut self, cmd: &Command, _context: &Context) -> Res {
-        match cmd.name.as_str() {
-            "authenticate" => self.authenticate(cmd),
-            "token" => self.token(cmd),
-            "verify" => self.verify(cmd),
-            "dump" => self.dump(),
-            "lease-attach" => self.lease_attach(cmd),
-            "check" => self.check(cmd),
-            _ => self.apply_command(cmd),
-        }
+impl script::Commands for Runner {
+    fn command(&mut self, cmd: &mut Cmd<'_>) -> Result<()> {
+        let args = &mut cmd.args;
+        cmd.out = match cmd.name {
+            "authenticate" => self.authenticate(args)?,
+            "token" => self.token(args)?,
+            "verify" => self.verify(args)?,
+            "dump" => self.dump()?,
+            "lease-attach" => self.lease_attach(args)?,
+            "check" => self.check(cmd.command, args)?,
+            name => self.apply_command(name, args)?,
+        };
+        Ok(())
     }
 }
 
 /// `password=PW` (hashed by the runner, as the API layer does), `hashed=B64` (raw) and
 /// `plaintext=PW` (a plaintext password left in the entry). No option: an empty password
 /// hashed, as etcd's API hashes it.
-fn passwords(
-    args: &mut goldenscript::ArgumentConsumer,
-) -> Result<(String, String), Box<dyn Error>> {
-    let plaintext = args.take_key("plaintext").unwrap_or("").to_string();
-    let hashed = match (args.take_key("hashed"), args.take_key("password")) {
-        (Some(h), _) => h.to_string(),
-        (None, Some(pw)) => password::hash(pw, COST)?,
+fn passwords(args: &mut Args) -> Result<(String, String)> {
+    let plaintext = args.take("plaintext").unwrap_or_default();
+    let hashed = match (args.take("hashed"), args.take("password")) {
+        (Some(h), _) => h,
+        (None, Some(pw)) => password::hash(&pw, COST)?,
         (None, None) if plaintext.is_empty() => password::hash("", COST)?,
         (None, None) => String::new(),
     };
@@ -505,17 +470,11 @@ fn passwords(
 }
 
 /// `KEY [END] [prefix=true]` → key and range end (`prefix=true`: etcd's prefix end).
-fn key_range(
-    args: &mut goldenscript::ArgumentConsumer,
-) -> Result<(Vec<u8>, Vec<u8>), Box<dyn Error>> {
-    let prefix: bool = args
-        .take_key("prefix")
-        .map(|v| v.parse())
-        .transpose()?
-        .unwrap_or(false);
-    let key = args.next_pos().ok_or("key not given")?.as_bytes().to_vec();
+fn key_range(args: &mut Args) -> Result<(Vec<u8>, Vec<u8>)> {
+    let prefix = args.flag("prefix")?;
+    let key = args.pos("key")?.into_bytes();
     let end = match args.next_pos() {
-        Some(end) => end.as_bytes().to_vec(),
+        Some(end) => end.into_bytes(),
         None if prefix => prefix_end(&key),
         None => Vec::new(),
     };
@@ -544,7 +503,7 @@ fn spec_range(s: &str) -> (Vec<u8>, Vec<u8>) {
 }
 
 /// Parses a txn SPEC (see the module doc).
-fn parse_txn(spec: &str) -> Result<TxnRequest, Box<dyn Error>> {
+fn parse_txn(spec: &str) -> Result<TxnRequest> {
     let spaced = spec.replace('{', "{ ").replace('}', " }");
     let mut tokens = spaced.split_whitespace();
     let txn = parse_ops(&mut tokens)?;
@@ -554,7 +513,7 @@ fn parse_txn(spec: &str) -> Result<TxnRequest, Box<dyn Error>> {
     Ok(txn)
 }
 
-fn parse_ops<'a>(tokens: &mut impl Iterator<Item = &'a str>) -> Result<TxnRequest, Box<dyn Error>> {
+fn parse_ops<'a>(tokens: &mut impl Iterator<Item = &'a str>) -> Result<TxnRequest> {
     let mut txn = TxnRequest::default();
     let mut failure = false;
     while let Some(token) = tokens.next() {
@@ -698,10 +657,10 @@ fn reload_from_sled_and_from_snapshot_pairs_gives_the_same_store() {
         "enable",
     ];
     let input = script.join("\n") + "\n---\n";
-    let output = goldenscript::generate(&mut r, &input).unwrap();
+    let output = script::generate(&mut r, &input).unwrap();
     assert!(!output.contains("Error"), "{output}");
     let from_tree = AuthStore::load(r.backend.tree()).unwrap();
-    let pairs: Vec<(sled::IVec, sled::IVec)> = r.backend.tree().iter().collect::<Result<_, _>>().unwrap();
+    let pairs: Vec<(sled::IVec, sled::IVec)> = r.backend.tree().iter().collect::<std::result::Result<_, _>>().unwrap();
     // A snapshot holds other components' records too: they must be skipped.
     let mut snapshot: Vec<(Vec<u8>, Vec<u8>)> = pairs
         .iter()
@@ -753,7 +712,7 @@ fn reload_from_sled_and_from_snapshot_pairs_gives_the_same_store() {
 fn tokens_follow_the_loaded_store() {
     let mut r = Runner::new();
     let script = "user-add root password=rootpw\ngrant-role root root\nenable\n---\n";
-    goldenscript::generate(&mut r, script).unwrap();
+    script::generate(&mut r, script).unwrap();
     let enabled = AuthStore::load(r.backend.tree()).unwrap();
     let tokens = TokenProvider::Simple(SimpleTokens::new(Duration::from_secs(300)));
     apply::sync_tokens(&enabled, &tokens);
