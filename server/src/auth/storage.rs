@@ -16,10 +16,10 @@ use std::collections::BTreeMap;
 use keel_proto::authpb::{Role, User};
 use prost::Message;
 
+use crate::backend;
 use crate::backend::schema::{
     AUTH_ENABLED, AUTH_FORMAT, AUTH_PREFIX, AUTH_REVISION, AUTH_ROLE_PREFIX, AUTH_USER_PREFIX,
 };
-use crate::backend;
 
 /// Current format of the auth records. Bump on any incompatible change.
 pub const FORMAT_VERSION: u64 = 1;

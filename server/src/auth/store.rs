@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use keel_proto::authpb::{Permission, Role, User, UserAddOptions};
-use keel_proto::rpctypes::RpcError;
 use keel_proto::etcdserverpb::{
     AuthDisableRequest, AuthDisableResponse, AuthEnableRequest, AuthEnableResponse,
     AuthRoleAddRequest, AuthRoleAddResponse, AuthRoleDeleteRequest, AuthRoleDeleteResponse,
@@ -35,6 +34,7 @@ use keel_proto::etcdserverpb::{
     AuthUserListRequest, AuthUserListResponse, AuthUserRevokeRoleRequest,
     AuthUserRevokeRoleResponse,
 };
+use keel_proto::rpctypes::RpcError;
 
 use super::error::AuthError;
 use super::model::{

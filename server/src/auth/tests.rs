@@ -159,13 +159,9 @@ impl Runner {
                     hashed_password: hashed,
                 })
             }
-            "user-get" => AuthRequest::UserGet(AuthUserGetRequest {
-                name: name(args)?,
-            }),
+            "user-get" => AuthRequest::UserGet(AuthUserGetRequest { name: name(args)? }),
             "user-list" => AuthRequest::UserList(AuthUserListRequest {}),
-            "user-delete" => AuthRequest::UserDelete(AuthUserDeleteRequest {
-                name: name(args)?,
-            }),
+            "user-delete" => AuthRequest::UserDelete(AuthUserDeleteRequest { name: name(args)? }),
             "user-passwd" => {
                 let name = name(args)?;
                 let (password, hashed) = match args.next_pos() {
@@ -186,16 +182,10 @@ impl Runner {
                 name: name(args)?,
                 role: name(args)?,
             }),
-            "role-add" => AuthRequest::RoleAdd(AuthRoleAddRequest {
-                name: name(args)?,
-            }),
-            "role-get" => AuthRequest::RoleGet(AuthRoleGetRequest {
-                role: name(args)?,
-            }),
+            "role-add" => AuthRequest::RoleAdd(AuthRoleAddRequest { name: name(args)? }),
+            "role-get" => AuthRequest::RoleGet(AuthRoleGetRequest { role: name(args)? }),
             "role-list" => AuthRequest::RoleList(AuthRoleListRequest {}),
-            "role-delete" => AuthRequest::RoleDelete(AuthRoleDeleteRequest {
-                role: name(args)?,
-            }),
+            "role-delete" => AuthRequest::RoleDelete(AuthRoleDeleteRequest { role: name(args)? }),
             "grant-perm" => {
                 let role = name(args)?;
                 let kind = name(args)?;
@@ -660,7 +650,12 @@ fn reload_from_sled_and_from_snapshot_pairs_gives_the_same_store() {
     let output = script::generate(&mut r, &input).unwrap();
     assert!(!output.contains("Error"), "{output}");
     let from_tree = AuthStore::load(r.backend.tree()).unwrap();
-    let pairs: Vec<(sled::IVec, sled::IVec)> = r.backend.tree().iter().collect::<std::result::Result<_, _>>().unwrap();
+    let pairs: Vec<(sled::IVec, sled::IVec)> = r
+        .backend
+        .tree()
+        .iter()
+        .collect::<std::result::Result<_, _>>()
+        .unwrap();
     // A snapshot holds other components' records too: they must be skipped.
     let mut snapshot: Vec<(Vec<u8>, Vec<u8>)> = pairs
         .iter()

@@ -105,7 +105,13 @@ mod tests {
         assert_eq!(parse("simple"), Ok(TokenOptions::Simple));
         assert_eq!(parse("simple,x=y"), Ok(TokenOptions::Simple));
         assert_eq!(parse(""), Ok(TokenOptions::Nop));
-        for bad in ["oauth", "bogus", "simple,x", "simple,x=y=z", "simple,x=1,x=2"] {
+        for bad in [
+            "oauth",
+            "bogus",
+            "simple,x",
+            "simple,x=y=z",
+            "simple,x=1,x=2",
+        ] {
             assert_eq!(parse(bad), Err(AuthError::InvalidAuthOpts), "{bad}");
         }
         assert_eq!(
