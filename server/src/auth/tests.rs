@@ -50,6 +50,7 @@ use keel_proto::etcdserverpb::{
     DeleteRangeRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
     WatchCreateRequest, request_op,
 };
+use keel_testkit::grpc::prefix_end;
 
 use super::apply::{self, AuthRequest, AuthResponse, InternalAuthenticate};
 use super::check::{self, Rpc};
@@ -469,18 +470,6 @@ fn key_range(args: &mut Args) -> Result<(Vec<u8>, Vec<u8>)> {
         None => Vec::new(),
     };
     Ok((key, end))
-}
-
-/// etcd `GetPrefixRangeEnd`: the key after every key starting with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 /// `KEY`, `KEY..END` or `KEY..*` → key and range end.
