@@ -1,12 +1,14 @@
 //! Keel member library: an etcd-v3-compatible, raft-replicated MVCC key-value store.
 //!
 //! The module tree is the architecture (`docs/architecture.md`, `../shared/DESIGN.md`). From
-//! the top: `api` → `node` (wires a member) → `config` → `cluster` → `apply` → `membership` →
-//! `lease` → `watch` → `raft` → `cindex` → `mvcc` → `backend` → `wal`; a module uses only the
-//! modules after it (`scripts/layers.sh` checks), plus the shared `error` and `failpoint`.
+//! the top: `api` → `node` (wires a member) → `config` → `cluster` → `apply` → `auth` →
+//! `membership` → `lease` → `watch` → `raft` → `cindex` → `mvcc` → `backend` → `wal`; a module
+//! uses only the modules after it (`scripts/layers.sh` checks), plus the shared `error` and
+//! `failpoint`.
 
 pub mod api;
 pub mod apply;
+pub mod auth;
 pub mod backend;
 pub mod cindex;
 pub mod cluster;

@@ -26,7 +26,11 @@
 //! | `s/membership` | apply | bincode openraft `StoredMembership<u64, MemberNode>`: the last applied raft membership config |
 //! | `s/attr/` + member ID (u64 BE) | membership | prost `keelpb.MemberAttributes` (name, client URLs) |
 //! | `s/cluster_id` | cluster bootstrap | cluster ID, u64 BE |
-//! | `a…` | auth (reserved) | not written yet |
+//! | `a/format` | auth | auth format version, u64 BE (1) |
+//! | `a/enabled` | auth | `[1]` auth enabled, `[0]` (or absent) disabled |
+//! | `a/revision` | auth | the auth revision, u64 BE; absent = 1 |
+//! | `a/user/` + user name (UTF-8) | auth | prost `authpb.User` (bcrypt hash, sorted roles, options) |
+//! | `a/role/` + role name (UTF-8) | auth | prost `authpb.Role` (permissions sorted by key, then range end) |
 //!
 //! Keys of [`LOCAL_TREE`]:
 //!
@@ -40,7 +44,8 @@
 //! walks history oldest first. The WAL (`member/wal/`) and snapshot files (`member/snap/`)
 //! are not sled; their formats are documented next to their code (`wal/`, `raft/snapshot.rs`).
 
-/// The replicated tree: MVCC, consistent index, leases, membership (see the module docs).
+/// The replicated tree: MVCC, consistent index, leases, membership, auth (see the module
+/// docs).
 pub const MEMBER_TREE: &str = "keel";
 /// The member-local tree, never replicated.
 pub const LOCAL_TREE: &str = "local";
@@ -65,8 +70,18 @@ pub const RAFT_MEMBERSHIP: &[u8] = b"s/membership";
 pub const MEMBER_ATTRIBUTES_PREFIX: &[u8] = b"s/attr/";
 /// The cluster ID (the same on every member).
 pub const CLUSTER_ID: &[u8] = b"s/cluster_id";
-/// First byte reserved for auth (users, roles, auth revision); nothing writes it yet.
+/// First byte of every auth key (users, roles, the auth revision and flags).
 pub const AUTH_PREFIX: u8 = b'a';
+/// Auth format version.
+pub const AUTH_FORMAT: &[u8] = b"a/format";
+/// Whether auth is enabled.
+pub const AUTH_ENABLED: &[u8] = b"a/enabled";
+/// The auth revision.
+pub const AUTH_REVISION: &[u8] = b"a/revision";
+/// Prefix of the user records (`a/user/` + user name).
+pub const AUTH_USER_PREFIX: &[u8] = b"a/user/";
+/// Prefix of the role records (`a/role/` + role name).
+pub const AUTH_ROLE_PREFIX: &[u8] = b"a/role/";
 
 /// In [`LOCAL_TREE`]: this member's ID.
 pub const MEMBER_ID: &[u8] = b"member_id";
@@ -88,7 +103,7 @@ pub enum Owner {
     MemberAttributes,
     /// The cluster ID.
     ClusterId,
-    /// Auth (reserved).
+    /// Auth: its flags, revision, users and roles.
     Auth,
 }
 
@@ -143,11 +158,17 @@ mod tests {
         assert_eq!(RAFT_MEMBERSHIP, b"s/membership");
         assert_eq!(MEMBER_ATTRIBUTES_PREFIX, b"s/attr/");
         assert_eq!(CLUSTER_ID, b"s/cluster_id");
+        assert_eq!(
+            [AUTH_FORMAT, AUTH_ENABLED, AUTH_REVISION],
+            [b"a/format".as_slice(), b"a/enabled", b"a/revision"]
+        );
+        assert_eq!(AUTH_USER_PREFIX, b"a/user/");
+        assert_eq!(AUTH_ROLE_PREFIX, b"a/role/");
     }
 
     #[test]
     fn every_key_has_one_owner() {
-        let cases: [(&[u8], Option<Owner>); 11] = [
+        let cases: [(&[u8], Option<Owner>); 13] = [
             (
                 b"k\0\0\0\0\0\0\0\x02\0\0\0\0\0\0\0\0",
                 Some(Owner::MvccRecord),
@@ -161,6 +182,8 @@ mod tests {
             (b"s/attr/\0\0\0\0\0\0\0\x01", Some(Owner::MemberAttributes)),
             (b"s/cluster_id", Some(Owner::ClusterId)),
             (b"c/other", None),
+            (b"a/revision", Some(Owner::Auth)),
+            (b"a/user/alice", Some(Owner::Auth)),
             (b"", None),
         ];
         for (key, want) in cases {

@@ -6,8 +6,10 @@
 //!
 //! This module sits with `main.rs` and `node.rs` at the top of the module tree: it turns the
 //! flags into each component's own settings ([`settings`]: `WatchConfig`, the lease loop's
-//! `RunnerConfig`, the bootstrap flags), so no component below reads `Config`.
+//! `RunnerConfig`, the bootstrap flags), so no component below reads `Config`; option
+//! strings are parsed here too ([`auth_token`]: `--auth-token` into auth's `TokenOptions`).
 
+pub mod auth_token;
 mod duration;
 mod error;
 mod settings;

@@ -1,6 +1,7 @@
 //! The frame every goldenscript runner of the crate shares: arguments by name or position
-//! ([`Args`]), and [`run`], which turns a [`Commands`] implementation into a goldenscript
-//! runner (fresh output per command, left-over arguments are an error).
+//! ([`Args`]), and [`run`] (or [`generate`], for a script given as text), which turn a
+//! [`Commands`] implementation into a goldenscript runner (fresh output per command,
+//! left-over arguments are an error).
 
 use std::error::Error;
 use std::path::Path;
@@ -149,6 +150,8 @@ impl Args {
 /// One command being run: its name, arguments and context, and the output it prints.
 pub struct Cmd<'a> {
     pub name: &'a str,
+    /// The command as written, its arguments in script order (for runners that echo them).
+    pub command: &'a goldenscript::Command,
     pub args: Args,
     pub ctx: &'a goldenscript::Context,
     pub out: String,
@@ -177,6 +180,7 @@ impl<C: Commands> goldenscript::Runner for Runner<'_, C> {
     ) -> Result<String> {
         let mut cmd = Cmd {
             name: &command.name,
+            command,
             args: Args::of(command),
             ctx,
             out: String::new(),
@@ -195,4 +199,12 @@ impl<C: Commands> goldenscript::Runner for Runner<'_, C> {
 /// rewriting) its expected output; panics on a difference or a failure.
 pub fn run(path: &Path, mut commands: impl Commands) {
     goldenscript::run(&mut Runner(&mut commands), path).expect("goldenscript")
+}
+
+/// Runs the script text `input` with `commands` and returns it with each block's output
+/// (goldenscript's `generate`), for tests that drive a runner from code and then inspect it.
+///
+/// Errors: a script that does not parse, or a command failing without `!`.
+pub fn generate(commands: &mut impl Commands, input: &str) -> std::io::Result<String> {
+    goldenscript::generate(&mut Runner(commands), input)
 }
