@@ -3,7 +3,7 @@
 use super::{all_entries, append_each, data, files, opts};
 use crate::wal::record::{self, Record};
 use crate::wal::segment::{HEADER_LEN, SegmentHeader};
-use crate::wal::{MAX_VALUE_BYTES, Wal, WalError, WalOptions};
+use crate::wal::{Lsn, MAX_VALUE_BYTES, Wal, WalError, WalOptions};
 
 #[test]
 fn new_wal_is_empty_with_one_named_segment() {
@@ -54,32 +54,26 @@ fn appended_entries_are_readable_at_once_and_after_reopen() {
     assert_eq!(wal.lsns(), (0, 0), "Lsns restart at open");
 }
 
+/// Asserts that an append was refused with `NotContiguous { expected, got }`.
+#[track_caller]
+fn assert_not_contiguous(result: Result<Lsn, WalError>, expected: u64, got: u64) {
+    match result {
+        Err(WalError::NotContiguous {
+            expected: e,
+            got: g,
+        }) if (e, g) == (expected, got) => {}
+        other => panic!("want NotContiguous {{ expected: {expected}, got: {got} }}: {other:?}"),
+    }
+}
+
 #[test]
 fn append_enforces_contiguous_indexes() {
     let dir = tempfile::tempdir().unwrap();
     let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
     wal.append(&[(10, b"x"), (11, b"y")]).unwrap();
-    match wal.append(&[(13, b"z")]) {
-        Err(WalError::NotContiguous {
-            expected: 12,
-            got: 13,
-        }) => {}
-        other => panic!("{other:?}"),
-    }
-    match wal.append(&[(12, b"z"), (14, b"w")]) {
-        Err(WalError::NotContiguous {
-            expected: 13,
-            got: 14,
-        }) => {}
-        other => panic!("{other:?}"),
-    }
-    match wal.append(&[(11, b"again")]) {
-        Err(WalError::NotContiguous {
-            expected: 12,
-            got: 11,
-        }) => {}
-        other => panic!("{other:?}"),
-    }
+    assert_not_contiguous(wal.append(&[(13, b"z")]), 12, 13);
+    assert_not_contiguous(wal.append(&[(12, b"z"), (14, b"w")]), 13, 14);
+    assert_not_contiguous(wal.append(&[(11, b"again")]), 12, 11);
     assert_eq!(wal.last_index(), Some(11), "rejected appends wrote nothing");
     let (written, _) = wal.lsns();
     assert_eq!(
