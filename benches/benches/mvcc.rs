@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use keel_benches::mvcc_data::{all_keys, key, load, put};
+use keel_benches::mvcc_data::{all_keys, key, load, open_db, put};
 use keel_proto::etcdserverpb::RangeRequest;
 use keel_server::mvcc::MvccStore;
 
@@ -21,11 +21,7 @@ const KEYS: u64 = 1_000_000;
 
 fn mvcc(c: &mut Criterion) {
     let dir = tempfile::tempdir_in(".").expect("temp dir for sled");
-    let db = sled::Config::new()
-        .path(dir.path())
-        .cache_capacity(512 << 20)
-        .open()
-        .expect("open sled");
+    let db = open_db(dir.path());
     let tree = db.open_tree("keel").expect("open tree");
     let store = MvccStore::open(tree.clone()).expect("open the store");
     load(&store, KEYS);

@@ -8,6 +8,15 @@ use keel_server::mvcc::{MvccStore, WriteTxn};
 /// Puts per write txn while loading: each txn is one revision, and 1000 keeps the load fast.
 pub const LOAD_BATCH: u64 = 1000;
 
+/// The sled database at `path` with the 512 MiB page cache the MVCC benchmarks use.
+pub fn open_db(path: &std::path::Path) -> sled::Db {
+    sled::Config::new()
+        .path(path)
+        .cache_capacity(512 << 20)
+        .open()
+        .expect("open sled")
+}
+
 /// Key `i`: 16 bytes, `key/000000000042`.
 pub fn key(i: u64) -> Vec<u8> {
     format!("key/{i:012}").into_bytes()

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use keel_benches::mvcc_data::{all_keys, key, load};
+use keel_benches::mvcc_data::{all_keys, key, load, open_db};
 use keel_proto::etcdserverpb::{PutRequest, RangeRequest, RequestOp, TxnRequest, request_op};
 use keel_server::mvcc::MvccStore;
 use keel_server::wal::{Wal, WalOptions};
@@ -142,11 +142,7 @@ fn wal(appenders: usize, record_bytes: usize, seconds: u64, dir: Option<std::pat
 
 fn mvcc(keys: u64, dir: Option<std::path::PathBuf>) {
     let tmp = temp_in(dir);
-    let db = sled::Config::new()
-        .path(tmp.path())
-        .cache_capacity(512 << 20)
-        .open()
-        .expect("sled");
+    let db = open_db(tmp.path());
     let tree = db.open_tree("keel").expect("tree");
     {
         let store = MvccStore::open(tree.clone()).expect("open");
