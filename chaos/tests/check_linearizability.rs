@@ -49,11 +49,7 @@ fn stale_read_after_completed_write_is_a_violation() {
     let inputs: Vec<&Input> = violation.sub_history.iter().map(|o| &o.input).collect();
     assert!(inputs.contains(&&get("k")), "{violation}");
     assert!(inputs.contains(&&put("k", "b")), "{violation}");
-    assert!(
-        found[0].contains("get(k) -> ok a mod_rev 2"),
-        "{}",
-        found[0]
-    );
+    assert_mentions(&found[0], "get(k) -> ok a mod_rev 2");
 }
 
 #[test]
@@ -203,7 +199,7 @@ fn revisions_across_keys_and_members() {
     ]);
     let found = of(&backwards, Checker::Revisions);
     assert_eq!(found.len(), 1, "{found:?}");
-    assert!(found[0].contains("revision went backwards"), "{}", found[0]);
+    assert_mentions(&found[0], "revision went backwards");
     // Per member and epoch; a restart (new epoch) may start lower.
     let history = History {
         member_revisions: vec![
@@ -218,11 +214,7 @@ fn revisions_across_keys_and_members() {
     let report = check_history(&history, &CheckOptions::default());
     let found = of(&report, Checker::Revisions);
     assert_eq!(found.len(), 1, "{found:?}");
-    assert!(
-        found[0].contains("member 0 (process epoch 2) answered revision 4"),
-        "{}",
-        found[0]
-    );
+    assert_mentions(&found[0], "member 0 (process epoch 2) answered revision 4");
 }
 
 #[test]
@@ -269,13 +261,7 @@ fn minimiser_keeps_the_stale_read_and_what_it_contradicts() {
         violations[0]
     );
     assert_eq!(minimal[2].outcome, got(Some(("v150", 152)), 201));
-    assert!(
-        violations[0]
-            .to_string()
-            .contains("put(k, v150) -> ok rev 152"),
-        "{}",
-        violations[0]
-    );
+    assert_mentions(&violations[0].to_string(), "put(k, v150) -> ok rev 152");
     // The minimised sub-history is itself non-linearizable.
     assert!(!linearizable(minimal.clone()));
 }
@@ -340,11 +326,7 @@ fn watches_decide_the_fate_of_unknown_writes() {
     let report = check_history(&history(ops, vec![seen]), &options);
     let found = of(&report, Checker::Linearizability);
     assert_eq!(found.len(), 1, "{:?}", report.violations);
-    assert!(
-        found[0].contains("a watch saw it applied at revision 2"),
-        "{}",
-        found[0]
-    );
+    assert_mentions(&found[0], "a watch saw it applied at revision 2");
 
     // Not applied: a watch covering the key from revision 1 to the end saw only a delete at
     // revision 3, so the unknown put never happened and the delete had nothing to delete.
@@ -359,11 +341,7 @@ fn watches_decide_the_fate_of_unknown_writes() {
     assert_eq!(found.len(), 1, "{:?}", report.violations);
     // The witness is the delete alone: with the put known not to have happened, nothing wrote
     // what it deleted.
-    assert!(
-        found[0].contains("delete(k) -> ok deleted 1 rev 3"),
-        "{}",
-        found[0]
-    );
+    assert_mentions(&found[0], "delete(k) -> ok deleted 1 rev 3");
     assert!(!found[0].contains("put(k, u)"), "{}", found[0]);
 
     // A watch that ended before the run did proves nothing about a late write.

@@ -287,22 +287,7 @@ fn droppable_by_revision(
 fn effect_revision(op: &Operation, observations: &Observations) -> Option<Option<i64>> {
     match (&op.input, &op.outcome) {
         (Input::Get { .. }, _) | (_, Outcome::Failed(_)) => None,
-        (_, Outcome::Ok(Output::Put { revision }))
-        | (
-            _,
-            Outcome::Ok(Output::Cas {
-                succeeded: true,
-                revision,
-            }),
-        )
-        | (
-            _,
-            Outcome::Ok(Output::Delete {
-                deleted: 1..,
-                revision,
-            }),
-        ) => Some(Some(*revision)),
-        (_, Outcome::Ok(_)) => None,
+        (_, Outcome::Ok(output)) => output.write_revision().map(Some),
         (_, Outcome::Unknown(_)) => match observations.fate(op) {
             Some(Fate::NotApplied) => None,
             Some(Fate::Applied { revision, .. }) => Some(Some(revision)),
