@@ -942,31 +942,24 @@ mod tests {
         }
     }
 
+    /// How many positions of `a` and `b` hold the same allocation (not a copy).
+    fn shared_arcs<T>(a: &[Arc<T>], b: &[Arc<T>]) -> usize {
+        a.iter().zip(b).filter(|(x, y)| Arc::ptr_eq(x, y)).count()
+    }
+
     #[test]
     fn clones_share_blocks_until_written() {
         let base = big();
         let mut work = base.clone();
         work.push(&key(0), put(99_999));
-        let shared = base
-            .chunks
-            .iter()
-            .zip(&work.chunks)
-            .filter(|(a, b)| Arc::ptr_eq(a, b))
-            .count();
         assert_eq!(
-            shared,
+            shared_arcs(&base.chunks, &work.chunks),
             base.chunks() - 1,
             "only the written chunk is copied"
         );
         let (bc, wc) = (&base.chunks[0], &work.chunks[0]);
-        let shared = bc
-            .blocks
-            .iter()
-            .zip(&wc.blocks)
-            .filter(|(a, b)| Arc::ptr_eq(a, b))
-            .count();
         assert_eq!(
-            shared,
+            shared_arcs(&bc.blocks, &wc.blocks),
             bc.blocks.len() - 1,
             "only the written block is copied"
         );
