@@ -148,6 +148,11 @@ fn batch(index: u64, n: u64) -> Entry {
             })),
         })
         .collect();
+    batch_entry(index, requests)
+}
+
+/// The raft entry at `index` carrying `requests` as one `RequestBatch`.
+fn batch_entry(index: u64, requests: Vec<RaftRequest>) -> Entry {
     Entry {
         log_id: log_id(index),
         payload: EntryPayload::Normal(Request(RaftRequest {
@@ -327,15 +332,7 @@ mod grouping {
                 request: Some(r),
             })
             .collect();
-        Entry {
-            log_id: log_id(index),
-            payload: EntryPayload::Normal(Request(RaftRequest {
-                id: index,
-                request: Some(raft_request::Request::Batch(
-                    keel_proto::keelpb::RequestBatch { requests },
-                )),
-            })),
-        }
+        batch_entry(index, requests)
     }
 
     fn responses(resp: crate::raft::types::Response) -> Vec<keel_proto::keelpb::RaftResponse> {
