@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use check_common::*;
 use keel_chaos::check::{CheckOptions, Checker, check_history};
-use keel_chaos::history::{History, Input, Outcome, Output};
+use keel_chaos::history::{History, Input, Operation, Outcome, Output};
 
 fn linearizable(ops: Vec<keel_chaos::history::Operation>) -> bool {
     let report = check_ops(ops);
@@ -34,13 +34,19 @@ fn concurrent_overlapping_puts_either_order_by_revision() {
     );
 }
 
-#[test]
-fn stale_read_after_completed_write_is_a_violation() {
-    let report = check_ops(vec![
+/// Client 1 puts `k = a` (revision 2), then `k = b` (revision 3); afterwards client 2's `read`
+/// answers the overwritten `a` (mod_revision 2) at header revision `revision`.
+fn a_overwritten_then_read_as_a(read: Input, revision: i64) -> Vec<Operation> {
+    vec![
         op(1, 0, 1, put("k", "a"), put_ok(2)),
         op(1, 2, 3, put("k", "b"), put_ok(3)),
-        op(2, 4, 5, get("k"), got(Some(("a", 2)), 3)),
-    ]);
+        op(2, 4, 5, read, got(Some(("a", 2)), revision)),
+    ]
+}
+
+#[test]
+fn stale_read_after_completed_write_is_a_violation() {
+    let report = check_ops(a_overwritten_then_read_as_a(get("k"), 3));
     let found = of(&report, Checker::Linearizability);
     assert_eq!(found.len(), 1, "{report:?}");
     let violation = &report.violations[0];
@@ -164,11 +170,7 @@ fn revision_going_backwards_on_a_key_is_a_violation() {
 
 #[test]
 fn serializable_reads_may_be_stale_but_not_out_of_thin_air() {
-    let stale = check_ops(vec![
-        op(1, 0, 1, put("k", "a"), put_ok(2)),
-        op(1, 2, 3, put("k", "b"), put_ok(3)),
-        op(2, 4, 5, sget("k"), got(Some(("a", 2)), 2)),
-    ]);
+    let stale = check_ops(a_overwritten_then_read_as_a(sget("k"), 2));
     assert!(stale.is_ok(), "{:?}", stale.violations);
     let ghost = check_ops(vec![op(2, 4, 5, sget("k"), got(Some(("ghost", 2)), 2))]);
     assert_eq!(of(&ghost, Checker::SerializableRead).len(), 1);
