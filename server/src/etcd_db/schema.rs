@@ -22,8 +22,9 @@
 //! | `authUsers` | user name | `authpb.User` |
 //! | `authRoles` | role name | `authpb.Role` |
 
+use crate::backend::schema::TOMBSTONE_MARK;
 use crate::mvcc::Revision;
-use crate::mvcc::revision::{TOMBSTONE_MARK, etcd_rev_bytes};
+use crate::mvcc::revision::etcd_rev_bytes;
 
 /// Bucket of MVCC records (etcd `schema.Key`).
 pub const KEY: &str = "key";
