@@ -12,54 +12,19 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
+use keel_benches::mvcc_data::{all_keys, key, load, open_db, put};
+use keel_proto::etcdserverpb::RangeRequest;
 use keel_server::mvcc::MvccStore;
 
 /// Keys in the store.
 const KEYS: u64 = 1_000_000;
-/// Puts per write txn while loading.
-const LOAD_BATCH: u64 = 1000;
-
-/// Key `i`: 16 bytes, `key/000000000042`.
-fn key(i: u64) -> Vec<u8> {
-    format!("key/{i:012}").into_bytes()
-}
-
-/// Every key (`key = "\0"`, `range_end = "\0"`).
-fn all_keys() -> RangeRequest {
-    RangeRequest {
-        key: vec![0],
-        range_end: vec![0],
-        ..Default::default()
-    }
-}
-
-fn load(store: &MvccStore) {
-    let value = vec![b'v'; 256];
-    for first in (0..KEYS).step_by(LOAD_BATCH as usize) {
-        let mut w = store.write();
-        for i in first..first + LOAD_BATCH {
-            w.put(&PutRequest {
-                key: key(i),
-                value: value.clone(),
-                ..Default::default()
-            })
-            .expect("put");
-        }
-        w.commit().expect("commit");
-    }
-}
 
 fn mvcc(c: &mut Criterion) {
     let dir = tempfile::tempdir_in(".").expect("temp dir for sled");
-    let db = sled::Config::new()
-        .path(dir.path())
-        .cache_capacity(512 << 20)
-        .open()
-        .expect("open sled");
+    let db = open_db(dir.path());
     let tree = db.open_tree("keel").expect("open tree");
     let store = MvccStore::open(tree.clone()).expect("open the store");
-    load(&store);
+    load(&store, KEYS);
 
     let mut group = c.benchmark_group("mvcc_1m_keys");
     group.throughput(Throughput::Elements(1));
@@ -103,12 +68,7 @@ fn mvcc(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 104_729) % KEYS;
             let mut w = store.write();
-            w.put(&PutRequest {
-                key: key(i),
-                value: value.clone(),
-                ..Default::default()
-            })
-            .expect("put");
+            put(&mut w, key(i), &value);
             w.commit().expect("commit");
         })
     });

@@ -1,3 +1,4 @@
 //! Keel benchmarks.
 
 pub mod keel_bench;
+pub mod mvcc_data;

@@ -67,6 +67,26 @@ pub enum Output {
     Cas { succeeded: bool, revision: i64 },
 }
 
+impl Output {
+    /// The revision at which this answer says the store changed: a put, a CAS whose compare
+    /// held, a delete that removed a key; `None` for a get and for a write that changed
+    /// nothing.
+    pub fn write_revision(&self) -> Option<i64> {
+        match *self {
+            Output::Put { revision }
+            | Output::Cas {
+                succeeded: true,
+                revision,
+            }
+            | Output::Delete {
+                deleted: 1..,
+                revision,
+            } => Some(revision),
+            Output::Get { .. } | Output::Cas { .. } | Output::Delete { .. } => None,
+        }
+    }
+}
+
 /// How an operation ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {

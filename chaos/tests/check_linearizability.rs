@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use check_common::*;
 use keel_chaos::check::{CheckOptions, Checker, check_history};
-use keel_chaos::history::{History, Input, Outcome, Output};
+use keel_chaos::history::{History, Input, Operation, Outcome, Output};
 
 fn linearizable(ops: Vec<keel_chaos::history::Operation>) -> bool {
     let report = check_ops(ops);
@@ -34,13 +34,19 @@ fn concurrent_overlapping_puts_either_order_by_revision() {
     );
 }
 
-#[test]
-fn stale_read_after_completed_write_is_a_violation() {
-    let report = check_ops(vec![
+/// Client 1 puts `k = a` (revision 2), then `k = b` (revision 3); afterwards client 2's `read`
+/// answers the overwritten `a` (mod_revision 2) at header revision `revision`.
+fn a_overwritten_then_read_as_a(read: Input, revision: i64) -> Vec<Operation> {
+    vec![
         op(1, 0, 1, put("k", "a"), put_ok(2)),
         op(1, 2, 3, put("k", "b"), put_ok(3)),
-        op(2, 4, 5, get("k"), got(Some(("a", 2)), 3)),
-    ]);
+        op(2, 4, 5, read, got(Some(("a", 2)), revision)),
+    ]
+}
+
+#[test]
+fn stale_read_after_completed_write_is_a_violation() {
+    let report = check_ops(a_overwritten_then_read_as_a(get("k"), 3));
     let found = of(&report, Checker::Linearizability);
     assert_eq!(found.len(), 1, "{report:?}");
     let violation = &report.violations[0];
@@ -49,11 +55,7 @@ fn stale_read_after_completed_write_is_a_violation() {
     let inputs: Vec<&Input> = violation.sub_history.iter().map(|o| &o.input).collect();
     assert!(inputs.contains(&&get("k")), "{violation}");
     assert!(inputs.contains(&&put("k", "b")), "{violation}");
-    assert!(
-        found[0].contains("get(k) -> ok a mod_rev 2"),
-        "{}",
-        found[0]
-    );
+    assert_mentions(&found[0], "get(k) -> ok a mod_rev 2");
 }
 
 #[test]
@@ -168,11 +170,7 @@ fn revision_going_backwards_on_a_key_is_a_violation() {
 
 #[test]
 fn serializable_reads_may_be_stale_but_not_out_of_thin_air() {
-    let stale = check_ops(vec![
-        op(1, 0, 1, put("k", "a"), put_ok(2)),
-        op(1, 2, 3, put("k", "b"), put_ok(3)),
-        op(2, 4, 5, sget("k"), got(Some(("a", 2)), 2)),
-    ]);
+    let stale = check_ops(a_overwritten_then_read_as_a(sget("k"), 2));
     assert!(stale.is_ok(), "{:?}", stale.violations);
     let ghost = check_ops(vec![op(2, 4, 5, sget("k"), got(Some(("ghost", 2)), 2))]);
     assert_eq!(of(&ghost, Checker::SerializableRead).len(), 1);
@@ -203,7 +201,7 @@ fn revisions_across_keys_and_members() {
     ]);
     let found = of(&backwards, Checker::Revisions);
     assert_eq!(found.len(), 1, "{found:?}");
-    assert!(found[0].contains("revision went backwards"), "{}", found[0]);
+    assert_mentions(&found[0], "revision went backwards");
     // Per member and epoch; a restart (new epoch) may start lower.
     let history = History {
         member_revisions: vec![
@@ -218,11 +216,7 @@ fn revisions_across_keys_and_members() {
     let report = check_history(&history, &CheckOptions::default());
     let found = of(&report, Checker::Revisions);
     assert_eq!(found.len(), 1, "{found:?}");
-    assert!(
-        found[0].contains("member 0 (process epoch 2) answered revision 4"),
-        "{}",
-        found[0]
-    );
+    assert_mentions(&found[0], "member 0 (process epoch 2) answered revision 4");
 }
 
 #[test]
@@ -269,13 +263,7 @@ fn minimiser_keeps_the_stale_read_and_what_it_contradicts() {
         violations[0]
     );
     assert_eq!(minimal[2].outcome, got(Some(("v150", 152)), 201));
-    assert!(
-        violations[0]
-            .to_string()
-            .contains("put(k, v150) -> ok rev 152"),
-        "{}",
-        violations[0]
-    );
+    assert_mentions(&violations[0].to_string(), "put(k, v150) -> ok rev 152");
     // The minimised sub-history is itself non-linearizable.
     assert!(!linearizable(minimal.clone()));
 }
@@ -340,11 +328,7 @@ fn watches_decide_the_fate_of_unknown_writes() {
     let report = check_history(&history(ops, vec![seen]), &options);
     let found = of(&report, Checker::Linearizability);
     assert_eq!(found.len(), 1, "{:?}", report.violations);
-    assert!(
-        found[0].contains("a watch saw it applied at revision 2"),
-        "{}",
-        found[0]
-    );
+    assert_mentions(&found[0], "a watch saw it applied at revision 2");
 
     // Not applied: a watch covering the key from revision 1 to the end saw only a delete at
     // revision 3, so the unknown put never happened and the delete had nothing to delete.
@@ -359,11 +343,7 @@ fn watches_decide_the_fate_of_unknown_writes() {
     assert_eq!(found.len(), 1, "{:?}", report.violations);
     // The witness is the delete alone: with the put known not to have happened, nothing wrote
     // what it deleted.
-    assert!(
-        found[0].contains("delete(k) -> ok deleted 1 rev 3"),
-        "{}",
-        found[0]
-    );
+    assert_mentions(&found[0], "delete(k) -> ok deleted 1 rev 3");
     assert!(!found[0].contains("put(k, u)"), "{}", found[0]);
 
     // A watch that ended before the run did proves nothing about a late write.

@@ -230,6 +230,26 @@ impl Client {
             }
         }
     }
+
+    /// [`Client::call`] for one unary RPC: sends `req` with the unary deadline to `method`
+    /// (a generated client's method on the attempt's channel) and unwraps the response.
+    pub(crate) async fn unary<Req, Resp, F, Fut>(
+        &self,
+        idempotent: bool,
+        req: Req,
+        method: F,
+    ) -> Result<Resp, ClientError>
+    where
+        Req: Clone,
+        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        self.call(idempotent, |ch| {
+            let response = method(ch, self.request(req.clone()));
+            async move { response.await.map(tonic::Response::into_inner) }
+        })
+        .await
+    }
 }
 
 fn invalid(message: String) -> ClientError {

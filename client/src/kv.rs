@@ -37,10 +37,11 @@ impl Client {
 
     /// etcd `Put` with every field of `PutRequest` (lease, prev_kv, ignore_value, ...).
     pub async fn put_request(&self, req: PutRequest) -> Result<PutResponse, ClientError> {
-        self.call(false, |ch| {
-            let r = self.request(req.clone());
-            async move { KvClient::new(ch).put(r).await.map(|r| r.into_inner()) }
-        })
+        self.unary(
+            false,
+            req,
+            |ch, r| async move { KvClient::new(ch).put(r).await },
+        )
         .await
     }
 
@@ -62,9 +63,8 @@ impl Client {
     /// etcd `Range` with every field of `RangeRequest`. Reads are idempotent: retried on
     /// another member on transient errors.
     pub async fn range(&self, req: RangeRequest) -> Result<RangeResponse, ClientError> {
-        self.call(true, |ch| {
-            let r = self.request(req.clone());
-            async move { KvClient::new(ch).range(r).await.map(|r| r.into_inner()) }
+        self.unary(true, req, |ch, r| async move {
+            KvClient::new(ch).range(r).await
         })
         .await
     }
@@ -86,14 +86,8 @@ impl Client {
         &self,
         req: DeleteRangeRequest,
     ) -> Result<DeleteRangeResponse, ClientError> {
-        self.call(false, |ch| {
-            let r = self.request(req.clone());
-            async move {
-                KvClient::new(ch)
-                    .delete_range(r)
-                    .await
-                    .map(|r| r.into_inner())
-            }
+        self.unary(false, req, |ch, r| async move {
+            KvClient::new(ch).delete_range(r).await
         })
         .await
     }
@@ -106,9 +100,8 @@ impl Client {
             .iter()
             .chain(req.failure.iter())
             .all(|op| matches!(op.request, Some(request_op::Request::RequestRange(_))));
-        self.call(read_only, |ch| {
-            let r = self.request(req.clone());
-            async move { KvClient::new(ch).txn(r).await.map(|r| r.into_inner()) }
+        self.unary(read_only, req, |ch, r| async move {
+            KvClient::new(ch).txn(r).await
         })
         .await
     }
@@ -122,9 +115,8 @@ impl Client {
         physical: bool,
     ) -> Result<CompactionResponse, ClientError> {
         let req = CompactionRequest { revision, physical };
-        self.call(false, |ch| {
-            let r = self.request(req);
-            async move { KvClient::new(ch).compact(r).await.map(|r| r.into_inner()) }
+        self.unary(false, req, |ch, r| async move {
+            KvClient::new(ch).compact(r).await
         })
         .await
     }

@@ -52,14 +52,8 @@ impl Client {
     /// Not idempotent (each grant creates a lease): retried only when not applied.
     pub async fn lease_grant(&self, ttl_s: i64) -> Result<LeaseGrantResponse, ClientError> {
         let req = LeaseGrantRequest { ttl: ttl_s, id: 0 };
-        self.call(false, |ch| {
-            let r = self.request(req);
-            async move {
-                LeaseClient::new(ch)
-                    .lease_grant(r)
-                    .await
-                    .map(|r| r.into_inner())
-            }
+        self.unary(false, req, |ch, r| async move {
+            LeaseClient::new(ch).lease_grant(r).await
         })
         .await
     }
@@ -67,14 +61,8 @@ impl Client {
     /// Revokes lease `id` and deletes its keys (etcd `LeaseRevoke`).
     pub async fn lease_revoke(&self, id: i64) -> Result<LeaseRevokeResponse, ClientError> {
         let req = LeaseRevokeRequest { id };
-        self.call(false, |ch| {
-            let r = self.request(req);
-            async move {
-                LeaseClient::new(ch)
-                    .lease_revoke(r)
-                    .await
-                    .map(|r| r.into_inner())
-            }
+        self.unary(false, req, |ch, r| async move {
+            LeaseClient::new(ch).lease_revoke(r).await
         })
         .await
     }

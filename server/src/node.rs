@@ -343,15 +343,8 @@ impl Node {
         deadline: tokio::time::Instant,
     ) -> Result<(), EtcdError> {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        self.raft
-            .wait(Some(remaining))
-            .applied_index_at_least(Some(index), "forwarded write applied here")
+        crate::raft::wait_applied(&self.raft, index, remaining, "forwarded write applied here")
             .await
-            .map(|_| ())
-            .map_err(|e| match e {
-                openraft::metrics::WaitError::Timeout(..) => EtcdError::Timeout,
-                openraft::metrics::WaitError::ShuttingDown => EtcdError::Stopped,
-            })
     }
 
     async fn wait_for_leader(&self, deadline: tokio::time::Instant) -> Result<(), EtcdError> {

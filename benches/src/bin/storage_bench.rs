@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use keel_benches::mvcc_data::{all_keys, key, load, open_db};
 use keel_proto::etcdserverpb::{PutRequest, RangeRequest, RequestOp, TxnRequest, request_op};
 use keel_server::mvcc::MvccStore;
 use keel_server::wal::{Wal, WalOptions};
@@ -139,44 +140,19 @@ fn wal(appenders: usize, record_bytes: usize, seconds: u64, dir: Option<std::pat
     );
 }
 
-fn key(i: u64) -> Vec<u8> {
-    format!("key/{i:012}").into_bytes() // 16 bytes
-}
-
 fn mvcc(keys: u64, dir: Option<std::path::PathBuf>) {
     let tmp = temp_in(dir);
-    let db = sled::Config::new()
-        .path(tmp.path())
-        .cache_capacity(512 << 20)
-        .open()
-        .expect("sled");
+    let db = open_db(tmp.path());
     let tree = db.open_tree("keel").expect("tree");
-    let value = vec![b'v'; 256];
     {
         let store = MvccStore::open(tree.clone()).expect("open");
         let t = Instant::now();
-        // 1000 puts per entry keeps the load fast; each entry is one revision.
-        for chunk in (0..keys).collect::<Vec<_>>().chunks(1000) {
-            let mut w = store.write();
-            for &i in chunk {
-                w.put(&PutRequest {
-                    key: key(i),
-                    value: value.clone(),
-                    ..Default::default()
-                })
-                .expect("put");
-            }
-            w.commit().expect("commit");
-        }
+        load(&store, keys);
         println!(
             "mvcc: loaded {keys} keys in {:.1} s",
             t.elapsed().as_secs_f64()
         );
-        let all = RangeRequest {
-            key: vec![0],
-            range_end: vec![0],
-            ..Default::default()
-        };
+        let all = all_keys();
         for _ in 0..3 {
             let t = Instant::now();
             let r = store

@@ -287,22 +287,7 @@ fn droppable_by_revision(
 fn effect_revision(op: &Operation, observations: &Observations) -> Option<Option<i64>> {
     match (&op.input, &op.outcome) {
         (Input::Get { .. }, _) | (_, Outcome::Failed(_)) => None,
-        (_, Outcome::Ok(Output::Put { revision }))
-        | (
-            _,
-            Outcome::Ok(Output::Cas {
-                succeeded: true,
-                revision,
-            }),
-        )
-        | (
-            _,
-            Outcome::Ok(Output::Delete {
-                deleted: 1..,
-                revision,
-            }),
-        ) => Some(Some(*revision)),
-        (_, Outcome::Ok(_)) => None,
+        (_, Outcome::Ok(output)) => output.write_revision().map(Some),
         (_, Outcome::Unknown(_)) => match observations.fate(op) {
             Some(Fate::NotApplied) => None,
             Some(Fate::Applied { revision, .. }) => Some(Some(revision)),
@@ -320,34 +305,18 @@ fn observed_revision(op: &Operation) -> Option<i64> {
             },
             Outcome::Ok(Output::Get { revision, .. }),
         ) => Some(*revision),
+        // A CAS or delete describes the state just before its own change or, when it
+        // changed nothing, the state at its header revision.
         (
             _,
-            Outcome::Ok(Output::Cas {
-                succeeded: true,
-                revision,
-            }),
-        )
-        | (
-            _,
-            Outcome::Ok(Output::Delete {
-                deleted: 1..,
-                revision,
-            }),
-        ) => Some(revision - 1),
-        (
-            _,
-            Outcome::Ok(Output::Cas {
-                succeeded: false,
-                revision,
-            }),
-        )
-        | (
-            _,
-            Outcome::Ok(Output::Delete {
-                deleted: 0,
-                revision,
-            }),
-        ) => Some(*revision),
+            Outcome::Ok(
+                output @ (Output::Cas { revision, .. }
+                | Output::Delete {
+                    deleted: 0..,
+                    revision,
+                }),
+            ),
+        ) => Some(output.write_revision().map_or(*revision, |r| r - 1)),
         _ => None,
     }
 }

@@ -12,6 +12,15 @@ use keel_chaos::history::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Asserts that a checker's message names `needle`, printing the message when it does not.
+#[track_caller]
+pub fn assert_mentions(message: &str, needle: &str) {
+    assert!(
+        message.contains(needle),
+        "{message:?} does not mention {needle:?}"
+    );
+}
+
 pub fn get(key: &str) -> Input {
     Input::Get {
         key: key.into(),

@@ -8,6 +8,7 @@
 //! member that just won an election answers once its schedule is built (it has applied its
 //! term's first entry). Every wait is bounded by etcd's request timeout.
 
+use std::future::Future;
 use std::time::Duration;
 
 use keel_proto::etcdserverpb::{
@@ -67,11 +68,29 @@ async fn pause(node: &Node, deadline: Instant) -> Result<(), EtcdError> {
 /// Errors: `NoLeader`/`Timeout` if no leader answers within the request timeout,
 /// `Stopped` on shutdown, or the error of committing a clearing checkpoint.
 pub async fn renew(node: &Node, id: LeaseId) -> Result<i64, EtcdError> {
+    on_leader(
+        node,
+        |deadline| renew_local(node, id, deadline),
+        |url, deadline| async move { forward_renew(node, &url, id, deadline).await },
+    )
+    .await
+}
+
+/// Runs a leader-only call until it gets an answer within the request timeout: `local` with
+/// the deadline on the leader, `remote` with the leader's peer URL and the deadline
+/// elsewhere; `NotLeader` (no leader known, or it moved) pauses and tries again.
+async fn on_leader<T, L, LF, R, RF>(node: &Node, local: L, remote: R) -> Result<T, EtcdError>
+where
+    L: Fn(Instant) -> LF,
+    LF: Future<Output = Result<T, EtcdError>>,
+    R: Fn(String, Instant) -> RF,
+    RF: Future<Output = Result<T, EtcdError>>,
+{
     let deadline = Instant::now() + node.request_timeout();
     loop {
         let attempt = match route(node) {
-            Route::Local => renew_local(node, id, deadline).await,
-            Route::Remote(url) => forward_renew(node, &url, id, deadline).await,
+            Route::Local => local(deadline).await,
+            Route::Remote(url) => remote(url, deadline).await,
             Route::NoLeader => Err(EtcdError::NotLeader),
         };
         match attempt {
@@ -109,14 +128,25 @@ pub async fn renew_local(node: &Node, id: LeaseId, deadline: Instant) -> Result<
             Renewal::NotPrimary if !node.cluster.is_leader() => return Err(EtcdError::NotLeader),
             Renewal::NotPrimary | Renewal::Expired => {}
         }
-        // Expired (its revocation is pending) or elected but not yet primary: wait for the
-        // lessor to change, re-checking leadership at least every 100 ms.
-        let wake = (Instant::now() + RETRY_PAUSE).min(deadline);
-        let _ = tokio::time::timeout_at(wake, changes.changed()).await;
-        if Instant::now() >= deadline {
-            return Err(EtcdError::Timeout);
-        }
+        // Expired (its revocation is pending) or elected but not yet primary.
+        wait_for_lessor(&mut changes, deadline).await?;
     }
+}
+
+/// Waits until the lessor changes (`changes`, from [`crate::lease::Lessor::changes`]) or
+/// 100 ms pass, so the caller re-checks leadership at least that often.
+///
+/// Errors: `Timeout` once `deadline` has passed.
+async fn wait_for_lessor(
+    changes: &mut tokio::sync::watch::Receiver<u64>,
+    deadline: Instant,
+) -> Result<(), EtcdError> {
+    let wake = (Instant::now() + RETRY_PAUSE).min(deadline);
+    let _ = tokio::time::timeout_at(wake, changes.changed()).await;
+    if Instant::now() >= deadline {
+        return Err(EtcdError::Timeout);
+    }
+    Ok(())
 }
 
 async fn forward_renew(
@@ -179,18 +209,12 @@ pub async fn time_to_live(
     node: &Node,
     req: &LeaseTimeToLiveRequest,
 ) -> Result<LeaseTimeToLiveResponse, EtcdError> {
-    let deadline = Instant::now() + node.request_timeout();
-    loop {
-        let attempt = match route(node) {
-            Route::Local => time_to_live_local(node, req, deadline).await,
-            Route::Remote(url) => forward_time_to_live(node, &url, req, deadline).await,
-            Route::NoLeader => Err(EtcdError::NotLeader),
-        };
-        match attempt {
-            Err(EtcdError::NotLeader) => pause(node, deadline).await?,
-            other => return other,
-        }
-    }
+    on_leader(
+        node,
+        |deadline| time_to_live_local(node, req, deadline),
+        |url, deadline| async move { forward_time_to_live(node, &url, req, deadline).await },
+    )
+    .await
 }
 
 /// [`time_to_live`] on this member, which must be the leader: a read barrier (so every
@@ -231,11 +255,7 @@ pub async fn time_to_live_local(
             Remaining::NotPrimary => {}
         }
         // Elected but the schedule is not built yet.
-        let wake = (Instant::now() + RETRY_PAUSE).min(deadline);
-        let _ = tokio::time::timeout_at(wake, changes.changed()).await;
-        if Instant::now() >= deadline {
-            return Err(EtcdError::Timeout);
-        }
+        wait_for_lessor(&mut changes, deadline).await?;
     }
 }
 

@@ -148,6 +148,11 @@ fn batch(index: u64, n: u64) -> Entry {
             })),
         })
         .collect();
+    batch_entry(index, requests)
+}
+
+/// The raft entry at `index` carrying `requests` as one `RequestBatch`.
+fn batch_entry(index: u64, requests: Vec<RaftRequest>) -> Entry {
     Entry {
         log_id: log_id(index),
         payload: EntryPayload::Normal(Request(RaftRequest {
@@ -181,10 +186,8 @@ fn crash_inside_a_batch_entry_loses_the_entry_and_replay_applies_it_once() {
     let db = sled::Config::new().temporary(true).open().unwrap();
     let tree = db.open_tree("t").unwrap();
     {
-        let mut a = open(&tree);
-        a.apply(&put(1)).unwrap();
         // The first two requests of entry 2 are staged, then the member dies.
-        apply_first_two_of_entry_2(&mut a, false);
+        let a = put_then_first_two_of_entry_2(&tree, false);
         assert_eq!(a.store().current_revision(), 2, "staged, not published");
     }
     let mut a = open(&tree);
@@ -213,11 +216,7 @@ fn partial_index_from_per_request_commits_resumes_at_the_first_unapplied_request
     let reference = put_then_batch_of_five();
     let db = sled::Config::new().temporary(true).open().unwrap();
     let tree = db.open_tree("t").unwrap();
-    {
-        let mut a = open(&tree);
-        a.apply(&put(1)).unwrap();
-        apply_first_two_of_entry_2(&mut a, true); // the old per-request commits
-    }
+    put_then_first_two_of_entry_2(&tree, true); // the old per-request commits
     let mut a = open(&tree);
     assert_eq!(a.last_applied(), Some(log_id(1)));
     assert_eq!(
@@ -239,9 +238,12 @@ fn put_then_batch_of_five() -> Applier {
     a
 }
 
-/// Applies the first two requests of `batch(2, 5)` with the partial consistent index each
-/// stages, flushing each one (as Keel did before group commit) when `flush_each`.
-fn apply_first_two_of_entry_2(a: &mut Applier, flush_each: bool) {
+/// A store on `tree` that applied `put(1)` and then only the first two requests of
+/// `batch(2, 5)`, with the partial consistent index each stages, flushing each one (as Keel
+/// did before group commit) when `flush_each`. Dropping it is the crash.
+fn put_then_first_two_of_entry_2(tree: &sled::Tree, flush_each: bool) -> Applier {
+    let mut a = open(tree);
+    a.apply(&put(1)).unwrap();
     for (k, req) in batch_requests(2, 5).iter().take(2).enumerate() {
         let next = crate::cindex::ConsistentIndex {
             applied: Some(log_id(1)),
@@ -252,6 +254,7 @@ fn apply_first_two_of_entry_2(a: &mut Applier, flush_each: bool) {
             a.store().flush().unwrap();
         }
     }
+    a
 }
 
 fn batch_requests(index: u64, n: u64) -> Vec<RaftRequest> {
@@ -329,15 +332,7 @@ mod grouping {
                 request: Some(r),
             })
             .collect();
-        Entry {
-            log_id: log_id(index),
-            payload: EntryPayload::Normal(Request(RaftRequest {
-                id: index,
-                request: Some(raft_request::Request::Batch(
-                    keel_proto::keelpb::RequestBatch { requests },
-                )),
-            })),
-        }
+        batch_entry(index, requests)
     }
 
     fn responses(resp: crate::raft::types::Response) -> Vec<keel_proto::keelpb::RaftResponse> {
@@ -395,11 +390,7 @@ mod invariants {
     fn a_partly_applied_entry_is_finished_before_the_next() {
         let db = sled::Config::new().temporary(true).open().unwrap();
         let tree = db.open_tree("t").unwrap();
-        {
-            let mut a = open(&tree);
-            a.apply(&put(1)).unwrap();
-            apply_first_two_of_entry_2(&mut a, true);
-        }
+        put_then_first_two_of_entry_2(&tree, true);
         let mut a = open(&tree);
         let _ = a.apply(&put(3));
     }

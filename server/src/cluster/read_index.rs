@@ -22,6 +22,7 @@ use super::transfer::TransferGate;
 use crate::error::EtcdError;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure, leader_url};
 use crate::raft::types::{NodeId, Raft};
+use crate::raft::wait_applied;
 
 /// Pause before retrying a read index after a transient failure (no quorum yet, a leader
 /// that just stepped down, an unreachable leader).
@@ -76,16 +77,7 @@ impl ReadPath {
         let start = Instant::now();
         let index = self.read_index().await?;
         let remaining = self.ctx.timeout.saturating_sub(start.elapsed());
-        self.ctx
-            .raft
-            .wait(Some(remaining))
-            .applied_index_at_least(Some(index), "read index applied")
-            .await
-            .map(|_| ())
-            .map_err(|e| match e {
-                openraft::metrics::WaitError::Timeout(..) => EtcdError::Timeout,
-                openraft::metrics::WaitError::ShuttingDown => EtcdError::Stopped,
-            })
+        wait_applied(&self.ctx.raft, index, remaining, "read index applied").await
     }
 
     /// A read index for this member, from the round it joins.

@@ -65,14 +65,10 @@ type Result<T> = std::result::Result<T, EtcdError>;
 /// `MemberAdd` on any member.
 pub async fn member_add(cluster: &Cluster, req: MemberAddRequest) -> Result<MemberAddResponse> {
     validate_peer_urls(&req.peer_ur_ls)?;
-    route(
-        cluster,
-        || add_on_leader(cluster, req.clone()),
-        |mut c, t| {
-            let r = req.clone();
-            async move { c.member_add(timed(r, t)).await.map(|r| r.into_inner()) }
-        },
-    )
+    let local = |r| add_on_leader(cluster, r);
+    route(cluster, req, local, |mut c, r| async move {
+        c.member_add(r).await
+    })
     .await
 }
 
@@ -81,14 +77,10 @@ pub async fn member_remove(
     cluster: &Cluster,
     req: MemberRemoveRequest,
 ) -> Result<MemberRemoveResponse> {
-    route(
-        cluster,
-        || remove_on_leader(cluster, req),
-        |mut c, t| {
-            let r = req;
-            async move { c.member_remove(timed(r, t)).await.map(|r| r.into_inner()) }
-        },
-    )
+    let local = |r| remove_on_leader(cluster, r);
+    route(cluster, req, local, |mut c, r| async move {
+        c.member_remove(r).await
+    })
     .await
 }
 
@@ -98,14 +90,10 @@ pub async fn member_update(
     req: MemberUpdateRequest,
 ) -> Result<MemberUpdateResponse> {
     validate_peer_urls(&req.peer_ur_ls)?;
-    route(
-        cluster,
-        || update_on_leader(cluster, req.clone()),
-        |mut c, t| {
-            let r = req.clone();
-            async move { c.member_update(timed(r, t)).await.map(|r| r.into_inner()) }
-        },
-    )
+    let local = |r| update_on_leader(cluster, r);
+    route(cluster, req, local, |mut c, r| async move {
+        c.member_update(r).await
+    })
     .await
 }
 
@@ -114,14 +102,10 @@ pub async fn member_promote(
     cluster: &Cluster,
     req: MemberPromoteRequest,
 ) -> Result<MemberPromoteResponse> {
-    route(
-        cluster,
-        || promote_on_leader(cluster, req),
-        |mut c, t| {
-            let r = req;
-            async move { c.member_promote(timed(r, t)).await.map(|r| r.into_inner()) }
-        },
-    )
+    let local = |r| promote_on_leader(cluster, r);
+    route(cluster, req, local, |mut c, r| async move {
+        c.member_promote(r).await
+    })
     .await
 }
 
@@ -308,34 +292,40 @@ pub async fn promote_on_leader(
     })
 }
 
-/// Runs `local` if this member leads, else `remote` against the leader; retries (until the
-/// request timeout) only while no leader is known or the asked member does not lead.
-async fn route<T, L, LF, R, RF>(cluster: &Cluster, local: L, remote: R) -> Result<T>
+/// Runs `local(req)` if this member leads, else `remote` (a `keelpb.Peer` call) with `req`
+/// and the remaining request timeout against the leader; retries (until the request
+/// timeout) only while no leader is known or the asked member does not lead.
+async fn route<Q, T, L, LF, R, RF>(cluster: &Cluster, req: Q, local: L, remote: R) -> Result<T>
 where
-    L: Fn() -> LF,
+    Q: Clone,
+    L: Fn(Q) -> LF,
     LF: Future<Output = Result<T>>,
-    R: Fn(PeerClient<Channel>, Duration) -> RF,
-    RF: Future<Output = std::result::Result<T, tonic::Status>>,
+    R: Fn(PeerClient<Channel>, tonic::Request<Q>) -> RF,
+    RF: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
 {
     let deadline = Instant::now() + cluster.timing.request_timeout;
     loop {
         let (leader, url) = leader_url(&cluster.raft);
         let attempt = match (leader, url) {
-            (Some(l), _) if l == cluster.id => local().await,
+            (Some(l), _) if l == cluster.id => local(req.clone()).await,
             (Some(_), Some(url)) => match cluster.peers.client(&url) {
-                Ok(client) => remote(client, deadline.saturating_duration_since(Instant::now()))
-                    .await
-                    .map_err(|s| {
-                        if is_transport_failure(&s) {
-                            cluster.peers.reset(&url);
-                        }
-                        match classify(&s) {
-                            // Never sent: as good as asking while no leader is known.
-                            PeerFailure::NotDelivered => EtcdError::NoLeader,
-                            PeerFailure::Ambiguous => EtcdError::TimeoutDueToLeaderFail,
-                            PeerFailure::Answer(e) => e,
-                        }
-                    }),
+                Ok(client) => {
+                    let timeout = deadline.saturating_duration_since(Instant::now());
+                    remote(client, timed(req.clone(), timeout))
+                        .await
+                        .map(tonic::Response::into_inner)
+                        .map_err(|s| {
+                            if is_transport_failure(&s) {
+                                cluster.peers.reset(&url);
+                            }
+                            match classify(&s) {
+                                // Never sent: as good as asking while no leader is known.
+                                PeerFailure::NotDelivered => EtcdError::NoLeader,
+                                PeerFailure::Ambiguous => EtcdError::TimeoutDueToLeaderFail,
+                                PeerFailure::Answer(e) => e,
+                            }
+                        })
+                }
                 Err(_) => Err(EtcdError::NoLeader),
             },
             _ => Err(EtcdError::NoLeader),

@@ -215,12 +215,7 @@ mod tests {
 
     #[test]
     fn read_record_finds_puts_and_misses_absent_revisions() {
-        let tree = sled::Config::new()
-            .temporary(true)
-            .open()
-            .unwrap()
-            .open_tree("t")
-            .unwrap();
+        let tree = crate::mvcc::test_support::temp_tree();
         let k = kv(b"a", b"1", 3);
         tree.insert(record_key(Revision::new(3, 0), false), encode_put(&k))
             .unwrap();

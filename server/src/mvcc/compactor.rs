@@ -207,12 +207,7 @@ mod tests {
 
     #[test]
     fn removes_in_batches_and_reports_progress() {
-        let tree = sled::Config::new()
-            .temporary(true)
-            .open()
-            .unwrap()
-            .open_tree("t")
-            .unwrap();
+        let tree = crate::mvcc::test_support::temp_tree();
         let n = BATCH_REMOVALS + 10;
         for i in 0..n as i64 {
             tree.insert(record_key(Revision::new(i + 2, 0), false), b"v".as_slice())

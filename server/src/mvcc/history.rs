@@ -39,6 +39,18 @@ struct Collector {
 }
 
 impl Collector {
+    /// An empty collector; a limit of 0 means unlimited.
+    fn new(max_revisions: usize, max_bytes: usize) -> Collector {
+        Collector {
+            events: Vec::new(),
+            max_revisions,
+            max_bytes,
+            revisions: 0,
+            bytes: 0,
+            last_main: None,
+        }
+    }
+
     /// Whether an event of revision `main` may still be taken.
     fn admits(&self, main: i64) -> bool {
         match self.last_main {
@@ -116,14 +128,7 @@ impl MvccStore {
             });
         }
         let range = KeyRange::from_request(key, range_end);
-        let mut out = Collector {
-            events: Vec::new(),
-            max_revisions,
-            max_bytes,
-            revisions: 0,
-            bytes: 0,
-            last_main: None,
-        };
+        let mut out = Collector::new(max_revisions, max_bytes);
         let span = (to - from + 1) as usize;
         let by_key =
             matches!(range, KeyRange::Single(_)) || view.index.count(&range, view.rev) <= span;
@@ -268,12 +273,7 @@ mod tests {
     use super::*;
 
     fn store() -> MvccStore {
-        let tree = sled::Config::new()
-            .temporary(true)
-            .open()
-            .unwrap()
-            .open_tree("t")
-            .unwrap();
+        let tree = crate::mvcc::test_support::temp_tree();
         MvccStore::open(tree).unwrap()
     }
 
@@ -368,22 +368,8 @@ mod tests {
         for (from, to) in [(first, last), (last - 3, last), (first + 10, first + 12)] {
             let view = s.view();
             let range = KeyRange::from_request(b"a", b"b");
-            let mut by_key = Collector {
-                events: vec![],
-                max_revisions: 0,
-                max_bytes: 0,
-                revisions: 0,
-                bytes: 0,
-                last_main: None,
-            };
-            let mut by_rev = Collector {
-                events: vec![],
-                max_revisions: 0,
-                max_bytes: 0,
-                revisions: 0,
-                bytes: 0,
-                last_main: None,
-            };
+            let mut by_key = Collector::new(0, 0);
+            let mut by_rev = Collector::new(0, 0);
             assert!(
                 s.history_by_key(&view, &range, from, to, &mut by_key)
                     .unwrap()

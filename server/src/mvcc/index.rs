@@ -126,6 +126,21 @@ impl Stats {
         self.with_history = self.with_history - old.with_history + new.with_history;
         self.max_main = self.max_main.max(new.max_main);
     }
+
+    /// Asserts that these cached stats of a `level` ("block" or "chunk") agree with
+    /// `recount`, the sum over its parts: the counts exactly, `max_main` as an upper bound.
+    #[cfg(test)]
+    fn assert_matches(&self, recount: &Stats, level: &str) {
+        assert_eq!(
+            (self.keys, self.live, self.with_history),
+            (recount.keys, recount.live, recount.with_history),
+            "stale {level} stats"
+        );
+        assert!(
+            self.max_main >= recount.max_main,
+            "{level} max_main below one of its parts"
+        );
+    }
 }
 
 /// A run of consecutive keys with their histories (the leaf level).
@@ -742,26 +757,10 @@ impl Index {
                     prev = Some(k);
                     bs.add(Stats::of(b.history(i)));
                 }
-                assert_eq!(
-                    (b.stats.keys, b.stats.live, b.stats.with_history),
-                    (bs.keys, bs.live, bs.with_history),
-                    "stale block stats"
-                );
-                assert!(
-                    b.stats.max_main >= bs.max_main,
-                    "block max_main below a latest revision"
-                );
+                b.stats.assert_matches(&bs, "block");
                 cs.add(b.stats);
             }
-            assert_eq!(
-                (c.stats.keys, c.stats.live, c.stats.with_history),
-                (cs.keys, cs.live, cs.with_history),
-                "stale chunk stats"
-            );
-            assert!(
-                c.stats.max_main >= cs.max_main,
-                "chunk max_main below a block's"
-            );
+            c.stats.assert_matches(&cs, "chunk");
             total.add(c.stats);
         }
         assert_eq!(
@@ -943,31 +942,24 @@ mod tests {
         }
     }
 
+    /// How many positions of `a` and `b` hold the same allocation (not a copy).
+    fn shared_arcs<T>(a: &[Arc<T>], b: &[Arc<T>]) -> usize {
+        a.iter().zip(b).filter(|(x, y)| Arc::ptr_eq(x, y)).count()
+    }
+
     #[test]
     fn clones_share_blocks_until_written() {
         let base = big();
         let mut work = base.clone();
         work.push(&key(0), put(99_999));
-        let shared = base
-            .chunks
-            .iter()
-            .zip(&work.chunks)
-            .filter(|(a, b)| Arc::ptr_eq(a, b))
-            .count();
         assert_eq!(
-            shared,
+            shared_arcs(&base.chunks, &work.chunks),
             base.chunks() - 1,
             "only the written chunk is copied"
         );
         let (bc, wc) = (&base.chunks[0], &work.chunks[0]);
-        let shared = bc
-            .blocks
-            .iter()
-            .zip(&wc.blocks)
-            .filter(|(a, b)| Arc::ptr_eq(a, b))
-            .count();
         assert_eq!(
-            shared,
+            shared_arcs(&bc.blocks, &wc.blocks),
             bc.blocks.len() - 1,
             "only the written block is copied"
         );

@@ -316,16 +316,8 @@ mod tests {
     use crate::mvcc::Revision;
     use crate::mvcc::codec::{encode_put, encode_tombstone};
     use crate::mvcc::revision::record_key;
+    use crate::mvcc::test_support::temp_tree;
     use keel_proto::mvccpb::KeyValue;
-
-    fn tree() -> sled::Tree {
-        sled::Config::new()
-            .temporary(true)
-            .open()
-            .unwrap()
-            .open_tree("t")
-            .unwrap()
-    }
 
     fn put(t: &sled::Tree, key: &str, main: i64, sub: i64, create: i64, version: i64) {
         let kv = KeyValue {
@@ -342,7 +334,7 @@ mod tests {
 
     #[test]
     fn empty_tree_rebuilds_to_an_empty_index() {
-        let t = tree();
+        let t = temp_tree();
         t.insert(b"c/other-module", b"x".as_slice()).unwrap();
         let r = rebuild(&t).unwrap();
         assert_eq!((r.index.keys(), r.max_main), (0, 0));
@@ -350,7 +342,7 @@ mod tests {
 
     #[test]
     fn rebuild_groups_histories_across_chunks_and_threads() {
-        let t = tree();
+        let t = temp_tree();
         // 200 revisions over 20 keys, with deletes, spanning more revisions than CHUNKS.
         let mut expect: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
         let mut version: std::collections::HashMap<String, (i64, i64)> = Default::default();
@@ -392,7 +384,7 @@ mod tests {
 
     #[test]
     fn sub_revisions_of_one_main_revision_stay_ordered() {
-        let t = tree();
+        let t = temp_tree();
         put(&t, "a", 2, 0, 2, 1);
         t.insert(
             record_key(Revision::new(2, 1), true),
@@ -460,7 +452,7 @@ mod tests {
 
     #[test]
     fn corrupt_record_fails_the_open() {
-        let t = tree();
+        let t = temp_tree();
         t.insert(record_key(Revision::new(2, 0), false), vec![0xff, 0xff])
             .unwrap();
         assert!(matches!(rebuild(&t), Err(MvccError::Corrupt { .. })));

@@ -65,6 +65,17 @@ mod tests {
         (db, store)
     }
 
+    /// A fresh store whose open apply group holds one staged put, `a = 1` at revision 2.
+    fn store_with_a_staged() -> (sled::Db, MvccStore) {
+        let (db, store) = store();
+        {
+            let mut w = store.write();
+            w.put(&put("a", "1")).unwrap();
+            assert_eq!(w.stage().revision, 2);
+        }
+        (db, store)
+    }
+
     fn put(key: &str, value: &str) -> PutRequest {
         PutRequest {
             key: key.into(),
@@ -88,10 +99,7 @@ mod tests {
 
     #[test]
     fn a_group_is_invisible_until_flushed_then_lands_whole() {
-        let (db, store) = store();
-        let mut w = store.write();
-        w.put(&put("a", "1")).unwrap();
-        assert_eq!(w.stage().revision, 2);
+        let (db, store) = store_with_a_staged();
         let mut w = store.write();
         // The second txn reads the first one's staged value (prev_kv) and bumps its version.
         let resp = w.put(&put("a", "2")).unwrap();
@@ -131,10 +139,7 @@ mod tests {
 
     #[test]
     fn an_unchanged_txn_dropped_unstaged_gives_the_group_back() {
-        let (_db, store) = store();
-        let mut w = store.write();
-        w.put(&put("a", "1")).unwrap();
-        w.stage();
+        let (_db, store) = store_with_a_staged();
         let w = store.write();
         drop(w);
         assert_eq!(store.staged_revision(), 2);
@@ -144,10 +149,7 @@ mod tests {
 
     #[test]
     fn a_changed_txn_dropped_unstaged_abandons_the_group() {
-        let (_db, store) = store();
-        let mut w = store.write();
-        w.put(&put("a", "1")).unwrap();
-        w.stage();
+        let (_db, store) = store_with_a_staged();
         let mut w = store.write();
         w.put(&put("b", "1")).unwrap();
         drop(w);

@@ -12,6 +12,7 @@ pub mod proposer;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;
+pub mod wait;
 
 #[cfg(test)]
 mod recovery_test;
@@ -26,3 +27,4 @@ pub use log_store::LogStore;
 pub use network::PeerNetwork;
 pub use peers::Peers;
 pub use state_machine::{AppliedState, StateMachine};
+pub use wait::wait_applied;

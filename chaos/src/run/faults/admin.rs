@@ -24,15 +24,7 @@ const MEMBERSHIP_RETRY: Duration = Duration::from_secs(20);
 /// Moves leadership from the current leader to a random follower (sent to the leader, as
 /// etcd requires).
 pub async fn transfer(cluster: &Cluster, rng: &mut StdRng) -> anyhow::Result<String> {
-    let leader = cluster
-        .leader()
-        .await
-        .context("no leader to transfer from")?;
-    let others: Vec<usize> = (0..cluster.len()).filter(|&i| i != leader).collect();
-    let target = others[rng.gen_range(0..others.len())];
-    if cluster.members[target].id() == 0 {
-        cluster.status(target).await?;
-    }
+    let (leader, target) = random_follower(cluster, rng, "no leader to transfer from").await?;
     let target_id = cluster.members[target].id();
     bounded(async {
         let ch = connect(&cluster.members[leader].client_url, ADMIN_TIMEOUT).await?;
@@ -101,16 +93,8 @@ pub async fn remove_and_readd(
     hold: Duration,
     rng: &mut StdRng,
 ) -> anyhow::Result<String> {
-    let leader = cluster
-        .leader()
-        .await
-        .context("no leader to change membership through")?;
-    let others: Vec<usize> = (0..cluster.len()).filter(|&i| i != leader).collect();
-    let t = others[rng.gen_range(0..others.len())];
+    let (_, t) = random_follower(cluster, rng, "no leader to change membership through").await?;
     let m = &cluster.members[t];
-    if m.id() == 0 {
-        cluster.status(t).await?;
-    }
     let old_id = m.id();
     anyhow::ensure!(old_id != 0, "member ID of {} unknown", m.name);
     retry_on_leader(cluster, t, |url| async move {
@@ -170,6 +154,23 @@ pub async fn remove_and_readd(
         "removed {} (id {old_id:x}), wiped, re-added as {new_id:x} after {hold:?}",
         m.name
     ))
+}
+
+/// The current leader and a random other member, `(leader, follower)`; the follower's member
+/// ID is asked for (Status) when the run has not learned it yet. `no_leader` is the error's
+/// context when there is no leader.
+async fn random_follower(
+    cluster: &Cluster,
+    rng: &mut StdRng,
+    no_leader: &'static str,
+) -> anyhow::Result<(usize, usize)> {
+    let leader = cluster.leader().await.context(no_leader)?;
+    let others: Vec<usize> = (0..cluster.len()).filter(|&i| i != leader).collect();
+    let follower = others[rng.gen_range(0..others.len())];
+    if cluster.members[follower].id() == 0 {
+        cluster.status(follower).await?;
+    }
+    Ok((leader, follower))
 }
 
 /// Runs `call` against the current leader (or any member but `skip` when no leader is

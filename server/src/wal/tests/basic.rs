@@ -1,19 +1,16 @@
 //! Behaviour of the public API: append, read, meta, truncate, purge, rollover, reopen.
 
-use super::{all_entries, append_each, data, files, opts};
+use super::{all_entries, append_each, bounds, data, files, opts};
 use crate::wal::record::{self, Record};
 use crate::wal::segment::{HEADER_LEN, SegmentHeader};
-use crate::wal::{MAX_VALUE_BYTES, Wal, WalError, WalOptions};
+use crate::wal::{Lsn, MAX_VALUE_BYTES, Wal, WalError, WalOptions};
 
 #[test]
 fn new_wal_is_empty_with_one_named_segment() {
     let dir = tempfile::tempdir().unwrap();
     let wal_dir = dir.path().join("member/wal");
     let wal = Wal::open(&wal_dir, WalOptions::default()).unwrap();
-    assert_eq!(
-        (wal.first_index(), wal.last_index(), wal.purged_index()),
-        (None, None, None)
-    );
+    assert_eq!(bounds(&wal), (None, None, None));
     assert_eq!(wal.meta(1), None);
     assert_eq!(wal.read(1).unwrap(), None);
     assert_eq!(
@@ -54,32 +51,26 @@ fn appended_entries_are_readable_at_once_and_after_reopen() {
     assert_eq!(wal.lsns(), (0, 0), "Lsns restart at open");
 }
 
+/// Asserts that an append was refused with `NotContiguous { expected, got }`.
+#[track_caller]
+fn assert_not_contiguous(result: Result<Lsn, WalError>, expected: u64, got: u64) {
+    match result {
+        Err(WalError::NotContiguous {
+            expected: e,
+            got: g,
+        }) if (e, g) == (expected, got) => {}
+        other => panic!("want NotContiguous {{ expected: {expected}, got: {got} }}: {other:?}"),
+    }
+}
+
 #[test]
 fn append_enforces_contiguous_indexes() {
     let dir = tempfile::tempdir().unwrap();
     let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
     wal.append(&[(10, b"x"), (11, b"y")]).unwrap();
-    match wal.append(&[(13, b"z")]) {
-        Err(WalError::NotContiguous {
-            expected: 12,
-            got: 13,
-        }) => {}
-        other => panic!("{other:?}"),
-    }
-    match wal.append(&[(12, b"z"), (14, b"w")]) {
-        Err(WalError::NotContiguous {
-            expected: 13,
-            got: 14,
-        }) => {}
-        other => panic!("{other:?}"),
-    }
-    match wal.append(&[(11, b"again")]) {
-        Err(WalError::NotContiguous {
-            expected: 12,
-            got: 11,
-        }) => {}
-        other => panic!("{other:?}"),
-    }
+    assert_not_contiguous(wal.append(&[(13, b"z")]), 12, 13);
+    assert_not_contiguous(wal.append(&[(12, b"z"), (14, b"w")]), 13, 14);
+    assert_not_contiguous(wal.append(&[(11, b"again")]), 12, 11);
     assert_eq!(wal.last_index(), Some(11), "rejected appends wrote nothing");
     let (written, _) = wal.lsns();
     assert_eq!(
@@ -235,10 +226,7 @@ fn purge_hides_entries_and_deletes_whole_segments_but_keeps_meta() {
     wal.purge_to(150).unwrap();
     assert_eq!(wal.read(150).unwrap(), None);
     assert_eq!(wal.read(151).unwrap(), Some(data(151, 100)));
-    assert_eq!(
-        (wal.first_index(), wal.last_index(), wal.purged_index()),
-        (Some(151), Some(200), Some(150))
-    );
+    assert_eq!(bounds(&wal), (Some(151), Some(200), Some(150)));
     wal.sync().unwrap();
     let after = files(dir.path(), ".wal");
     assert!(
@@ -256,10 +244,7 @@ fn purge_hides_entries_and_deletes_whole_segments_but_keeps_meta() {
     assert!(files(dir.path(), ".spare").is_empty(), "recycling disabled");
     drop(wal);
     let wal = Wal::open(dir.path(), o).unwrap();
-    assert_eq!(
-        (wal.first_index(), wal.last_index(), wal.purged_index()),
-        (Some(151), Some(200), Some(150))
-    );
+    assert_eq!(bounds(&wal), (Some(151), Some(200), Some(150)));
     assert_eq!(wal.meta(1).as_deref(), Some(&b"vote-a"[..]));
 }
 
@@ -269,10 +254,7 @@ fn purge_past_the_end_empties_the_log_and_appends_resume_above_it() {
     let wal = Wal::open(dir.path(), opts(4096)).unwrap();
     append_each(&wal, 1, 30, 200);
     wal.purge_to(1000).unwrap();
-    assert_eq!(
-        (wal.first_index(), wal.last_index(), wal.purged_index()),
-        (None, None, Some(1000))
-    );
+    assert_eq!(bounds(&wal), (None, None, Some(1000)));
     match wal.append(&[(1000, b"x")]) {
         Err(WalError::BelowPurged {
             index: 1000,
@@ -286,10 +268,7 @@ fn purge_past_the_end_empties_the_log_and_appends_resume_above_it() {
     wal.sync().unwrap();
     drop(wal);
     let wal = Wal::open(dir.path(), opts(4096)).unwrap();
-    assert_eq!(
-        (wal.first_index(), wal.last_index(), wal.purged_index()),
-        (Some(1001), Some(1001), Some(1000))
-    );
+    assert_eq!(bounds(&wal), (Some(1001), Some(1001), Some(1000)));
     assert_eq!(
         files(dir.path(), ".wal").len(),
         1,

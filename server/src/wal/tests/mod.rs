@@ -28,6 +28,11 @@ pub(super) fn data(index: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The WAL's first, last and purged index, in that order.
+pub(super) fn bounds(wal: &Wal) -> (Option<u64>, Option<u64>, Option<u64>) {
+    (wal.first_index(), wal.last_index(), wal.purged_index())
+}
+
 /// Appends entries `from..=to` one call each; returns the last Lsn.
 pub(super) fn append_each(wal: &Wal, from: u64, to: u64, len: usize) -> Lsn {
     let mut lsn = 0;

@@ -139,17 +139,23 @@ fn torn_tail_is_cut_and_new_appends_never_resurrect_old_bytes() {
     assert_eq!(wal.read(24).unwrap(), Some(data(24, 100)));
 }
 
+/// Writes entries `1..=synced` (50 B each) and syncs, appends `synced + 1..=last` with no
+/// sync point after them and closes the WAL; returns the path of its last segment.
+fn synced_then_unsynced(dir: &Path, synced: u64, last: u64) -> PathBuf {
+    let wal = Wal::open(dir, WalOptions::default()).unwrap();
+    append_each(&wal, 1, synced, 50);
+    wal.sync().unwrap();
+    append_each(&wal, synced + 1, last, 50);
+    drop(wal);
+    segment_paths(dir).pop().unwrap()
+}
+
 #[test]
 fn valid_records_after_a_hole_in_the_unsynced_tail_are_dropped() {
     // Writeback may persist pages out of order: record 12 lost, 13 and 14 on disk. None of
     // them was acknowledged (no sync point covers them), so the log ends at 11.
     let dir = tempfile::tempdir().unwrap();
-    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
-    append_each(&wal, 1, 11, 50);
-    wal.sync().unwrap();
-    append_each(&wal, 12, 14, 50);
-    drop(wal);
-    let path = segment_paths(dir.path()).pop().unwrap();
+    let path = synced_then_unsynced(dir.path(), 11, 14);
     let (_, fr) = frames(&path);
     let f12 = fr
         .iter()
@@ -179,12 +185,7 @@ fn valid_records_after_a_hole_in_the_unsynced_tail_are_dropped() {
 #[test]
 fn corruption_before_a_sync_point_is_an_error_with_path_and_offset() {
     let dir = tempfile::tempdir().unwrap();
-    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
-    append_each(&wal, 1, 10, 50);
-    wal.sync().unwrap();
-    append_each(&wal, 11, 12, 50);
-    drop(wal);
-    let path = segment_paths(dir.path()).pop().unwrap();
+    let path = synced_then_unsynced(dir.path(), 10, 12);
     let f5 = entry_frame(&path, 5);
     flip(&path, f5.start + 15);
     let reason = expect_corrupt(dir.path(), WalOptions::default(), &path, f5.start);
