@@ -132,6 +132,18 @@ trap cleanup EXIT
 # ---------------------------------------------------------------------------------------------
 # 2. + 3. build once in release, then run every cargo test
 
+# ---- layering (docs/architecture.md) ---------------------------------------------------------
+# No module of server/src may use a module above it; the script lists any reference that does.
+if [ "$run_cargo" -eq 1 ]; then
+    phase "layers: scripts/layers.sh"
+    if layers_out="$(bash "$REPO/scripts/layers.sh")" && [ -z "$layers_out" ]; then
+        record ok "scripts/layers.sh: every dependency points down"
+    else
+        echo "$layers_out"
+        record FAIL "scripts/layers.sh: upward imports (listed above)"
+    fi
+fi
+
 # ---- failpoints (docs/failpoints.md) --------------------------------------------------------
 # Building or testing keel-server with `--features failpoints` writes a failpoint `keel` to
 # $TARGET_DIR/release/keel, so this runs BEFORE the normal build below, which writes the
