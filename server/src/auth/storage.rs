@@ -76,6 +76,22 @@ pub(super) fn put_revision(w: &mut impl AuthWrites, revision: u64) {
     w.put(AUTH_REVISION, revision.to_be_bytes().to_vec());
 }
 
+/// Why stored auth records could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// A record that is not in the format (the text names the key and what is wrong).
+    #[error("auth record {key}: {why}")]
+    Record {
+        /// The record's key, ASCII-escaped.
+        key: String,
+        /// What is wrong with it, e.g. `value is not 8 bytes`.
+        why: String,
+    },
+    /// Reading the records from sled failed.
+    #[error("reading auth records: {0}")]
+    Io(#[from] sled::Error),
+}
+
 /// The auth state as stored: what [`decode`] returns.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stored {
@@ -95,7 +111,7 @@ pub struct Stored {
 /// Errors (text names the key): an unknown format version, a value of the wrong size, a
 /// record that does not decode, a name that is not UTF-8 or differs from the record's own
 /// `name`, an unknown `a` key.
-pub fn decode<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> Result<Stored, String>
+pub fn decode<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> Result<Stored, StorageError>
 where
     K: AsRef<[u8]>,
     V: AsRef<[u8]>,
@@ -109,8 +125,11 @@ where
         if key.first() != Some(&AUTH_PREFIX) {
             continue;
         }
-        let bad = |why: &str| format!("auth record {}: {why}", key.escape_ascii());
-        let u64_be = |v: &[u8]| -> Result<u64, String> {
+        let bad = |why: &str| StorageError::Record {
+            key: key.escape_ascii().to_string(),
+            why: why.to_string(),
+        };
+        let u64_be = |v: &[u8]| -> Result<u64, StorageError> {
             Ok(u64::from_be_bytes(
                 v.try_into().map_err(|_| bad("value is not 8 bytes"))?,
             ))
@@ -157,11 +176,10 @@ where
 /// Reads every auth record of `tree` (see [`decode`]).
 ///
 /// Errors: sled I/O, or what [`decode`] rejects.
-pub fn read_tree(tree: &sled::Tree) -> Result<Stored, String> {
+pub fn read_tree(tree: &sled::Tree) -> Result<Stored, StorageError> {
     let pairs: Vec<(sled::IVec, sled::IVec)> = tree
         .scan_prefix([AUTH_PREFIX])
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("reading auth records: {e}"))?;
+        .collect::<Result<_, _>>()?;
     decode(pairs)
 }
 
@@ -179,7 +197,7 @@ mod tests {
 
     #[test]
     fn rejects_foreign_or_corrupt_records() {
-        let err = |pairs: Vec<(&[u8], Vec<u8>)>| decode(pairs).unwrap_err();
+        let err = |pairs: Vec<(&[u8], Vec<u8>)>| decode(pairs).unwrap_err().to_string();
         assert!(err(vec![(AUTH_FORMAT, 2u64.to_be_bytes().to_vec())]).contains("format 2"));
         assert!(err(vec![(AUTH_ENABLED, vec![2])]).contains("[0] or [1]"));
         assert!(err(vec![(AUTH_REVISION, vec![1, 2])]).contains("8 bytes"));

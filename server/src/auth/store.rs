@@ -41,7 +41,7 @@ use super::model::{
     AuthInfo, ROOT_ROLE, ROOT_USER, has_root_role, is_valid_permission_range, root_permission,
 };
 use super::perm::{PermCache, UserPerms};
-use super::storage::{self, AuthWrites, Stored};
+use super::storage::{self, AuthWrites, StorageError, Stored};
 
 /// What the password check needs from the store, copied out so that bcrypt runs after the
 /// store's lock is released (etcd #11735).
@@ -83,7 +83,7 @@ impl AuthStore {
     /// The store persisted in `tree`, with its permission cache rebuilt.
     ///
     /// Errors: sled I/O or a corrupt record (see [`storage::decode`]).
-    pub fn load(tree: &sled::Tree) -> Result<AuthStore, String> {
+    pub fn load(tree: &sled::Tree) -> Result<AuthStore, StorageError> {
         Ok(AuthStore::from_stored(storage::read_tree(tree)?))
     }
 
@@ -92,7 +92,9 @@ impl AuthStore {
     /// #14571).
     ///
     /// Errors: a corrupt record (see [`storage::decode`]).
-    pub fn load_pairs<K, V>(pairs: impl IntoIterator<Item = (K, V)>) -> Result<AuthStore, String>
+    pub fn load_pairs<K, V>(
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<AuthStore, StorageError>
     where
         K: AsRef<[u8]>,
         V: AsRef<[u8]>,

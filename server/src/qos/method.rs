@@ -180,16 +180,39 @@ impl Method {
     }
 }
 
+/// A name that is none of a kind's names (`unknown method "put"`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {kind} {name:?}")]
+pub struct UnknownName {
+    /// What was named: `method` or `priority`.
+    pub kind: &'static str,
+    /// The name given.
+    pub name: String,
+}
+
+/// The one of `all` whose `name_of` is exactly `name`: the `FromStr` of the QoS
+/// vocabularies ([`Method`], [`Priority`]).
+pub(super) fn by_name<T: Copy>(
+    kind: &'static str,
+    all: &[T],
+    name_of: impl Fn(T) -> &'static str,
+    name: &str,
+) -> Result<T, UnknownName> {
+    all.iter()
+        .copied()
+        .find(|&x| name_of(x) == name)
+        .ok_or_else(|| UnknownName {
+            kind,
+            name: name.to_string(),
+        })
+}
+
 impl FromStr for Method {
-    type Err = String;
+    type Err = UnknownName;
 
     /// The method named exactly `name` (`rpc.proto` spelling).
-    fn from_str(name: &str) -> Result<Method, String> {
-        Method::ALL
-            .iter()
-            .copied()
-            .find(|m| m.name() == name)
-            .ok_or_else(|| format!("unknown method {name:?}"))
+    fn from_str(name: &str) -> Result<Method, UnknownName> {
+        by_name("method", Method::ALL, Method::name, name)
     }
 }
 

@@ -70,18 +70,23 @@ impl Default for Thresholds {
 
 impl Thresholds {
     /// Checks the ordering invariant (see the module doc).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ThresholdError> {
         if self.low_apply_lag <= self.max_apply_lag
             && self.max_apply_lag <= self.max_priority_apply_lag
         {
             return Ok(());
         }
-        Err(format!(
-            "qos thresholds: need low apply lag ({}) <= max apply lag ({}) <= max priority apply lag ({})",
-            self.low_apply_lag, self.max_apply_lag, self.max_priority_apply_lag
-        ))
+        Err(ThresholdError(*self))
     }
 }
+
+/// [`Thresholds`] out of order (see the module doc): the thresholds given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "qos thresholds: need low apply lag ({}) <= max apply lag ({}) <= max priority apply lag ({})",
+    .0.low_apply_lag, .0.max_apply_lag, .0.max_priority_apply_lag
+)]
+pub struct ThresholdError(pub Thresholds);
 
 /// Why overload protection refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -39,7 +39,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::method::Method;
+use super::method::{by_name, Method, UnknownName};
 
 /// The most rules a set holds: matching costs O(rules) per request.
 pub const MAX_RULES: usize = 256;
@@ -75,14 +75,12 @@ impl Priority {
 }
 
 impl std::str::FromStr for Priority {
-    type Err = String;
+    type Err = UnknownName;
 
     /// `low`, `normal` or `high`.
-    fn from_str(name: &str) -> Result<Priority, String> {
-        [Priority::Low, Priority::Normal, Priority::High]
-            .into_iter()
-            .find(|p| p.name() == name)
-            .ok_or_else(|| format!("unknown priority {name:?}"))
+    fn from_str(name: &str) -> Result<Priority, UnknownName> {
+        let all = [Priority::Low, Priority::Normal, Priority::High];
+        by_name("priority", &all, Priority::name, name)
     }
 }
 
