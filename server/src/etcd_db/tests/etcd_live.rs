@@ -14,13 +14,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use keel_proto::mvccpb::KeyValue;
 use keel_testkit::etcdctl::{CtlOutput, etcdctl, etcdctl_stdin};
 use keel_testkit::process::KillOnDrop;
-use keel_testkit::{b64, ports};
+use keel_testkit::spec::initial_cluster;
+use keel_testkit::{MemberSpec, b64, ports};
 use serde_json::Value;
 
 use super::super::{EtcdDb, HashCheck, MvccRecord};
@@ -49,14 +50,14 @@ impl Etcd {
         let peer = format!("http://127.0.0.1:{peer_port}");
         let log = data_dir.with_extension("log");
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin)
-            .arg(format!("--name={name}"))
-            .arg(format!("--data-dir={}", data_dir.display()))
-            .arg(format!("--listen-client-urls=http://{endpoint}"))
-            .arg(format!("--advertise-client-urls=http://{endpoint}"))
-            .arg(format!("--listen-peer-urls={peer}"))
-            .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster={name}={peer}"))
+        // etcd and keel share the member flags: one builder spells them.
+        let child = MemberSpec::new()
+            .name(name)
+            .data_dir(data_dir)
+            .client_url(&format!("http://{endpoint}"))
+            .peer_url(&peer)
+            .initial_cluster(&initial_cluster([(name, peer.as_str())]))
+            .command(bin)
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)

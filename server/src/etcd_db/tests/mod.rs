@@ -13,6 +13,8 @@ use keel_proto::authpb::{Permission, Role, User, permission};
 use keel_proto::etcdserverpb::{AlarmMember, AlarmType};
 use keel_proto::leasepb::Lease;
 use keel_proto::mvccpb::KeyValue;
+use keel_testkit::MemberSpec;
+use keel_testkit::spec::initial_cluster;
 use prost::Message;
 
 use super::model::{AuthMeta, Cluster, ConfState, Member, Meta, MvccRecord};
@@ -247,19 +249,25 @@ pub(super) fn write_snapshot(c: &Contents, dir: &Path) -> std::path::PathBuf {
 /// `etcdctl snapshot restore <snap>` into a new data dir for the one-member cluster
 /// `r1=<peer>`; asserts success.
 pub(super) fn etcdctl_restore(snap: &Path, data: &Path, peer: &str) {
-    keel_testkit::etcdctl::etcdctl(
-        "127.0.0.1:1",
-        &[
-            "snapshot",
-            "restore",
-            snap.to_str().unwrap(),
-            &format!("--data-dir={}", data.display()),
-            "--name=r1",
-            &format!("--initial-cluster=r1={peer}"),
-            &format!("--initial-advertise-peer-urls={peer}"),
-        ],
-    )
-    .ok();
+    // The member flags come from the one builder; `snapshot restore` takes all but the
+    // listen URL.
+    let member = MemberSpec::new()
+        .name("r1")
+        .data_dir(data)
+        .peer_url(peer)
+        .initial_cluster(&initial_cluster([("r1", peer)]));
+    let flags = member
+        .settings()
+        .into_iter()
+        .filter(|(flag, _)| *flag != "listen-peer-urls")
+        .map(|(flag, value)| format!("--{flag}={value}"));
+    let args: Vec<String> = ["snapshot", "restore", snap.to_str().unwrap()]
+        .map(String::from)
+        .into_iter()
+        .chain(flags)
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    keel_testkit::etcdctl::etcdctl("127.0.0.1:1", &args).ok();
 }
 
 /// Whether every `(program, env override)` a test needs exists. When one does not, prints
