@@ -28,51 +28,46 @@ pub struct InternalAuthenticate {
     pub simple_token: String,
 }
 
-/// One auth entry of the log: every request of `etcdserverpb.Auth` (the reads go through
-/// raft too, as in etcd 3.6, so they are linearizable and checked at apply).
-#[derive(Debug, Clone, PartialEq)]
-#[allow(missing_docs)]
-pub enum AuthRequest {
-    Enable(pb::AuthEnableRequest),
-    Disable(pb::AuthDisableRequest),
-    Status(pb::AuthStatusRequest),
-    Authenticate(InternalAuthenticate),
-    UserAdd(pb::AuthUserAddRequest),
-    UserGet(pb::AuthUserGetRequest),
-    UserList(pb::AuthUserListRequest),
-    UserDelete(pb::AuthUserDeleteRequest),
-    UserChangePassword(pb::AuthUserChangePasswordRequest),
-    UserGrantRole(pb::AuthUserGrantRoleRequest),
-    UserRevokeRole(pb::AuthUserRevokeRoleRequest),
-    RoleAdd(pb::AuthRoleAddRequest),
-    RoleGet(pb::AuthRoleGetRequest),
-    RoleList(pb::AuthRoleListRequest),
-    RoleDelete(pb::AuthRoleDeleteRequest),
-    RoleGrantPermission(pb::AuthRoleGrantPermissionRequest),
-    RoleRevokePermission(pb::AuthRoleRevokePermissionRequest),
+/// Declares [`AuthRequest`] and [`AuthResponse`], one variant each per RPC of
+/// `etcdserverpb.Auth`: `Variant(request type, response type)`.
+macro_rules! auth_entries {
+    ($($rpc:ident($req:ty, $resp:ty),)*) => {
+        /// One auth entry of the log: every request of `etcdserverpb.Auth` (the reads go
+        /// through raft too, as in etcd 3.6, so they are linearizable and checked at apply).
+        #[derive(Debug, Clone, PartialEq)]
+        #[allow(missing_docs)]
+        pub enum AuthRequest {
+            $($rpc($req),)*
+        }
+
+        /// The response to an [`AuthRequest`], same variant; headers are left for the
+        /// applier.
+        #[derive(Debug, Clone, PartialEq)]
+        #[allow(missing_docs)]
+        pub enum AuthResponse {
+            $($rpc($resp),)*
+        }
+    };
 }
 
-/// The response to an [`AuthRequest`], same variant; headers are left for the applier.
-#[derive(Debug, Clone, PartialEq)]
-#[allow(missing_docs)]
-pub enum AuthResponse {
-    Enable(pb::AuthEnableResponse),
-    Disable(pb::AuthDisableResponse),
-    Status(pb::AuthStatusResponse),
-    Authenticate(pb::AuthenticateResponse),
-    UserAdd(pb::AuthUserAddResponse),
-    UserGet(pb::AuthUserGetResponse),
-    UserList(pb::AuthUserListResponse),
-    UserDelete(pb::AuthUserDeleteResponse),
-    UserChangePassword(pb::AuthUserChangePasswordResponse),
-    UserGrantRole(pb::AuthUserGrantRoleResponse),
-    UserRevokeRole(pb::AuthUserRevokeRoleResponse),
-    RoleAdd(pb::AuthRoleAddResponse),
-    RoleGet(pb::AuthRoleGetResponse),
-    RoleList(pb::AuthRoleListResponse),
-    RoleDelete(pb::AuthRoleDeleteResponse),
-    RoleGrantPermission(pb::AuthRoleGrantPermissionResponse),
-    RoleRevokePermission(pb::AuthRoleRevokePermissionResponse),
+auth_entries! {
+    Enable(pb::AuthEnableRequest, pb::AuthEnableResponse),
+    Disable(pb::AuthDisableRequest, pb::AuthDisableResponse),
+    Status(pb::AuthStatusRequest, pb::AuthStatusResponse),
+    Authenticate(InternalAuthenticate, pb::AuthenticateResponse),
+    UserAdd(pb::AuthUserAddRequest, pb::AuthUserAddResponse),
+    UserGet(pb::AuthUserGetRequest, pb::AuthUserGetResponse),
+    UserList(pb::AuthUserListRequest, pb::AuthUserListResponse),
+    UserDelete(pb::AuthUserDeleteRequest, pb::AuthUserDeleteResponse),
+    UserChangePassword(pb::AuthUserChangePasswordRequest, pb::AuthUserChangePasswordResponse),
+    UserGrantRole(pb::AuthUserGrantRoleRequest, pb::AuthUserGrantRoleResponse),
+    UserRevokeRole(pb::AuthUserRevokeRoleRequest, pb::AuthUserRevokeRoleResponse),
+    RoleAdd(pb::AuthRoleAddRequest, pb::AuthRoleAddResponse),
+    RoleGet(pb::AuthRoleGetRequest, pb::AuthRoleGetResponse),
+    RoleList(pb::AuthRoleListRequest, pb::AuthRoleListResponse),
+    RoleDelete(pb::AuthRoleDeleteRequest, pb::AuthRoleDeleteResponse),
+    RoleGrantPermission(pb::AuthRoleGrantPermissionRequest, pb::AuthRoleGrantPermissionResponse),
+    RoleRevokePermission(pb::AuthRoleRevokePermissionRequest, pb::AuthRoleRevokePermissionResponse),
 }
 
 impl AuthRequest {

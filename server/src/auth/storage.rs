@@ -177,9 +177,8 @@ where
 ///
 /// Errors: sled I/O, or what [`decode`] rejects.
 pub fn read_tree(tree: &sled::Tree) -> Result<Stored, StorageError> {
-    let pairs: Vec<(sled::IVec, sled::IVec)> = tree
-        .scan_prefix([AUTH_PREFIX])
-        .collect::<Result<_, _>>()?;
+    let pairs: Vec<(sled::IVec, sled::IVec)> =
+        tree.scan_prefix([AUTH_PREFIX]).collect::<Result<_, _>>()?;
     decode(pairs)
 }
 

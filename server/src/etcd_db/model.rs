@@ -114,41 +114,39 @@ impl Meta {
     }
 }
 
-/// `raftpb.ConfState` as etcd stores it in `meta/confState`: Go's JSON of the gogo struct
-/// (lists omitted when empty, `auto_leave` always present).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConfState {
+/// Declares [`ConfState`] with its node-ID lists, which etcd's JSON encodes alike: omitted
+/// when empty, `null` read as empty.
+macro_rules! conf_state {
+    ($($(#[doc = $doc:literal])* $list:ident,)*) => {
+        /// `raftpb.ConfState` as etcd stores it in `meta/confState`: Go's JSON of the gogo
+        /// struct (lists omitted when empty, `auto_leave` always present).
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct ConfState {
+            $(
+                $(#[doc = $doc])*
+                #[serde(
+                    default,
+                    skip_serializing_if = "Vec::is_empty",
+                    deserialize_with = "null_default"
+                )]
+                pub $list: Vec<u64>,
+            )*
+            /// Whether the joint configuration is left automatically.
+            #[serde(default)]
+            pub auto_leave: bool,
+        }
+    };
+}
+
+conf_state! {
     /// Voters of the incoming configuration.
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "null_default"
-    )]
-    pub voters: Vec<u64>,
+    voters,
     /// Learners of the incoming configuration.
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "null_default"
-    )]
-    pub learners: Vec<u64>,
+    learners,
     /// Voters of the outgoing configuration (joint consensus).
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "null_default"
-    )]
-    pub voters_outgoing: Vec<u64>,
+    voters_outgoing,
     /// Nodes that become learners when the outgoing configuration is left.
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "null_default"
-    )]
-    pub learners_next: Vec<u64>,
-    /// Whether the joint configuration is left automatically.
-    #[serde(default)]
-    pub auto_leave: bool,
+    learners_next,
 }
 
 /// A member as etcd stores it in the `members` bucket: Go's JSON of

@@ -39,7 +39,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::method::{by_name, Method, UnknownName};
+use super::method::{Method, UnknownName, by_name};
 
 /// The most rules a set holds: matching costs O(rules) per request.
 pub const MAX_RULES: usize = 256;

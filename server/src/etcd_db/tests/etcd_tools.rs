@@ -14,6 +14,11 @@ use super::{
     Contents, History, etcdctl_restore, have_programs, read, sample, write, write_snapshot,
 };
 
+/// A fresh temporary directory for `test`, or `None` (the test is skipped) without etcdctl.
+fn etcdctl_dir(test: &str) -> Option<tempfile::TempDir> {
+    have_etcdctl(test).then(|| tempfile::tempdir().unwrap())
+}
+
 fn have_etcdctl(test: &str) -> bool {
     have_programs(
         test,
@@ -35,10 +40,9 @@ fn status(path: &Path) -> Value {
 /// equals what the reader computes; the hash pins every byte of every key and value.
 #[test]
 fn etcdctl_snapshot_status_reads_a_keel_database() {
-    if !have_etcdctl("etcdctl_snapshot_status_reads_a_keel_database") {
+    let Some(dir) = etcdctl_dir("etcdctl_snapshot_status_reads_a_keel_database") else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let db = dir.path().join("keel.db");
     let w = write(&sample(), &db);
     let expected = json!({
@@ -63,10 +67,9 @@ fn etcdctl_snapshot_status_reads_a_keel_database() {
 /// status` runs first) and reports the same figures as the reader.
 #[test]
 fn etcdctl_checks_a_large_keel_database() {
-    if !have_etcdctl("etcdctl_checks_a_large_keel_database") {
+    let Some(dir) = etcdctl_dir("etcdctl_checks_a_large_keel_database") else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let db = dir.path().join("big.db");
     let mut h = History::new();
     for i in 0..30_000u32 {
@@ -101,10 +104,9 @@ fn etcdctl_checks_a_large_keel_database() {
 /// reads a file written by Go.
 #[test]
 fn etcdctl_restores_a_keel_snapshot() {
-    if !have_etcdctl("etcdctl_restores_a_keel_snapshot") {
+    let Some(dir) = etcdctl_dir("etcdctl_restores_a_keel_snapshot") else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let c = sample();
     let snap = write_snapshot(&c, dir.path());
     let data = dir.path().join("restored");
