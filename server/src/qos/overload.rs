@@ -193,28 +193,36 @@ mod tests {
 
     #[test]
     fn bounds_are_strict_as_in_etcd() {
-        // etcd refuses when `committedIndex > appliedIndex + 5000`.
-        assert_eq!(at(5_000, 0, Priority::Normal), Ok(()));
-        assert_eq!(
-            at(5_001, 0, Priority::Normal),
-            Err(Overload::ApplyLag {
-                lag: 5_001,
-                limit: 5_000
-            })
-        );
-        assert_eq!(at(10_000, 0, Priority::High), Ok(()));
-        assert!(at(10_001, 0, Priority::High).is_err());
-        assert_eq!(at(1_000, 2_048, Priority::Low), Ok(()));
-        assert!(at(1_001, 0, Priority::Low).is_err());
-        assert_eq!(
-            at(0, 2_049, Priority::Low),
-            Err(Overload::QueueDepth {
-                queued: 2_049,
-                limit: 2_048
-            })
-        );
-        // The queue bound is for low priority only.
-        assert_eq!(at(0, 1_000_000, Priority::Normal), Ok(()));
+        use Priority::{High, Low, Normal};
+        let apply_lag = |lag, limit| Err(Overload::ApplyLag { lag, limit });
+        // (apply lag, queued, priority, decision)
+        let cases = [
+            // etcd refuses when `committedIndex > appliedIndex + 5000`.
+            (5_000, 0, Normal, Ok(())),
+            (5_001, 0, Normal, apply_lag(5_001, 5_000)),
+            (10_000, 0, High, Ok(())),
+            (1_000, 2_048, Low, Ok(())),
+            (
+                0,
+                2_049,
+                Low,
+                Err(Overload::QueueDepth {
+                    queued: 2_049,
+                    limit: 2_048,
+                }),
+            ),
+            // The queue bound is for low priority only.
+            (0, 1_000_000, Normal, Ok(())),
+        ];
+        for (lag, queued, p, decision) in cases {
+            assert_eq!(
+                at(lag, queued, p),
+                decision,
+                "lag {lag}, queued {queued}, {p}"
+            );
+        }
+        assert!(at(10_001, 0, High).is_err());
+        assert!(at(1_001, 0, Low).is_err());
     }
 
     #[test]
