@@ -296,28 +296,17 @@ fn keel_record_keys_convert_to_etcds() {
     assert_eq!(r.etcd_key()[8], b'_');
 }
 
-/// Resident anonymous memory of this process, in KiB (`RssAnon` of /proc/self/status).
-fn rss_anon_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("RssAnon:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-/// The writer streams: writing 96 MiB of values generated on the fly (a 129 MiB file) keeps
-/// the process's anonymous memory within a few write transactions (BATCH_BYTES = 16 MiB
-/// each), not the store's size. Measured: +51 MiB for this file and for one twice as big.
+/// A store bigger than one write transaction (`BATCH_BYTES`) is written in several and reads
+/// back whole. The memory bound of the streaming writer is a benchmark
+/// (`storage-bench etcd-db`, docs/benchmarks.md), not a test: this process runs other tests.
 #[test]
-fn writing_a_large_store_keeps_memory_bounded() {
+fn a_store_larger_than_one_write_transaction_reads_back() {
     use keel_proto::mvccpb::KeyValue;
     use prost::Message;
     let dir = tempfile::tempdir().unwrap();
-    let n: i64 = 96 * 1024;
-    let base = rss_anon_kib();
-    let mut peak = base;
+    let n: i64 = 20 * 1024;
+    assert!(n as usize * 1024 > super::super::writer::BATCH_BYTES);
     let records = (0..n).map(|i| {
-        if i % 4096 == 0 {
-            peak = peak.max(rss_anon_kib());
-        }
         let kv = KeyValue {
             key: format!("key/{i:08}").into_bytes(),
             create_revision: i + 2,
@@ -335,13 +324,7 @@ fn writing_a_large_store_keeps_memory_bounded() {
     let mut w = DbWriter::create(dir.path().join("db")).unwrap();
     assert_eq!(w.put_records(records).unwrap(), n as u64);
     let written = w.finish(&Default::default()).unwrap();
-    assert!(written.size > 100 << 20, "{}", written.size);
-    let grown_mib = (peak - base) / 1024;
-    eprintln!(
-        "wrote {} MiB, anonymous memory grew {grown_mib} MiB",
-        written.size >> 20
-    );
-    assert!(grown_mib < 64, "memory grew {grown_mib} MiB while writing");
+    assert!(written.size > 20 << 20, "{}", written.size);
     let db = EtcdDb::open(&written.path, HashCheck::Skip).unwrap();
     assert_eq!(db.status().unwrap().revision, n + 1);
 }
