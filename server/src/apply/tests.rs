@@ -9,6 +9,7 @@ use openraft::{CommittedLeaderId, EntryPayload};
 use super::Applier;
 use crate::membership::Attributes;
 use crate::mvcc::MvccStore;
+use crate::mvcc::test_support::temp_tree;
 use crate::raft::types::{Entry, LogId, Request};
 
 fn log_id(index: u64) -> LogId {
@@ -77,8 +78,7 @@ fn replay_after_losing_unflushed_batches_applies_each_entry_once() {
     }
 
     // The "crashed" member durably holds entries 1..=6 only.
-    let db = sled::Config::new().temporary(true).open().unwrap();
-    let tree = db.open_tree("t").unwrap();
+    let tree = temp_tree();
     {
         let mut a = open(&tree);
         for i in 1..=6 {
@@ -103,8 +103,7 @@ fn replay_after_losing_unflushed_batches_applies_each_entry_once() {
 /// consistent index and writes nothing else.
 #[test]
 fn failed_request_advances_consistent_index_only() {
-    let db = sled::Config::new().temporary(true).open().unwrap();
-    let mut a = open(&db.open_tree("t").unwrap());
+    let mut a = open(&temp_tree());
     a.apply(&put(1)).unwrap();
     let before = fingerprint(&a);
     let compact = Entry {
@@ -167,8 +166,7 @@ fn batch_entry(index: u64, requests: Vec<RaftRequest>) -> Entry {
 /// Every request of a batch entry gets its own revision and response, in order.
 #[test]
 fn batch_entry_applies_each_request_at_its_own_revision() {
-    let db = sled::Config::new().temporary(true).open().unwrap();
-    let mut a = open(&db.open_tree("t").unwrap());
+    let mut a = open(&temp_tree());
     let resp = a.apply(&batch(1, 3)).unwrap();
     let Some(keel_proto::keelpb::raft_response::Response::Batch(b)) = resp.0.response else {
         panic!("batch response expected");
@@ -183,8 +181,7 @@ fn batch_entry_applies_each_request_at_its_own_revision() {
 #[test]
 fn crash_inside_a_batch_entry_loses_the_entry_and_replay_applies_it_once() {
     let reference = put_then_batch_of_five();
-    let db = sled::Config::new().temporary(true).open().unwrap();
-    let tree = db.open_tree("t").unwrap();
+    let tree = temp_tree();
     {
         // The first two requests of entry 2 are staged, then the member dies.
         let a = put_then_first_two_of_entry_2(&tree, false);
@@ -214,8 +211,7 @@ fn crash_inside_a_batch_entry_loses_the_entry_and_replay_applies_it_once() {
 #[test]
 fn partial_index_from_per_request_commits_resumes_at_the_first_unapplied_request() {
     let reference = put_then_batch_of_five();
-    let db = sled::Config::new().temporary(true).open().unwrap();
-    let tree = db.open_tree("t").unwrap();
+    let tree = temp_tree();
     put_then_first_two_of_entry_2(&tree, true); // the old per-request commits
     let mut a = open(&tree);
     assert_eq!(a.last_applied(), Some(log_id(1)));
@@ -231,8 +227,7 @@ fn partial_index_from_per_request_commits_resumes_at_the_first_unapplied_request
 
 /// A store that applied `put(1)` and then `batch(2, 5)` without interruption.
 fn put_then_batch_of_five() -> Applier {
-    let db = sled::Config::new().temporary(true).open().unwrap();
-    let mut a = open(&db.open_tree("t").unwrap());
+    let mut a = open(&temp_tree());
     a.apply(&put(1)).unwrap();
     a.apply(&batch(2, 5)).unwrap();
     a
@@ -377,8 +372,7 @@ mod invariants {
     #[test]
     #[should_panic(expected = "where the store applied")]
     fn a_replay_at_the_applied_index_must_be_the_applied_entry() {
-        let db = sled::Config::new().temporary(true).open().unwrap();
-        let mut a = open(&db.open_tree("t").unwrap());
+        let mut a = open(&temp_tree());
         a.apply(&put(1)).unwrap();
         let mut other_term = put(1);
         other_term.log_id = openraft::LogId::new(CommittedLeaderId::new(2, 1), 1);
@@ -388,8 +382,7 @@ mod invariants {
     #[test]
     #[should_panic(expected = "requests of")]
     fn a_partly_applied_entry_is_finished_before_the_next() {
-        let db = sled::Config::new().temporary(true).open().unwrap();
-        let tree = db.open_tree("t").unwrap();
+        let tree = temp_tree();
         put_then_first_two_of_entry_2(&tree, true);
         let mut a = open(&tree);
         let _ = a.apply(&put(3));
@@ -398,8 +391,7 @@ mod invariants {
     #[test]
     #[should_panic(expected = "would move from")]
     fn the_consistent_index_never_moves_back() {
-        let db = sled::Config::new().temporary(true).open().unwrap();
-        let mut a = open(&db.open_tree("t").unwrap());
+        let mut a = open(&temp_tree());
         a.apply(&put(1)).unwrap();
         a.apply(&put(2)).unwrap();
         let back = crate::cindex::ConsistentIndex {
@@ -414,8 +406,7 @@ mod invariants {
     fn every_key_apply_writes_is_in_the_schema() {
         use keel_proto::etcdserverpb::{CompactionRequest, DeleteRangeRequest, LeaseGrantRequest};
         use keel_proto::keelpb::MemberAttributes;
-        let db = sled::Config::new().temporary(true).open().unwrap();
-        let tree = db.open_tree("t").unwrap();
+        let tree = temp_tree();
         let mut a = open(&tree);
         let normal = |index: u64, request: raft_request::Request| Entry {
             log_id: log_id(index),

@@ -33,7 +33,7 @@ mod txn;
 mod write_txn;
 
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 /// Scenario tests: the goldenscripts in `testscripts/` (docs/testing.md), and the runner
 /// frame and etcd request vocabulary the lease, watch and raft runners share.
 #[cfg(test)]
