@@ -24,6 +24,7 @@ use crate::lease::runner::{self, RunnerConfig};
 use crate::lease::{Lessor, id::LeaseIdGenerator};
 use crate::membership::Attributes;
 use crate::mvcc::{MvccStore, SharedStore};
+use crate::qos::{Admission, LoadGauge, RuleChange, RuleSet};
 use crate::raft::dial_override;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, into_result};
@@ -61,6 +62,9 @@ pub struct Node {
     pub watch: Arc<WatchHub>,
     /// Peer connections, the read path, leadership transfer and membership changes.
     pub cluster: Arc<Cluster>,
+    /// QoS admission (issue 17): the replicated rules in force, their buckets and counters
+    /// (`Admission::stats`), and overload protection fed by raft's commit and apply indexes.
+    pub qos: Arc<Admission>,
     backend: Backend,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
@@ -75,6 +79,13 @@ impl Node {
     /// Errors: unusable data dir, corrupt WAL or store, or flags that do not describe this
     /// member (its name or peer URLs missing from `--initial-cluster`).
     pub async fn start(config: Config) -> anyhow::Result<Arc<Node>> {
+        // A malformed rule file stops the member before it touches its data dir.
+        let qos_file = config.qos_file_rules()?;
+        let qos = Arc::new(Admission::new(
+            RuleSet::empty(),
+            config.qos_thresholds()?,
+            Arc::new(LoadGauge::default()),
+        ));
         let member_dir = config.data_dir().join("member");
         let (wal_dir, snap_dir, db_dir) = (
             member_dir.join("wal"),
@@ -126,6 +137,7 @@ impl Node {
             .spawn_sync_thread()
             .context("cannot start the watch sync thread")?;
         applier.set_watch_hub(watch.clone());
+        applier.set_admission(qos.clone());
         let sm = StateMachine::new(applier, snap_dir);
 
         let timers = config.raft_timers();
@@ -143,7 +155,9 @@ impl Node {
         }
         .validate()?;
         let network = PeerNetwork::new(peers.clone());
-        let raft = Raft::new(id, Arc::new(raft_config), network, LogStore::new(wal), sm).await?;
+        let load = qos.load().clone();
+        let log_store = LogStore::with_commit_hook(wal, Arc::new(move |i| load.set_committed(i)));
+        let raft = Raft::new(id, Arc::new(raft_config), network, log_store, sm).await?;
 
         if !raft.is_initialized().await? {
             // `existing`: the leader replicates the log (or a snapshot) to this member.
@@ -184,6 +198,7 @@ impl Node {
             lease_ids: LeaseIdGenerator::new(id),
             watch,
             cluster,
+            qos,
             db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
             backend,
             next_request_id: AtomicU64::new(1),
@@ -200,6 +215,9 @@ impl Node {
             })
         })));
         node.clone().spawn_publish();
+        if let Some(rules) = qos_file {
+            node.clone().spawn_qos_config(rules);
+        }
         tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node.cluster)));
         node.clone().spawn_db_size_refresh();
         tokio::spawn(runner::run(
@@ -239,6 +257,59 @@ impl Node {
         });
     }
 
+    /// Puts the rules of `--qos-config` in force through raft, once a leader exists and this
+    /// member caught up (a read barrier), unless the replicated rules are already the same.
+    fn spawn_qos_config(self: Arc<Self>, rules: Vec<crate::qos::Rule>) {
+        tokio::spawn(async move {
+            for _ in 0..600 {
+                if self.read_barrier().await.is_ok() {
+                    if self.qos.rules().rules() == rules.as_slice() {
+                        return;
+                    }
+                    let change = RuleChange::Replace {
+                        rules: rules.clone(),
+                    };
+                    match self.propose_qos(&change).await {
+                        Ok(version) => {
+                            tracing::info!(version, "qos rules of --qos-config in force");
+                            return;
+                        }
+                        Err(e) => tracing::debug!("proposing the --qos-config rules: {e}"),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tracing::warn!("could not put the --qos-config rules in force");
+        });
+    }
+
+    /// Proposes a QoS rule change and returns the rule set's version after it applied.
+    /// The change is checked against the rules in force first, so a malformed rule is
+    /// answered at once without a raft round; apply checks again (the rules may change in
+    /// between) and refuses with the same kind of error on every member.
+    ///
+    /// Errors: `InvalidArgument` naming the field (`rule.rate: must be > 0`); those of
+    /// [`Node::propose`].
+    pub async fn propose_qos(&self, change: &RuleChange) -> Result<u64, EtcdError> {
+        self.qos
+            .rules()
+            .apply(change)
+            .map_err(|e| EtcdError::InvalidArgument(e.to_string()))?;
+        let resp = self
+            .propose(raft_request::Request::QosRuleChange(
+                keelpb::QosRuleChange {
+                    change: change.encode(),
+                },
+            ))
+            .await?;
+        match resp.response {
+            Some(keelpb::raft_response::Response::QosRuleChange(r)) => Ok(r.version),
+            _ => Err(EtcdError::Internal(
+                "keel: apply returned an unexpected response type".into(),
+            )),
+        }
+    }
+
     /// Proposes a client request through the raft log and waits until it is applied here.
     /// Concurrent requests are batched into one log entry ([`Proposer`]).
     ///
@@ -253,11 +324,9 @@ impl Node {
         if req.encoded_len() > self.config.max_request_bytes as usize {
             return Err(EtcdError::RequestTooLarge);
         }
-        self.proposer
-            .get()
-            .ok_or(EtcdError::Stopped)?
-            .propose(req)
-            .await
+        let proposer = self.proposer.get().ok_or(EtcdError::Stopped)?;
+        self.qos.load().set_queued(proposer.queued());
+        proposer.propose(req).await
     }
 
     /// Proposes one log entry as is (a request or a batch), forwarding it to the leader when

@@ -14,9 +14,10 @@ use keel_proto::etcdserverpb::{
 use keel_proto::keelpb::{raft_request::Request as Rq, raft_response::Response as Rs};
 use tonic::{Request, Response, Status};
 
-use super::kv_validate;
+use super::{admit, kv_validate};
 use crate::error::EtcdError;
 use crate::node::Node;
+use crate::qos::Method;
 
 /// KV service of one member.
 pub struct KvService {
@@ -49,8 +50,10 @@ impl Kv for KvService {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
+        let user = admit::user(&request);
         let req = request.into_inner();
         kv_validate::check_range(&req)?;
+        let _permit = admit::range(&self.node, &req, user.as_deref())?;
         // The `linearizable_read_stale` failpoint skips ReadIndex: a deliberately broken
         // member that serves linearizable reads from its local state (chaos --inject).
         if !req.serializable && !crate::failpoint::hit("linearizable_read_stale") {
@@ -67,8 +70,10 @@ impl Kv for KvService {
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let user = admit::user(&request);
         let req = request.into_inner();
         kv_validate::check_put(&req)?;
+        let _permit = admit::put(&self.node, &req, user.as_deref())?;
         self.node.check_quota()?;
         match self.write(Rq::Put(req)).await? {
             (rev, Some(Rs::Put(mut r))) => {
@@ -83,8 +88,10 @@ impl Kv for KvService {
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let user = admit::user(&request);
         let req = request.into_inner();
         kv_validate::check_delete_range(&req)?;
+        let _permit = admit::delete_range(&self.node, &req, user.as_deref())?;
         match self.write(Rq::DeleteRange(req)).await? {
             (rev, Some(Rs::DeleteRange(mut r))) => {
                 r.header = Some(self.node.header(rev));
@@ -95,8 +102,10 @@ impl Kv for KvService {
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let user = admit::user(&request);
         let req = request.into_inner();
         kv_validate::check_txn(&req, self.node.config.max_txn_ops as usize)?;
+        let _permit = admit::txn(&self.node, &req, user.as_deref())?;
         if txn_has_put(&req) {
             self.node.check_quota()?;
         }
@@ -114,8 +123,10 @@ impl Kv for KvService {
         &self,
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
+        let user = admit::user(&request);
         let req = request.into_inner();
         kv_validate::check_compaction(&req)?;
+        let _permit = admit::keyless(&self.node, Method::Compact, user.as_deref())?;
         let (physical, revision) = (req.physical, req.revision);
         match self.write(Rq::Compaction(req)).await? {
             (rev, Some(Rs::Compaction(mut r))) => {

@@ -26,10 +26,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::lease_leader;
+use super::{admit, lease_leader};
 use crate::error::EtcdError;
 use crate::lease::{MAX_LEASE_TTL, NO_LEASE, min_lease_ttl};
 use crate::node::Node;
+use crate::qos::{Method, RequestInfo};
 
 /// How many generated IDs a grant tries before giving up on `lease already exists` (a
 /// generated ID collides only with a client-chosen one).
@@ -80,7 +81,9 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
+        let user = admit::user(&request);
         let req = request.into_inner();
+        let _permit = admit::keyless(&self.node, Method::LeaseGrant, user.as_deref())?;
         let ttl = grant_ttl(&self.node, req.ttl)?;
         let chosen = req.id != NO_LEASE;
         let mut attempt = 0;
@@ -113,7 +116,9 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        let user = admit::user(&request);
         let req = request.into_inner();
+        let _permit = admit::keyless(&self.node, Method::LeaseRevoke, user.as_deref())?;
         let resp = self.node.propose(Rq::LeaseRevoke(req)).await?;
         let Some(Rs::LeaseRevoke(mut r)) = resp.response else {
             return Err(unexpected());
@@ -126,6 +131,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
+        let user = admit::user(&request);
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_BUFFER);
         let node = self.node.clone();
@@ -140,7 +146,11 @@ impl Lease for LeaseService {
             let replies = requests
                 .map(|req| {
                     let node = node.clone();
+                    // Each keep-alive is admitted on its own (high priority by default).
+                    let info = RequestInfo::new(Method::LeaseKeepAlive).user(user.as_deref());
+                    let permit = node.qos.admit(&info).map_err(EtcdError::from);
                     async move {
+                        let _permit = permit?;
                         // The header is taken before renewing, so a client never sees a
                         // keepalive at a revision after the lease's revocation (as etcd).
                         let header = node.header(node.store.get().current_revision());
@@ -169,7 +179,9 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let user = admit::user(&request);
         let req = request.into_inner();
+        let _permit = admit::keyless(&self.node, Method::LeaseTimeToLive, user.as_deref())?;
         let mut resp = lease_leader::time_to_live(&self.node, &req).await?;
         resp.header = Some(self.header_now());
         Ok(Response::new(resp))
@@ -178,8 +190,10 @@ impl Lease for LeaseService {
     /// The leases this member has applied, like etcd (`lessor.Leases`, no read barrier).
     async fn lease_leases(
         &self,
-        _request: Request<LeaseLeasesRequest>,
+        request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        let user = admit::user(&request);
+        let _permit = admit::keyless(&self.node, Method::LeaseLeases, user.as_deref())?;
         let leases = self
             .node
             .lessor

@@ -6,6 +6,7 @@
 //! `--max-request-bytes` (etcd's `ErrRequestTooLarge`), so an oversized request gets a clear
 //! error and is never buffered without bound.
 
+mod admit;
 mod cluster;
 mod kv;
 pub mod kv_validate;
@@ -13,6 +14,7 @@ mod lease;
 mod lease_leader;
 mod maintenance;
 mod peer;
+mod qos;
 mod unimplemented;
 mod watch;
 
@@ -24,6 +26,7 @@ use keel_proto::etcdserverpb::{
     lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
 };
 use keel_proto::keelpb::peer_server::PeerServer;
+use keel_proto::keelpb::qos_server::QosServer;
 use keel_proto::v3electionpb::election_server::ElectionServer;
 use keel_proto::v3lockpb::lock_server::LockServer;
 use tokio::net::TcpListener;
@@ -35,6 +38,7 @@ pub use kv::KvService;
 pub use lease::LeaseService;
 pub use maintenance::MaintenanceService;
 pub use peer::PeerService;
+pub use qos::QosService;
 pub use watch::WatchService;
 
 use crate::config::GRPC_OVERHEAD_BYTES;
@@ -65,6 +69,7 @@ pub async fn serve_clients(
         .add_service(
             LeaseServer::new(LeaseService::new(node.clone())).max_decoding_message_size(max),
         )
+        .add_service(QosServer::new(QosService::new(node.clone())).max_decoding_message_size(max))
         .add_service(AuthServer::new(unimplemented::NotYet))
         .add_service(LockServer::new(unimplemented::NotYet))
         .add_service(ElectionServer::new(unimplemented::NotYet))

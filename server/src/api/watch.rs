@@ -12,11 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::{Stream, StreamExt};
+use keel_proto::etcdserverpb::watch_request::RequestUnion;
 use keel_proto::etcdserverpb::watch_server::Watch;
 use keel_proto::etcdserverpb::{WatchRequest, WatchResponse};
+use keel_proto::rpctypes::RpcError;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::node::Node;
+use crate::qos::{Admission, Method, RequestInfo};
 use crate::watch::WatchStream;
 use crate::watch::progress::jittered;
 
@@ -42,10 +45,14 @@ pub type WatchResponseStream =
     Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
 
 /// Reads requests until the client goes away; ticks progress notifications meanwhile.
+/// Each create request is admitted by QoS first; a refused one is answered like any create
+/// etcd refuses (created and canceled, reason `etcdserver: too many requests`).
 async fn serve_requests(
     mut session: WatchStream,
     mut inbound: Streaming<WatchRequest>,
     period: std::time::Duration,
+    qos: Arc<Admission>,
+    user: Option<String>,
 ) {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -53,7 +60,19 @@ async fn serve_requests(
     loop {
         tokio::select! {
             msg = inbound.message(), if open => match msg {
-                Ok(Some(request)) => session.handle(request),
+                Ok(Some(request)) => {
+                    if let Some(RequestUnion::CreateRequest(c)) = &request.request_union {
+                        let info = RequestInfo::new(Method::Watch)
+                            .keys(&c.key, &c.range_end)
+                            .user(user.as_deref());
+                        // A rate governs creates; the permit is not held for the watch's life.
+                        if qos.admit(&info).is_err() {
+                            session.reject(RpcError::TooManyRequests.message());
+                            continue;
+                        }
+                    }
+                    session.handle(request)
+                }
                 // Half-close: no more requests, but events keep flowing (etcd).
                 Ok(None) => open = false,
                 Err(status) => {
@@ -72,12 +91,14 @@ impl Watch for WatchService {
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<WatchResponseStream>, Status> {
+        let user = super::admit::user(&request);
         let inbound = request.into_inner();
         let hub = self.node.watch.clone();
         let seed = self.streams.fetch_add(1, Ordering::Relaxed);
         let period = jittered(hub.config().progress_interval, seed);
         let (session, mut output) = WatchStream::new(hub);
-        let task = tokio::spawn(serve_requests(session, inbound, period));
+        let qos = self.node.qos.clone();
+        let task = tokio::spawn(serve_requests(session, inbound, period, qos, user));
         let abort = task.abort_handle();
         output.on_drop(move || abort.abort());
         let node = self.node.clone();

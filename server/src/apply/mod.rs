@@ -42,10 +42,12 @@ use crate::lease::record::RecordError;
 use crate::lease::{ApplyOutcome, Lessor};
 use crate::membership::{Attributes, MembershipError};
 use crate::mvcc::{MvccError, MvccStore, SharedStore};
+use crate::qos::{Admission, RuleError, RuleSet};
 use crate::raft::state_machine::AppliedState;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
 use crate::watch::WatchHub;
 
+mod qos_rules;
 #[cfg(test)]
 mod tests;
 
@@ -72,6 +74,9 @@ pub enum ApplyError {
     /// The lease records are unreadable.
     #[error(transparent)]
     Lease(#[from] RecordError),
+    /// The stored QoS rule set does not decode.
+    #[error("qos rules: {0}")]
+    Qos(RuleError),
 }
 
 /// Applies committed entries to the store. Owned by the raft state machine: exactly one
@@ -88,6 +93,8 @@ pub struct Applier {
     /// Receives the events of every committed revision (watchers on this member), after
     /// their group is in sled (a watcher that catches up from the store must find them).
     watch: Option<Arc<WatchHub>>,
+    /// The QoS rules of the applied state (`qos_rule_change` entries).
+    qos: qos_rules::QosRules,
 }
 
 impl Applier {
@@ -115,6 +122,7 @@ impl Applier {
         lessor: Arc<Lessor>,
     ) -> Result<Applier, ApplyError> {
         let (ci, membership) = load(&tree, &store, &lessor)?;
+        let qos = qos_rules::QosRules::load(&tree)?;
         Ok(Applier {
             tree,
             shared: Arc::new(SharedStore::new(store.clone())),
@@ -124,7 +132,23 @@ impl Applier {
             ci,
             membership,
             watch: None,
+            qos,
         })
+    }
+
+    /// Puts the applied QoS rules in force in `admission`, now and after every rule change,
+    /// restart and snapshot install, and reports the applied index to its load gauge
+    /// (overload protection reads the apply lag there).
+    pub fn set_admission(&mut self, admission: Arc<Admission>) {
+        if let Some(a) = self.ci.applied {
+            admission.load().set_applied(a.index);
+        }
+        self.qos.set_admission(admission);
+    }
+
+    /// The QoS rules of the applied state.
+    pub fn qos_rules(&self) -> &RuleSet {
+        self.qos.rules()
     }
 
     /// The handle readers (API, watch catch-up) get the current store from; it follows a
@@ -176,6 +200,9 @@ impl Applier {
             self.ci
         );
         self.ci = next;
+        if let (Some(a), Some(applied)) = (self.qos.admission(), next.applied) {
+            a.load().set_applied(applied.index);
+        }
     }
 
     /// Applies one committed entry, writes it to sled and returns its result
@@ -325,6 +352,7 @@ impl Applier {
         let mut w = self.store.write();
         let lessor = self.lessor.clone();
         let mut lease_outcome: Option<ApplyOutcome> = None;
+        let mut qos_rules: Option<RuleSet> = None;
         let outcome: Result<Option<Rs>, EtcdError> = match req {
             Some(Rq::Put(r)) => lessor
                 .check_put(r)
@@ -348,6 +376,11 @@ impl Applier {
                 lease_outcome = Some(changed);
                 Some(resp)
             }),
+            Some(Rq::QosRuleChange(c)) => self.qos.stage(w.batch_mut(), &c.change).map(|next| {
+                let version = next.version();
+                qos_rules = Some(next);
+                Some(Rs::QosRuleChange(keelpb::QosRuleChangeResponse { version }))
+            }),
             Some(Rq::Batch(_)) => Err(EtcdError::Internal(
                 "keel: nested request batches are not allowed".into(),
             )),
@@ -359,6 +392,9 @@ impl Applier {
                 let committed = w.stage();
                 self.advance(next);
                 lessor.publish(lease_outcome, &committed.events);
+                if let Some(rules) = qos_rules {
+                    self.qos.publish(rules);
+                }
                 let revision = committed.revision;
                 if let Some(Rq::MemberAttributes(a)) = req {
                     self.attributes.publish(a.clone());
@@ -460,6 +496,10 @@ impl AppliedState for Applier {
         // A snapshot may move the applied state anywhere (usually ahead): not an advance.
         self.ci = ci;
         self.membership = membership;
+        self.qos.reload(&self.tree).map_err(io::Error::other)?;
+        if let (Some(a), Some(applied)) = (self.qos.admission(), ci.applied) {
+            a.load().set_applied(applied.index);
+        }
         self.store = store.clone();
         self.shared.set(store);
         if let Some(hub) = &self.watch {

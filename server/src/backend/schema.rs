@@ -31,6 +31,7 @@
 //! | `a/revision` | auth | the auth revision, u64 BE; absent = 1 |
 //! | `a/user/` + user name (UTF-8) | auth | prost `authpb.User` (bcrypt hash, sorted roles, options) |
 //! | `a/role/` + role name (UTF-8) | auth | prost `authpb.Role` (permissions sorted by key, then range end) |
+//! | `q/rules` | qos (staged by apply) | the QoS rule set, `qos::RuleSet::encode` (canonical JSON `{"format":1,"version":V,"rules":[...]}`); absent = no rules, version 0 |
 //!
 //! Keys of [`LOCAL_TREE`]:
 //!
@@ -83,6 +84,10 @@ pub const AUTH_USER_PREFIX: &[u8] = b"a/user/";
 /// Prefix of the role records (`a/role/` + role name).
 pub const AUTH_ROLE_PREFIX: &[u8] = b"a/role/";
 
+/// The replicated QoS rule set (`qos::RuleSet::encode`), written by apply with the
+/// consistent index of the rule change that made it.
+pub const QOS_RULES: &[u8] = b"q/rules";
+
 /// In [`LOCAL_TREE`]: this member's ID.
 pub const MEMBER_ID: &[u8] = b"member_id";
 
@@ -105,6 +110,8 @@ pub enum Owner {
     ClusterId,
     /// Auth: its flags, revision, users and roles.
     Auth,
+    /// The QoS rule set.
+    Qos,
 }
 
 /// Which part of the schema `key` (of [`MEMBER_TREE`]) belongs to; `None` for a key the
@@ -119,6 +126,7 @@ pub fn owner(key: &[u8]) -> Option<Owner> {
         k if k.starts_with(MEMBER_ATTRIBUTES_PREFIX) => Some(Owner::MemberAttributes),
         k if k == CLUSTER_ID => Some(Owner::ClusterId),
         [AUTH_PREFIX, ..] => Some(Owner::Auth),
+        k if k == QOS_RULES => Some(Owner::Qos),
         _ => None,
     }
 }
@@ -164,11 +172,12 @@ mod tests {
         );
         assert_eq!(AUTH_USER_PREFIX, b"a/user/");
         assert_eq!(AUTH_ROLE_PREFIX, b"a/role/");
+        assert_eq!(QOS_RULES, b"q/rules");
     }
 
     #[test]
     fn every_key_has_one_owner() {
-        let cases: [(&[u8], Option<Owner>); 13] = [
+        let cases: [(&[u8], Option<Owner>); 15] = [
             (
                 b"k\0\0\0\0\0\0\0\x02\0\0\0\0\0\0\0\0",
                 Some(Owner::MvccRecord),
@@ -184,6 +193,8 @@ mod tests {
             (b"c/other", None),
             (b"a/revision", Some(Owner::Auth)),
             (b"a/user/alice", Some(Owner::Auth)),
+            (b"q/rules", Some(Owner::Qos)),
+            (b"q/other", None),
             (b"", None),
         ];
         for (key, want) in cases {

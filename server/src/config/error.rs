@@ -44,6 +44,25 @@ pub enum ConfigError {
         /// The resolver's error.
         error: std::io::Error,
     },
+    /// `--qos-config` cannot be read.
+    #[error("cannot read --qos-config {}: {error}", path.display())]
+    QosRead {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        error: std::io::Error,
+    },
+    /// `--qos-config` is not a valid rule file; the error names the field.
+    #[error("invalid --qos-config {}: {error}", path.display())]
+    QosRules {
+        /// The file.
+        path: PathBuf,
+        /// The first problem, with its path (`rules[1].rate: must be > 0`).
+        error: crate::qos::RuleError,
+    },
+    /// The `--qos-*-apply-lag` flags are out of order.
+    #[error(transparent)]
+    QosThresholds(#[from] crate::qos::ThresholdError),
     /// A URL to listen on resolves to nothing.
     #[error("{url} resolves to no address")]
     NoAddress {

@@ -12,6 +12,7 @@
 pub mod auth_token;
 mod duration;
 mod error;
+mod qos;
 mod settings;
 
 use std::path::PathBuf;
@@ -114,6 +115,27 @@ pub struct Config {
     /// harness). Membership keeps the advertised URLs. See `raft::dial_override`.
     #[arg(long, default_value = "")]
     pub experimental_peer_dial_override: String,
+    /// Keel: QoS rule file (YAML, docs/qos.md). Parsed at start (a malformed file stops
+    /// the member with an error naming the field); its rules are proposed through raft
+    /// when they differ from the rules in force.
+    #[arg(long)]
+    pub qos_config: Option<PathBuf>,
+    /// Keel: apply lag (committed − applied raft entries) above which new proposals are
+    /// refused with `etcdserver: too many requests` (etcd's fixed 5000).
+    #[arg(long, default_value_t = 5_000)]
+    pub qos_max_apply_lag: u64,
+    /// Keel: apply lag above which high-priority proposals (lease revoke) are refused too
+    /// (etcd 3.7's 10000).
+    #[arg(long, default_value_t = 10_000)]
+    pub qos_max_priority_apply_lag: u64,
+    /// Keel: apply lag above which low-priority proposals (rules with `priority: low`) are
+    /// refused.
+    #[arg(long, default_value_t = 1_000)]
+    pub qos_low_apply_lag: u64,
+    /// Keel: requests waiting in the proposer above which low-priority proposals are
+    /// refused.
+    #[arg(long, default_value_t = 2_048)]
+    pub qos_low_queue_depth: u64,
     /// Logging level: debug, info, warn, error.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -160,6 +182,8 @@ impl Config {
                 .join(",");
         }
         dial_override::parse(&self.experimental_peer_dial_override)?;
+        self.qos_thresholds()?;
+        self.qos_file_rules()?;
         if self.election_timeout < 5 * self.heartbeat_interval {
             return Err(ConfigError::ElectionTimeout {
                 election: self.election_timeout,

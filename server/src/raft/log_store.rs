@@ -38,12 +38,29 @@ pub const META_PURGED: u8 = 3;
 #[derive(Clone)]
 pub struct LogStore {
     wal: Arc<Wal>,
+    on_commit: Option<CommitHook>,
 }
+
+/// Called with the committed log index each time openraft advances it (QoS overload
+/// protection reads the apply lag, committed − applied, from it; openraft 0.9's metrics do
+/// not carry the committed index).
+pub type CommitHook = Arc<dyn Fn(u64) + Send + Sync>;
 
 impl LogStore {
     /// Wraps an opened WAL.
     pub fn new(wal: Arc<Wal>) -> LogStore {
-        LogStore { wal }
+        LogStore {
+            wal,
+            on_commit: None,
+        }
+    }
+
+    /// Wraps an opened WAL and reports every committed index to `on_commit`.
+    pub fn with_commit_hook(wal: Arc<Wal>, on_commit: CommitHook) -> LogStore {
+        LogStore {
+            wal,
+            on_commit: Some(on_commit),
+        }
     }
 
     fn meta<T: serde::de::DeserializeOwned>(&self, key: u8) -> Result<Option<T>, StorageError> {
@@ -160,6 +177,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.wal
             .set_meta(META_COMMITTED, &bytes)
             .map_err(|e| StorageIOError::write_logs(&e))?;
+        if let (Some(hook), Some(c)) = (&self.on_commit, committed) {
+            hook(c.index);
+        }
         Ok(())
     }
 

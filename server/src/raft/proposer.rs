@@ -75,6 +75,11 @@ impl Proposer {
             .map_err(|_| EtcdError::Stopped)?;
         rx.await.unwrap_or(Err(EtcdError::Stopped))
     }
+
+    /// Requests queued and not yet taken into a batch (QoS overload protection reads it).
+    pub fn queued(&self) -> u64 {
+        (self.tx.max_capacity() - self.tx.capacity()) as u64
+    }
 }
 
 async fn run(mut rx: mpsc::Receiver<Pending>, propose: ProposeFn) {

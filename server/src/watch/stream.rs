@@ -106,7 +106,7 @@ impl WatchStream {
 
     /// etcd's answer to a create it refuses: `created` and `canceled`, watch ID -1, the
     /// reason, header revision = the current revision.
-    fn reject(&self, reason: &str) {
+    pub fn reject(&self, reason: &str) {
         let mut resp = bare_response(INVALID_WATCH_ID, self.hub.current_revision());
         resp.created = true;
         resp.canceled = true;
