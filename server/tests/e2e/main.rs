@@ -17,6 +17,7 @@ mod etcdctl;
 mod lease_etcdctl;
 mod lease_leader_kill;
 mod peer_dial_override;
+mod qos;
 mod shutdown;
 mod startup;
 mod watch;
