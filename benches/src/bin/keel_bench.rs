@@ -66,6 +66,7 @@ async fn run(cli: Cli) -> Result<Summary, ClientError> {
             g.sequential_keys,
             i as u64 * g.key_space_size / clients as u64,
         )
+        .with_prefix(g.key_prefix.as_bytes())
     };
     let kv = |request: KvRequest| -> Vec<KvWorker> {
         (0..clients)

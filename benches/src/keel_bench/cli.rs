@@ -51,6 +51,11 @@ pub struct Global {
     /// Value size in bytes (etcd `--val-size`).
     #[arg(long, global = true, default_value_t = 8)]
     pub val_size: usize,
+    /// Keel: a prefix put in front of every key of the put, range and txn workloads (e.g.
+    /// `/noisy/`, to aim a run at a QoS rule's key prefix); `--key-size` counts the bytes
+    /// after it.
+    #[arg(long, global = true, default_value = "")]
+    pub key_prefix: String,
     /// Number of distinct keys (etcd `--key-space-size`).
     #[arg(long, global = true, default_value_t = 1)]
     pub key_space_size: u64,

@@ -1,7 +1,8 @@
 //! Keys and values as etcd's `benchmark` tool makes them (etcd `tools/benchmark/cmd/put.go`):
 //! the key is a random number below `--key-space-size`, Go-`binary.PutVarint`-encoded into
 //! the front of a `--key-size`-byte zero buffer; the value is `--val-size` random bytes, drawn
-//! once per worker.
+//! once per worker. `--key-prefix P` (Keel) puts `P` in front of every key, so a run can be
+//! aimed at one key range (e.g. a QoS rule's `key_prefix`).
 
 use rand::Rng;
 
@@ -12,6 +13,7 @@ pub struct KeyGen {
     key_space: u64,
     sequential: bool,
     next: u64,
+    prefix: Vec<u8>,
 }
 
 impl KeyGen {
@@ -26,7 +28,15 @@ impl KeyGen {
             key_space: key_space.max(1),
             sequential,
             next: start,
+            prefix: Vec::new(),
         }
+    }
+
+    /// The same keys with `prefix` in front of each (`--key-prefix`); the key size counts
+    /// the bytes after the prefix.
+    pub fn with_prefix(mut self, prefix: &[u8]) -> KeyGen {
+        self.prefix = prefix.to_vec();
+        self
     }
 
     /// The next key.
@@ -38,7 +48,12 @@ impl KeyGen {
         } else {
             rng.gen_range(0..self.key_space)
         };
-        encode_key(n, self.key_size)
+        if self.prefix.is_empty() {
+            return encode_key(n, self.key_size);
+        }
+        let mut key = self.prefix.clone();
+        key.extend_from_slice(&encode_key(n, self.key_size));
+        key
     }
 }
 
@@ -98,5 +113,7 @@ mod tests {
         assert_eq!(s.key(&mut rng), encode_key(1, 8));
         assert_eq!(s.key(&mut rng), encode_key(0, 8));
         assert_eq!(random_value(256, &mut rng).len(), 256);
+        let mut p = KeyGen::new(2, 1, true, 0).with_prefix(b"/noisy/");
+        assert_eq!(p.key(&mut rng), b"/noisy/\0\0");
     }
 }

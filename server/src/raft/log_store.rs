@@ -293,6 +293,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_commit_hook_hears_every_committed_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(dir.path(), crate::wal::WalOptions::default()).unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let hook = seen.clone();
+        let mut s = LogStore::with_commit_hook(
+            Arc::new(wal),
+            Arc::new(move |i| hook.lock().unwrap().push(i)),
+        );
+        append(&s, (1..=5).map(|i| blank(1, i)).collect());
+        s.save_committed(Some(log_id(1, 3))).await.unwrap();
+        s.save_committed(Some(log_id(1, 5))).await.unwrap();
+        assert_eq!(*seen.lock().unwrap(), [3, 5]);
+    }
+
+    #[tokio::test]
     async fn truncating_uncommitted_entries_is_allowed() {
         let (_dir, mut s) = store();
         append(&s, (1..=5).map(|i| blank(1, i)).collect());
