@@ -242,3 +242,43 @@ fn a_malformed_rule_file_stops_the_member_naming_the_field() {
     );
     assert!(!data.exists(), "no data dir after a refused start");
 }
+
+#[test]
+fn a_member_that_installs_a_snapshot_gets_the_rules_in_it() {
+    // Small snapshots and a short log tail, so a member that was down catches up from a
+    // snapshot rather than from the log.
+    let (_alone, mut cluster) = cluster(
+        3,
+        &[
+            "--snapshot-count",
+            "20",
+            "--experimental-snapshot-catchup-entries",
+            "5",
+        ],
+    );
+    let endpoints: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
+    cluster.members[2].terminate();
+    let rt = grpc::runtime();
+    rt.block_on(async {
+        let mut admin = qos_client(&endpoints[0]).await;
+        admin
+            .rule_add(QosRuleAddRequest {
+                rule: "{name: snap, rate: 1, burst: 1, match: {key_prefix: /s/}}".into(),
+                before: String::new(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(burst(&endpoints[0], "/filler/", 200).await, (200, 0));
+    });
+    cluster.members[2].restart();
+    rt.block_on(async {
+        let text = wait_version(&endpoints[2], 1).await;
+        assert!(text.contains("name: snap"), "{text}");
+        assert_eq!(burst(&endpoints[2], "/s/", 3).await, (1, 2));
+    });
+    let log = std::fs::read_to_string(cluster.members[2].log_path()).unwrap();
+    assert!(
+        log.contains("installed a snapshot"),
+        "the member caught up from the log, not a snapshot"
+    );
+}
