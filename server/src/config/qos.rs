@@ -53,8 +53,10 @@ mod tests {
             "rules:\n  - {name: a, rate: 5}\n  - {name: b, rate: 0}\n",
         )
         .unwrap();
-        let mut cfg = Config::default();
-        cfg.qos_config = Some(path.clone());
+        let mut cfg = Config {
+            qos_config: Some(path.clone()),
+            ..Config::default()
+        };
         let e = cfg.normalize().unwrap_err().to_string();
         assert_eq!(
             e,

@@ -229,7 +229,7 @@ fn a_malformed_rule_file_stops_the_member_naming_the_field() {
         .client_url(&loopback_url(free_port()))
         .peer_url(&peer)
         .initial_cluster(&initial_cluster([("default", &peer)]))
-        .args(&["--qos-config", rules.to_str().unwrap()]);
+        .args(["--qos-config", rules.to_str().unwrap()]);
     let out = run_bounded(&mut spec.command(&keel_bin()), "", Duration::from_secs(20));
     assert_ne!(out.code, Some(0), "{}", out.dump());
     assert!(
