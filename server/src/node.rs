@@ -15,6 +15,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 
 use crate::apply::Applier;
+use crate::auth::{AuthInfo, AuthState, TokenProvider};
 use crate::backend::Backend;
 use crate::cluster::bootstrap::{self, Identity};
 use crate::cluster::{Cluster, timing};
@@ -61,6 +62,8 @@ pub struct Node {
     pub watch: Arc<WatchHub>,
     /// Peer connections, the read path, leadership transfer and membership changes.
     pub cluster: Arc<Cluster>,
+    /// Users, roles, permissions and tokens, as applied (docs/auth.md).
+    pub auth: Arc<AuthState>,
     backend: Backend,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
@@ -117,6 +120,12 @@ impl Node {
             lessor.clone(),
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+        applier.set_token_provider(
+            config
+                .token_provider()
+                .map_err(|e| anyhow::anyhow!("--auth-token: {e}"))?,
+        );
+        let auth = applier.auth().clone();
         let shared: Arc<SharedStore> = applier.shared_store().clone();
         let watch = WatchHub::new(
             Arc::new(StoreHistory(shared.clone())),
@@ -184,6 +193,7 @@ impl Node {
             lease_ids: LeaseIdGenerator::new(id),
             watch,
             cluster,
+            auth,
             db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
             backend,
             next_request_id: AtomicU64::new(1),
@@ -202,6 +212,7 @@ impl Node {
         node.clone().spawn_publish();
         tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node.cluster)));
         node.clone().spawn_db_size_refresh();
+        node.spawn_token_sweep();
         tokio::spawn(runner::run(
             node.lessor.clone(),
             Arc::new(NodeProposer(Arc::downgrade(&node))),
@@ -239,14 +250,41 @@ impl Node {
         });
     }
 
-    /// Proposes a client request through the raft log and waits until it is applied here.
-    /// Concurrent requests are batched into one log entry ([`Proposer`]).
+    /// Proposes a request the server issues itself (no auth header: it applies with root
+    /// authority, etcd #11689) through the raft log and waits until it is applied here.
+    /// Concurrent requests are batched into one log entry ([`Proposer`]). Client requests go
+    /// through [`Node::propose_as`].
     ///
     /// Errors: `RequestTooLarge` if the encoded request exceeds `--max-request-bytes`;
     /// `NoLeader`/`Timeout` if no leader emerges within the request timeout; `Stopped` when
     /// the member shuts down; apply-time etcd errors from the response.
     pub async fn propose(&self, request: raft_request::Request) -> Result<RaftResponse, EtcdError> {
+        self.propose_with_header(None, request).await
+    }
+
+    /// Proposes a client request made as `ai` (stamped into the entry's auth header, which
+    /// apply checks permissions with); otherwise as [`Node::propose`].
+    ///
+    /// Errors: as [`Node::propose`], and the apply-time permission errors.
+    pub async fn propose_as(
+        &self,
+        ai: &AuthInfo,
+        request: raft_request::Request,
+    ) -> Result<RaftResponse, EtcdError> {
+        let header = keelpb::AuthHeader {
+            username: ai.username.clone(),
+            auth_revision: ai.revision,
+        };
+        self.propose_with_header(Some(header), request).await
+    }
+
+    async fn propose_with_header(
+        &self,
+        auth_header: Option<keelpb::AuthHeader>,
+        request: raft_request::Request,
+    ) -> Result<RaftResponse, EtcdError> {
         let req = RaftRequest {
+            auth_header,
             id: self.next_request_id.fetch_add(1, Ordering::Relaxed),
             request: Some(request),
         };
@@ -444,6 +482,22 @@ impl Node {
         } else {
             Ok(())
         }
+    }
+
+    /// Drops expired simple tokens about once a second (etcd's 1 s ticker); lookups also
+    /// refuse expired tokens, so this only bounds memory.
+    fn spawn_token_sweep(&self) {
+        let auth = Arc::downgrade(&self.auth);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(auth) = auth.upgrade() else { return };
+                if let TokenProvider::Simple(t) = auth.tokens() {
+                    t.sweep(std::time::Instant::now());
+                }
+            }
+        });
     }
 
     fn spawn_db_size_refresh(self: Arc<Self>) {

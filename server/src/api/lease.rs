@@ -26,7 +26,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::credentials::{RequestIdentity, auth_info};
 use super::lease_leader;
+use crate::auth::check;
 use crate::error::EtcdError;
 use crate::lease::{MAX_LEASE_TTL, NO_LEASE, min_lease_ttl};
 use crate::node::Node;
@@ -80,6 +82,8 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
+        // Credentials are checked at apply (etcd `requireAuthInfo`).
+        let ai = auth_info(&self.node, &request).await?;
         let req = request.into_inner();
         let ttl = grant_ttl(&self.node, req.ttl)?;
         let chosen = req.id != NO_LEASE;
@@ -93,7 +97,7 @@ impl Lease for LeaseService {
             };
             match self
                 .node
-                .propose(Rq::LeaseGrant(LeaseGrantRequest { ttl, id }))
+                .propose_as(&ai, Rq::LeaseGrant(LeaseGrantRequest { ttl, id }))
                 .await
             {
                 Ok(resp) => {
@@ -113,8 +117,10 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        // WRITE on every attached key (or root), checked at apply from the log.
+        let ai = auth_info(&self.node, &request).await?;
         let req = request.into_inner();
-        let resp = self.node.propose(Rq::LeaseRevoke(req)).await?;
+        let resp = self.node.propose_as(&ai, Rq::LeaseRevoke(req)).await?;
         let Some(Rs::LeaseRevoke(mut r)) = resp.response else {
             return Err(unexpected());
         };
@@ -126,6 +132,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
+        let identity = RequestIdentity::of(&request)?;
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_BUFFER);
         let node = self.node.clone();
@@ -140,7 +147,14 @@ impl Lease for LeaseService {
             let replies = requests
                 .map(|req| {
                     let node = node.clone();
+                    let identity = identity.clone();
                     async move {
+                        // etcd `checkLeaseRenew`: root, or WRITE on every attached key.
+                        let ai = identity.resolve(&node).await?;
+                        check::lease_keep_alive(&node.auth.read(), &ai, req.id, &|id| {
+                            node.lessor.info(id, true).map(|i| i.keys)
+                        })
+                        .map_err(EtcdError::from)?;
                         // The header is taken before renewing, so a client never sees a
                         // keepalive at a revision after the lease's revocation (as etcd).
                         let header = node.header(node.store.get().current_revision());
@@ -169,7 +183,11 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let ai = auth_info(&self.node, &request).await?;
         let req = request.into_inner();
+        check::lease_time_to_live(&self.node.auth.read(), &ai, &req, &|id| {
+            self.node.lessor.info(id, true).map(|i| i.keys)
+        })?;
         let mut resp = lease_leader::time_to_live(&self.node, &req).await?;
         resp.header = Some(self.header_now());
         Ok(Response::new(resp))
@@ -178,15 +196,20 @@ impl Lease for LeaseService {
     /// The leases this member has applied, like etcd (`lessor.Leases`, no read barrier).
     async fn lease_leases(
         &self,
-        _request: Request<LeaseLeasesRequest>,
+        request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        let leases = self
-            .node
-            .lessor
-            .ids()
-            .into_iter()
-            .map(|id| LeaseStatus { id })
-            .collect();
+        let ai = auth_info(&self.node, &request).await?;
+        let ids = self.node.lessor.ids();
+        let auth = self.node.auth.read();
+        if auth.is_enabled() {
+            let keys = ids
+                .iter()
+                .filter_map(|&id| self.node.lessor.info(id, true))
+                .flat_map(|i| i.keys);
+            check::lease_leases(&auth, &ai, keys)?;
+        }
+        drop(auth);
+        let leases = ids.into_iter().map(|id| LeaseStatus { id }).collect();
         Ok(Response::new(LeaseLeasesResponse {
             header: Some(self.header_now()),
             leases,

@@ -12,10 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::{Stream, StreamExt};
+use keel_proto::etcdserverpb::watch_request::RequestUnion;
 use keel_proto::etcdserverpb::watch_server::Watch;
 use keel_proto::etcdserverpb::{WatchRequest, WatchResponse};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::credentials::RequestIdentity;
+use crate::auth::check;
+use crate::error::EtcdError;
 use crate::node::Node;
 use crate::watch::WatchStream;
 use crate::watch::progress::jittered;
@@ -41,8 +45,29 @@ impl WatchService {
 pub type WatchResponseStream =
     Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
 
+/// Whether the caller may create the watch in `request` (READ on its range, etcd
+/// `isWatchPermitted`, judged for each create with the stream's identity); `Err` holds the
+/// reason a refused create is canceled with.
+async fn may_create(
+    node: &Node,
+    identity: &RequestIdentity,
+    request: &WatchRequest,
+) -> Result<(), EtcdError> {
+    let Some(RequestUnion::CreateRequest(create)) = &request.request_union else {
+        return Ok(());
+    };
+    if !node.auth.is_enabled() {
+        return Ok(());
+    }
+    let ai = identity.resolve(node).await?;
+    check::watch_create(&node.auth.read(), &ai, create)?;
+    Ok(())
+}
+
 /// Reads requests until the client goes away; ticks progress notifications meanwhile.
 async fn serve_requests(
+    node: Arc<Node>,
+    identity: RequestIdentity,
     mut session: WatchStream,
     mut inbound: Streaming<WatchRequest>,
     period: std::time::Duration,
@@ -53,7 +78,11 @@ async fn serve_requests(
     loop {
         tokio::select! {
             msg = inbound.message(), if open => match msg {
-                Ok(Some(request)) => session.handle(request),
+                Ok(Some(request)) => match may_create(&node, &identity, &request).await {
+                    Ok(()) => session.handle(request),
+                    // Created + canceled with the reason; the stream stays open (etcd).
+                    Err(e) => session.reject(&e.to_string()),
+                },
                 // Half-close: no more requests, but events keep flowing (etcd).
                 Ok(None) => open = false,
                 Err(status) => {
@@ -72,12 +101,19 @@ impl Watch for WatchService {
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<WatchResponseStream>, Status> {
+        let identity = RequestIdentity::of(&request)?;
         let inbound = request.into_inner();
         let hub = self.node.watch.clone();
         let seed = self.streams.fetch_add(1, Ordering::Relaxed);
         let period = jittered(hub.config().progress_interval, seed);
         let (session, mut output) = WatchStream::new(hub);
-        let task = tokio::spawn(serve_requests(session, inbound, period));
+        let task = tokio::spawn(serve_requests(
+            self.node.clone(),
+            identity,
+            session,
+            inbound,
+            period,
+        ));
         let abort = task.abort_handle();
         output.on_drop(move || abort.abort());
         let node = self.node.clone();
