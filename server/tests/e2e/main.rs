@@ -8,6 +8,7 @@
 //! ([`member`], or [`keel_testkit::schedule::shared`]). The failpoint tests are their own binary
 //! (`--test failpoints`, `--features failpoints`).
 
+mod auth;
 mod cluster_basic;
 mod cluster_failover;
 mod cluster_five;
