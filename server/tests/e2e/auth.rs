@@ -37,7 +37,7 @@ fn assert_lines(out: &CtlOutput, expected: &[&str]) {
 
 /// Users and roles most tests start from, then auth enabled: `root:rootpw`; role `rw` with
 /// READWRITE on prefix `k/`; role `ro` with READ on key `ro`; user `u:upw` holding both.
-fn set_up_users(endpoints: &str) {
+pub(crate) fn set_up_users(endpoints: &str) {
     let steps: [&[&str]; 8] = [
         &["user", "add", "root", "--new-user-password=rootpw"],
         &["role", "add", "rw"],

@@ -9,6 +9,7 @@
 //! (`--test failpoints`, `--features failpoints`).
 
 mod auth;
+mod auth_permissions;
 mod cluster_basic;
 mod cluster_failover;
 mod cluster_five;
