@@ -15,6 +15,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 
 use crate::apply::Applier;
+use crate::auth::{AuthInfo, AuthState, TokenProvider};
 use crate::backend::Backend;
 use crate::cluster::bootstrap::{self, Identity};
 use crate::cluster::{Cluster, timing};
@@ -65,6 +66,8 @@ pub struct Node {
     /// QoS admission (issue 17): the replicated rules in force, their buckets and counters
     /// (`Admission::stats`), and overload protection fed by raft's commit and apply indexes.
     pub qos: Arc<Admission>,
+    /// Users, roles, permissions and tokens, as applied (docs/auth.md).
+    pub auth: Arc<AuthState>,
     backend: Backend,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
@@ -128,6 +131,12 @@ impl Node {
             lessor.clone(),
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+        applier.set_token_provider(
+            config
+                .token_provider()
+                .map_err(|e| anyhow::anyhow!("--auth-token: {e}"))?,
+        );
+        let auth = applier.auth().clone();
         let shared: Arc<SharedStore> = applier.shared_store().clone();
         let watch = WatchHub::new(
             Arc::new(StoreHistory(shared.clone())),
@@ -199,6 +208,7 @@ impl Node {
             watch,
             cluster,
             qos,
+            auth,
             db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
             backend,
             next_request_id: AtomicU64::new(1),
@@ -220,6 +230,7 @@ impl Node {
         }
         tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node.cluster)));
         node.clone().spawn_db_size_refresh();
+        node.spawn_token_sweep();
         tokio::spawn(runner::run(
             node.lessor.clone(),
             Arc::new(NodeProposer(Arc::downgrade(&node))),
@@ -269,7 +280,7 @@ impl Node {
                     let change = RuleChange::Replace {
                         rules: rules.clone(),
                     };
-                    match self.propose_qos(&change).await {
+                    match self.propose_qos(None, &change).await {
                         Ok(version) => {
                             tracing::info!(version, "qos rules of --qos-config in force");
                             return;
@@ -283,25 +294,31 @@ impl Node {
         });
     }
 
-    /// Proposes a QoS rule change and returns the rule set's version after it applied.
+    /// Proposes a QoS rule change as `ai` (a client of the admin service; `None`: the
+    /// server itself, for `--qos-config`, with root authority) and returns the rule set's
+    /// version after it applied.
     /// The change is checked against the rules in force first, so a malformed rule is
     /// answered at once without a raft round; apply checks again (the rules may change in
     /// between) and refuses with the same kind of error on every member.
     ///
     /// Errors: `InvalidArgument` naming the field (`rule.rate: must be > 0`); those of
     /// [`Node::propose`].
-    pub async fn propose_qos(&self, change: &RuleChange) -> Result<u64, EtcdError> {
+    pub async fn propose_qos(
+        &self,
+        ai: Option<&AuthInfo>,
+        change: &RuleChange,
+    ) -> Result<u64, EtcdError> {
         self.qos
             .rules()
             .apply(change)
             .map_err(|e| EtcdError::InvalidArgument(e.to_string()))?;
-        let resp = self
-            .propose(raft_request::Request::QosRuleChange(
-                keelpb::QosRuleChange {
-                    change: change.encode(),
-                },
-            ))
-            .await?;
+        let request = raft_request::Request::QosRuleChange(keelpb::QosRuleChange {
+            change: change.encode(),
+        });
+        let resp = match ai {
+            Some(ai) => self.propose_as(ai, request).await?,
+            None => self.propose(request).await?,
+        };
         match resp.response {
             Some(keelpb::raft_response::Response::QosRuleChange(r)) => Ok(r.version),
             _ => Err(EtcdError::Internal(
@@ -310,14 +327,41 @@ impl Node {
         }
     }
 
-    /// Proposes a client request through the raft log and waits until it is applied here.
-    /// Concurrent requests are batched into one log entry ([`Proposer`]).
+    /// Proposes a request the server issues itself (no auth header: it applies with root
+    /// authority, etcd #11689) through the raft log and waits until it is applied here.
+    /// Concurrent requests are batched into one log entry ([`Proposer`]). Client requests go
+    /// through [`Node::propose_as`].
     ///
     /// Errors: `RequestTooLarge` if the encoded request exceeds `--max-request-bytes`;
     /// `NoLeader`/`Timeout` if no leader emerges within the request timeout; `Stopped` when
     /// the member shuts down; apply-time etcd errors from the response.
     pub async fn propose(&self, request: raft_request::Request) -> Result<RaftResponse, EtcdError> {
+        self.propose_with_header(None, request).await
+    }
+
+    /// Proposes a client request made as `ai` (stamped into the entry's auth header, which
+    /// apply checks permissions with); otherwise as [`Node::propose`].
+    ///
+    /// Errors: as [`Node::propose`], and the apply-time permission errors.
+    pub async fn propose_as(
+        &self,
+        ai: &AuthInfo,
+        request: raft_request::Request,
+    ) -> Result<RaftResponse, EtcdError> {
+        let header = keelpb::AuthHeader {
+            username: ai.username.clone(),
+            auth_revision: ai.revision,
+        };
+        self.propose_with_header(Some(header), request).await
+    }
+
+    async fn propose_with_header(
+        &self,
+        auth_header: Option<keelpb::AuthHeader>,
+        request: raft_request::Request,
+    ) -> Result<RaftResponse, EtcdError> {
         let req = RaftRequest {
+            auth_header,
             id: self.next_request_id.fetch_add(1, Ordering::Relaxed),
             request: Some(request),
         };
@@ -513,6 +557,22 @@ impl Node {
         } else {
             Ok(())
         }
+    }
+
+    /// Drops expired simple tokens about once a second (etcd's 1 s ticker); lookups also
+    /// refuse expired tokens, so this only bounds memory.
+    fn spawn_token_sweep(&self) {
+        let auth = Arc::downgrade(&self.auth);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(auth) = auth.upgrade() else { return };
+                if let TokenProvider::Simple(t) = auth.tokens() {
+                    t.sweep(std::time::Instant::now());
+                }
+            }
+        });
     }
 
     fn spawn_db_size_refresh(self: Arc<Self>) {

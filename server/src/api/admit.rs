@@ -15,16 +15,15 @@ use keel_proto::etcdserverpb::{
 };
 use tonic::Status;
 
+use crate::auth::AuthInfo;
 use crate::node::Node;
 use crate::qos::{Method, Permit, RangeCost, RequestInfo};
 
-/// The authenticated user of a request, for user-scoped rules (`match.user`).
-///
-/// AUTH-WIRE: the one place QoS learns the user. Auth is not wired on this branch, so
-/// there is no user (`None`) and user rules govern nothing; the auth wiring fills it from
-/// the request's token (or TLS CN) here, and every admission below picks it up.
-pub fn user<T>(_request: &tonic::Request<T>) -> Option<String> {
-    None
+/// The authenticated user of a request, for user-scoped rules (`match.user`): the user
+/// its credentials resolved to (`api::credentials`: token first, else the TLS client
+/// certificate's common name), `None` without credentials or with auth disabled.
+pub fn user(ai: &AuthInfo) -> Option<&str> {
+    (!ai.username.is_empty()).then_some(ai.username.as_str())
 }
 
 /// Admits `info` on this member or answers `etcdserver: too many requests`.

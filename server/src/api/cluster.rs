@@ -12,6 +12,8 @@ use keel_proto::etcdserverpb::{
 };
 use tonic::{Request, Response, Status};
 
+use super::credentials::authorize;
+use crate::auth::check::Rpc;
 use crate::cluster::reconfig;
 use crate::node::Node;
 
@@ -39,6 +41,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
+        authorize(&self.node, &request, Rpc::MemberList).await?;
         if request.get_ref().linearizable {
             self.node.read_barrier().await?;
         }
@@ -53,6 +56,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
+        authorize(&self.node, &request, Rpc::MemberAdd).await?;
         Ok(Response::new(
             reconfig::member_add(&self.node.cluster, request.into_inner()).await?,
         ))
@@ -62,6 +66,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
+        authorize(&self.node, &request, Rpc::MemberRemove).await?;
         Ok(Response::new(
             reconfig::member_remove(&self.node.cluster, request.into_inner()).await?,
         ))
@@ -71,6 +76,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
+        authorize(&self.node, &request, Rpc::MemberUpdate).await?;
         Ok(Response::new(
             reconfig::member_update(&self.node.cluster, request.into_inner()).await?,
         ))
@@ -80,6 +86,7 @@ impl Cluster for ClusterService {
         &self,
         request: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
+        authorize(&self.node, &request, Rpc::MemberPromote).await?;
         Ok(Response::new(
             reconfig::member_promote(&self.node.cluster, request.into_inner()).await?,
         ))

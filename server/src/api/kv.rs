@@ -14,7 +14,10 @@ use keel_proto::etcdserverpb::{
 use keel_proto::keelpb::{raft_request::Request as Rq, raft_response::Response as Rs};
 use tonic::{Request, Response, Status};
 
+use super::credentials::{auth_info, still_current};
 use super::{admit, kv_validate};
+use crate::auth::AuthInfo;
+use crate::auth::check::{self, Rpc};
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::qos::Method;
@@ -30,12 +33,13 @@ impl KvService {
         KvService { node }
     }
 
-    async fn write(&self, req: Rq) -> Result<(i64, Option<Rs>), Status> {
+    /// Proposes `req` as `ai`; apply checks its permissions (`apply/auth.rs`).
+    async fn write(&self, ai: &AuthInfo, req: Rq) -> Result<(i64, Option<Rs>), Status> {
         // etcd serves only serializable reads and Status on a learner.
         if self.node.is_learner() {
             return Err(EtcdError::NotSupportedForLearner.into());
         }
-        let resp = self.node.propose(req).await?;
+        let resp = self.node.propose_as(ai, req).await?;
         Ok((resp.revision, resp.response))
     }
 }
@@ -50,7 +54,8 @@ impl Kv for KvService {
         &self,
         request: Request<RangeRequest>,
     ) -> Result<Response<RangeResponse>, Status> {
-        let user = admit::user(&request);
+        let ai = auth_info(&self.node, &request).await?;
+        let user = admit::user(&ai);
         let req = request.into_inner();
         kv_validate::check_range(&req)?;
         let _permit = admit::range(&self.node, &req, user.as_deref())?;
@@ -59,8 +64,12 @@ impl Kv for KvService {
         if !req.serializable && !crate::failpoint::hit("linearizable_read_stale") {
             self.node.read_barrier().await?;
         }
+        // READ on the range, judged at the read point; refused after the read if the auth
+        // revision moved meanwhile (etcd `doSerialize`).
+        check::range(&self.node.auth.read(), &ai, &req)?;
         let store = self.node.store.get();
         let mut resp = store.range(&req)?;
+        still_current(&self.node, &ai)?;
         let revision = resp
             .header
             .as_ref()
@@ -70,12 +79,13 @@ impl Kv for KvService {
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        let user = admit::user(&request);
+        let ai = auth_info(&self.node, &request).await?;
+        let user = admit::user(&ai);
         let req = request.into_inner();
         kv_validate::check_put(&req)?;
         let _permit = admit::put(&self.node, &req, user.as_deref())?;
         self.node.check_quota()?;
-        match self.write(Rq::Put(req)).await? {
+        match self.write(&ai, Rq::Put(req)).await? {
             (rev, Some(Rs::Put(mut r))) => {
                 r.header = Some(self.node.header(rev));
                 Ok(Response::new(r))
@@ -88,11 +98,12 @@ impl Kv for KvService {
         &self,
         request: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        let user = admit::user(&request);
+        let ai = auth_info(&self.node, &request).await?;
+        let user = admit::user(&ai);
         let req = request.into_inner();
         kv_validate::check_delete_range(&req)?;
         let _permit = admit::delete_range(&self.node, &req, user.as_deref())?;
-        match self.write(Rq::DeleteRange(req)).await? {
+        match self.write(&ai, Rq::DeleteRange(req)).await? {
             (rev, Some(Rs::DeleteRange(mut r))) => {
                 r.header = Some(self.node.header(rev));
                 Ok(Response::new(r))
@@ -102,14 +113,15 @@ impl Kv for KvService {
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        let user = admit::user(&request);
+        let ai = auth_info(&self.node, &request).await?;
+        let user = admit::user(&ai);
         let req = request.into_inner();
         kv_validate::check_txn(&req, self.node.config.max_txn_ops as usize)?;
         let _permit = admit::txn(&self.node, &req, user.as_deref())?;
         if txn_has_put(&req) {
             self.node.check_quota()?;
         }
-        match self.write(Rq::Txn(req)).await? {
+        match self.write(&ai, Rq::Txn(req)).await? {
             (rev, Some(Rs::Txn(mut r))) => {
                 // Nested responses keep the header apply gave them (revision only), as etcd's.
                 r.header = Some(self.node.header(rev));
@@ -123,12 +135,15 @@ impl Kv for KvService {
         &self,
         request: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
-        let user = admit::user(&request);
+        let ai = auth_info(&self.node, &request).await?;
+        let user = admit::user(&ai);
+        // Root only (CVE-2026-33413); checked again at apply.
+        check::rpc(&self.node.auth.read(), &ai, Rpc::Compact)?;
         let req = request.into_inner();
         kv_validate::check_compaction(&req)?;
         let _permit = admit::keyless(&self.node, Method::Compact, user.as_deref())?;
         let (physical, revision) = (req.physical, req.revision);
-        match self.write(Rq::Compaction(req)).await? {
+        match self.write(&ai, Rq::Compaction(req)).await? {
             (rev, Some(Rs::Compaction(mut r))) => {
                 if physical {
                     // etcd `physical`: answer only once the compacted records are removed

@@ -348,15 +348,18 @@ mod tests {
         // The deepest accepted txn, as a batch entry of the raft log (and once more wrapped,
         // as the forward RPC carries it), still decodes: prost stops at 100 nesting levels.
         let entry = RaftRequest {
+            auth_header: None,
             id: 1,
             request: Some(raft_request::Request::Batch(RequestBatch {
                 requests: vec![RaftRequest {
+                    auth_header: None,
                     id: 2,
                     request: Some(raft_request::Request::Txn(deep(MAX_TXN_DEPTH))),
                 }],
             })),
         };
         let wrapped = RaftRequest {
+            auth_header: None,
             id: 3,
             request: Some(raft_request::Request::Batch(RequestBatch {
                 requests: vec![entry],

@@ -26,7 +26,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::credentials::{RequestIdentity, auth_info};
 use super::{admit, lease_leader};
+use crate::auth::check;
 use crate::error::EtcdError;
 use crate::lease::{MAX_LEASE_TTL, NO_LEASE, min_lease_ttl};
 use crate::node::Node;
@@ -81,7 +83,9 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
-        let user = admit::user(&request);
+        // Credentials are checked at apply (etcd `requireAuthInfo`).
+        let ai = auth_info(&self.node, &request).await?;
+        let user = admit::user(&ai);
         let req = request.into_inner();
         let _permit = admit::keyless(&self.node, Method::LeaseGrant, user.as_deref())?;
         let ttl = grant_ttl(&self.node, req.ttl)?;
@@ -96,7 +100,7 @@ impl Lease for LeaseService {
             };
             match self
                 .node
-                .propose(Rq::LeaseGrant(LeaseGrantRequest { ttl, id }))
+                .propose_as(&ai, Rq::LeaseGrant(LeaseGrantRequest { ttl, id }))
                 .await
             {
                 Ok(resp) => {
@@ -116,10 +120,12 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        let user = admit::user(&request);
+        // WRITE on every attached key (or root), checked at apply from the log.
+        let ai = auth_info(&self.node, &request).await?;
+        let user = admit::user(&ai);
         let req = request.into_inner();
         let _permit = admit::keyless(&self.node, Method::LeaseRevoke, user.as_deref())?;
-        let resp = self.node.propose(Rq::LeaseRevoke(req)).await?;
+        let resp = self.node.propose_as(&ai, Rq::LeaseRevoke(req)).await?;
         let Some(Rs::LeaseRevoke(mut r)) = resp.response else {
             return Err(unexpected());
         };
@@ -131,7 +137,7 @@ impl Lease for LeaseService {
         &self,
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
-        let user = admit::user(&request);
+        let identity = RequestIdentity::of(&request)?;
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_BUFFER);
         let node = self.node.clone();
@@ -146,11 +152,17 @@ impl Lease for LeaseService {
             let replies = requests
                 .map(|req| {
                     let node = node.clone();
-                    // Each keep-alive is admitted on its own (high priority by default).
-                    let info = RequestInfo::new(Method::LeaseKeepAlive).user(user.as_deref());
-                    let permit = node.qos.admit(&info).map_err(EtcdError::from);
+                    let identity = identity.clone();
                     async move {
-                        let _permit = permit?;
+                        // etcd `checkLeaseRenew`: root, or WRITE on every attached key.
+                        let ai = identity.resolve(&node).await?;
+                        // Each keep-alive is admitted on its own (high priority by default).
+                        let info = RequestInfo::new(Method::LeaseKeepAlive).user(admit::user(&ai));
+                        let _permit = node.qos.admit(&info).map_err(EtcdError::from)?;
+                        check::lease_keep_alive(&node.auth.read(), &ai, req.id, &|id| {
+                            node.lessor.info(id, true).map(|i| i.keys)
+                        })
+                        .map_err(EtcdError::from)?;
                         // The header is taken before renewing, so a client never sees a
                         // keepalive at a revision after the lease's revocation (as etcd).
                         let header = node.header(node.store.get().current_revision());
@@ -179,9 +191,13 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let user = admit::user(&request);
+        let ai = auth_info(&self.node, &request).await?;
+        let user = admit::user(&ai);
         let req = request.into_inner();
         let _permit = admit::keyless(&self.node, Method::LeaseTimeToLive, user.as_deref())?;
+        check::lease_time_to_live(&self.node.auth.read(), &ai, &req, &|id| {
+            self.node.lessor.info(id, true).map(|i| i.keys)
+        })?;
         let mut resp = lease_leader::time_to_live(&self.node, &req).await?;
         resp.header = Some(self.header_now());
         Ok(Response::new(resp))
@@ -192,15 +208,20 @@ impl Lease for LeaseService {
         &self,
         request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        let user = admit::user(&request);
+        let ai = auth_info(&self.node, &request).await?;
+        let user = admit::user(&ai);
         let _permit = admit::keyless(&self.node, Method::LeaseLeases, user.as_deref())?;
-        let leases = self
-            .node
-            .lessor
-            .ids()
-            .into_iter()
-            .map(|id| LeaseStatus { id })
-            .collect();
+        let ids = self.node.lessor.ids();
+        let auth = self.node.auth.read();
+        if auth.is_enabled() {
+            let keys = ids
+                .iter()
+                .filter_map(|&id| self.node.lessor.info(id, true))
+                .flat_map(|i| i.keys);
+            check::lease_leases(&auth, &ai, keys)?;
+        }
+        drop(auth);
+        let leases = ids.into_iter().map(|id| LeaseStatus { id }).collect();
         Ok(Response::new(LeaseLeasesResponse {
             header: Some(self.header_now()),
             leases,

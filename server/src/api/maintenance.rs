@@ -10,6 +10,8 @@ use keel_proto::etcdserverpb::{
 };
 use tonic::{Request, Response, Status};
 
+use super::credentials::authorize;
+use crate::auth::check::Rpc;
 use crate::cluster::transfer;
 use crate::node::Node;
 
@@ -29,7 +31,11 @@ impl MaintenanceService {
 impl Maintenance for MaintenanceService {
     /// etcd `Status`: `version` is the etcd API version Keel implements
     /// ([`keel_proto::ETCD_API_VERSION`]); raft fields come from this member's raft metrics.
-    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+    async fn status(
+        &self,
+        request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        authorize(&self.node, &request, Rpc::Status).await?;
         let store = self.node.store.get();
         let m = self.node.raft.metrics().borrow().clone();
         let is_learner = m
@@ -67,6 +73,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
+        authorize(&self.node, &request, Rpc::HashKv).await?;
         let req = request.into_inner();
         let store = self.node.store.get();
         let h = store.hash_kv(req.revision)?;
@@ -82,8 +89,9 @@ impl Maintenance for MaintenanceService {
     /// not shrink the file as etcd's bolt rewrite does (docs/compat.md).
     async fn defragment(
         &self,
-        _: Request<DefragmentRequest>,
+        request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
+        authorize(&self.node, &request, Rpc::Defragment).await?;
         let bytes = self.node.defragment().await?;
         tracing::info!(flushed_bytes = bytes, "defragment: store flushed");
         // etcd 3.4 answers an empty DefragmentResponse (no header).
@@ -96,6 +104,7 @@ impl Maintenance for MaintenanceService {
         &self,
         request: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
+        authorize(&self.node, &request, Rpc::MoveLeader).await?;
         transfer::move_leader(&self.node.cluster, request.into_inner().target_id).await?;
         Ok(Response::new(MoveLeaderResponse {
             header: Some(self.node.header(self.node.store.get().current_revision())),

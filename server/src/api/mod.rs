@@ -7,7 +7,9 @@
 //! error and is never buffered without bound.
 
 mod admit;
+mod auth;
 mod cluster;
+pub mod credentials;
 mod kv;
 pub mod kv_validate;
 mod lease;
@@ -33,6 +35,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+pub use auth::AuthService;
 pub use cluster::ClusterService;
 pub use kv::KvService;
 pub use lease::LeaseService;
@@ -70,7 +73,7 @@ pub async fn serve_clients(
             LeaseServer::new(LeaseService::new(node.clone())).max_decoding_message_size(max),
         )
         .add_service(QosServer::new(QosService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(AuthServer::new(unimplemented::NotYet))
+        .add_service(AuthServer::new(AuthService::new(node.clone())).max_decoding_message_size(max))
         .add_service(LockServer::new(unimplemented::NotYet))
         .add_service(ElectionServer::new(unimplemented::NotYet))
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -16,6 +16,9 @@ use keel_proto::keelpb::{
 };
 use tonic::{Request, Response, Status};
 
+use super::credentials;
+use crate::auth::AuthInfo;
+use crate::auth::check::Rpc;
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::qos::{Rule, RuleChange, RuleError, rules};
@@ -36,22 +39,19 @@ impl QosService {
         request: &Request<T>,
         change: Result<RuleChange, RuleError>,
     ) -> Result<Response<QosRuleChangeResponse>, Status> {
-        authorize(request)?;
+        let ai = authorize(&self.node, request).await?;
         let change = change.map_err(invalid)?;
-        let version = self.node.propose_qos(&change).await?;
+        let version = self.node.propose_qos(Some(&ai), &change).await?;
         Ok(Response::new(QosRuleChangeResponse { version }))
     }
 }
 
-/// Who may call the QoS admin RPCs.
-///
-/// AUTH-WIRE: the single check point of this service. With auth on, only root may change
-/// or list rules: a request without a token gets `etcdserver: user name is empty`, another
-/// user `etcdserver: permission denied` (as every etcd admin RPC). Auth is not wired on
-/// this branch, so every caller passes; the auth wiring resolves the request's user here
-/// and refuses non-root callers.
-fn authorize<T>(_request: &Request<T>) -> Result<(), Status> {
-    Ok(())
+/// Who may call the QoS admin RPCs: with auth on, only root may change or list rules (a
+/// request without credentials gets `etcdserver: user name is empty`, another user
+/// `etcdserver: permission denied`, as every etcd admin RPC). Changes are checked again at
+/// apply from the entry's auth header, so every member decides the same way.
+async fn authorize<T>(node: &Node, request: &Request<T>) -> Result<AuthInfo, Status> {
+    credentials::authorize(node, request, Rpc::QosAdmin).await
 }
 
 fn invalid(e: RuleError) -> Status {
@@ -64,7 +64,7 @@ impl Qos for QosService {
         &self,
         request: Request<QosRuleListRequest>,
     ) -> Result<Response<QosRuleListResponse>, Status> {
-        authorize(&request)?;
+        authorize(&self.node, &request).await?;
         let set = self.node.qos.rules();
         Ok(Response::new(QosRuleListResponse {
             version: set.version(),

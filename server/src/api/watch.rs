@@ -15,11 +15,13 @@ use futures::{Stream, StreamExt};
 use keel_proto::etcdserverpb::watch_request::RequestUnion;
 use keel_proto::etcdserverpb::watch_server::Watch;
 use keel_proto::etcdserverpb::{WatchRequest, WatchResponse};
-use keel_proto::rpctypes::RpcError;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::credentials::RequestIdentity;
+use crate::auth::check;
+use crate::error::EtcdError;
 use crate::node::Node;
-use crate::qos::{Admission, Method, RequestInfo};
+use crate::qos::{Method, RequestInfo};
 use crate::watch::WatchStream;
 use crate::watch::progress::jittered;
 
@@ -44,15 +46,40 @@ impl WatchService {
 pub type WatchResponseStream =
     Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
 
+/// Whether the caller may create the watch in `request`: QoS admits it (a rate governs
+/// creates; the permit is not held for the watch's life), then READ on its range (etcd
+/// `isWatchPermitted`, judged for each create with the stream's identity). `Err` holds the
+/// reason a refused create is canceled with (`etcdserver: too many requests`, a permission
+/// error's text).
+async fn may_create(
+    node: &Node,
+    identity: &RequestIdentity,
+    request: &WatchRequest,
+) -> Result<(), EtcdError> {
+    let Some(RequestUnion::CreateRequest(create)) = &request.request_union else {
+        return Ok(());
+    };
+    let ai = identity.resolve(node).await?;
+    let info = RequestInfo::new(Method::Watch)
+        .keys(&create.key, &create.range_end)
+        .user(super::admit::user(&ai));
+    // Dropped at once: a rate governs creates, the slot is not held for the watch's life.
+    drop(node.qos.admit(&info).map_err(EtcdError::from)?);
+    if node.auth.is_enabled() {
+        check::watch_create(&node.auth.read(), &ai, create)?;
+    }
+    Ok(())
+}
+
 /// Reads requests until the client goes away; ticks progress notifications meanwhile.
-/// Each create request is admitted by QoS first; a refused one is answered like any create
-/// etcd refuses (created and canceled, reason `etcdserver: too many requests`).
+/// A create the caller may not make ([`may_create`]) is answered like any create etcd
+/// refuses (created and canceled, with the reason).
 async fn serve_requests(
+    node: Arc<Node>,
+    identity: RequestIdentity,
     mut session: WatchStream,
     mut inbound: Streaming<WatchRequest>,
     period: std::time::Duration,
-    qos: Arc<Admission>,
-    user: Option<String>,
 ) {
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -60,19 +87,11 @@ async fn serve_requests(
     loop {
         tokio::select! {
             msg = inbound.message(), if open => match msg {
-                Ok(Some(request)) => {
-                    if let Some(RequestUnion::CreateRequest(c)) = &request.request_union {
-                        let info = RequestInfo::new(Method::Watch)
-                            .keys(&c.key, &c.range_end)
-                            .user(user.as_deref());
-                        // A rate governs creates; the permit is not held for the watch's life.
-                        if qos.admit(&info).is_err() {
-                            session.reject(RpcError::TooManyRequests.message());
-                            continue;
-                        }
-                    }
-                    session.handle(request)
-                }
+                Ok(Some(request)) => match may_create(&node, &identity, &request).await {
+                    Ok(()) => session.handle(request),
+                    // Created + canceled with the reason; the stream stays open (etcd).
+                    Err(e) => session.reject(&e.to_string()),
+                },
                 // Half-close: no more requests, but events keep flowing (etcd).
                 Ok(None) => open = false,
                 Err(status) => {
@@ -91,14 +110,19 @@ impl Watch for WatchService {
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<WatchResponseStream>, Status> {
-        let user = super::admit::user(&request);
+        let identity = RequestIdentity::of(&request)?;
         let inbound = request.into_inner();
         let hub = self.node.watch.clone();
         let seed = self.streams.fetch_add(1, Ordering::Relaxed);
         let period = jittered(hub.config().progress_interval, seed);
         let (session, mut output) = WatchStream::new(hub);
-        let qos = self.node.qos.clone();
-        let task = tokio::spawn(serve_requests(session, inbound, period, qos, user));
+        let task = tokio::spawn(serve_requests(
+            self.node.clone(),
+            identity,
+            session,
+            inbound,
+            period,
+        ));
         let abort = task.abort_handle();
         output.on_drop(move || abort.abort());
         let node = self.node.clone();

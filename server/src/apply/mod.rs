@@ -31,10 +31,12 @@ use std::io;
 use std::sync::Arc;
 
 use keel_proto::keelpb::{
-    self, RaftRequest, RaftResponse, ResponseBatch, raft_request, raft_response,
+    self, AuthHeader, RaftRequest, RaftResponse, ResponseBatch, raft_request, raft_response,
 };
 use openraft::{EntryPayload, StorageIOError, StoredMembership};
 
+use crate::auth::storage::StorageError as AuthStorageError;
+use crate::auth::{AuthRequest, AuthState, AuthStore, TokenProvider};
 use crate::backend::{Batch, schema};
 use crate::cindex::{self, CindexError, ConsistentIndex};
 use crate::error::EtcdError;
@@ -47,6 +49,7 @@ use crate::raft::state_machine::AppliedState;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
 use crate::watch::WatchHub;
 
+mod auth;
 mod qos_rules;
 #[cfg(test)]
 mod tests;
@@ -77,6 +80,9 @@ pub enum ApplyError {
     /// The stored QoS rule set does not decode.
     #[error("qos rules: {0}")]
     Qos(RuleError),
+    /// The auth records are unreadable.
+    #[error(transparent)]
+    Auth(#[from] AuthStorageError),
 }
 
 /// Applies committed entries to the store. Owned by the raft state machine: exactly one
@@ -95,6 +101,8 @@ pub struct Applier {
     watch: Option<Arc<WatchHub>>,
     /// The QoS rules of the applied state (`qos_rule_change` entries).
     qos: qos_rules::QosRules,
+    /// Users, roles, permissions and tokens: changed only here, read by the API.
+    auth: Arc<AuthState>,
 }
 
 impl Applier {
@@ -123,6 +131,8 @@ impl Applier {
     ) -> Result<Applier, ApplyError> {
         let (ci, membership) = load(&tree, &store, &lessor)?;
         let qos = qos_rules::QosRules::load(&tree)?;
+        // No tokens until the member hands over its provider (`set_token_provider`).
+        let auth = Arc::new(AuthState::new(AuthStore::load(&tree)?, TokenProvider::Nop));
         Ok(Applier {
             tree,
             shared: Arc::new(SharedStore::new(store.clone())),
@@ -133,6 +143,7 @@ impl Applier {
             membership,
             watch: None,
             qos,
+            auth,
         })
     }
 
@@ -149,6 +160,18 @@ impl Applier {
     /// The QoS rules of the applied state.
     pub fn qos_rules(&self) -> &RuleSet {
         self.qos.rules()
+    }
+
+    /// Issues and judges tokens with `tokens` (the member's `--auth-token`) from now on.
+    /// Call before sharing [`Applier::auth`]: the shared state is replaced.
+    pub fn set_token_provider(&mut self, tokens: TokenProvider) {
+        let store = self.auth.read().clone();
+        self.auth = Arc::new(AuthState::new(store, tokens));
+    }
+
+    /// The auth state this applier keeps in step with the log (the API reads it).
+    pub fn auth(&self) -> &Arc<AuthState> {
+        &self.auth
     }
 
     /// The handle readers (API, watch catch-up) get the current store from; it follows a
@@ -262,7 +285,12 @@ impl Applier {
                 Some(raft_request::Request::Batch(batch)) => {
                     self.apply_batch(&log_id, &batch.requests)?
                 }
-                other => self.apply_request(other.as_ref(), done)?,
+                other => self.apply_request(
+                    other.as_ref(),
+                    req.0.auth_header.as_ref(),
+                    log_id.index,
+                    done,
+                )?,
             },
         };
         Ok(Response(response))
@@ -318,7 +346,12 @@ impl Applier {
                     partial: Some((*log_id, k + 1)),
                 }
             };
-            responses.push(self.apply_request(req.request.as_ref(), next)?);
+            responses.push(self.apply_request(
+                req.request.as_ref(),
+                req.auth_header.as_ref(),
+                log_id.index,
+                next,
+            )?);
         }
         if n == 0 {
             let done = ConsistentIndex {
@@ -341,50 +374,74 @@ impl Applier {
         }
     }
 
-    /// Applies one request and stages `next` as the consistent index in the same sled batch.
+    /// Applies one request of log entry `index`, proposed as `header` (none: by the server),
+    /// and stages `next` as the consistent index in the same sled batch.
     fn apply_request(
         &mut self,
         req: Option<&raft_request::Request>,
+        header: Option<&AuthHeader>,
+        index: u64,
         next: ConsistentIndex,
     ) -> Result<RaftResponse, StorageError> {
         use raft_request::Request as Rq;
         use raft_response::Response as Rs;
+        let ai = auth::authority(header);
+        let denied = match (req, &ai) {
+            (Some(r), Some(ai)) => {
+                auth::check_request(&self.auth.read(), ai, r, &self.lessor).err()
+            }
+            _ => None,
+        };
         let mut w = self.store.write();
         let lessor = self.lessor.clone();
         let mut lease_outcome: Option<ApplyOutcome> = None;
         let mut qos_rules: Option<RuleSet> = None;
-        let outcome: Result<Option<Rs>, EtcdError> = match req {
-            Some(Rq::Put(r)) => lessor
-                .check_put(r)
-                .and_then(|()| w.put(r))
-                .map(|x| Some(Rs::Put(x))),
-            Some(Rq::DeleteRange(r)) => w.delete_range(r).map(|x| Some(Rs::DeleteRange(x))),
-            Some(Rq::Txn(r)) => w
-                .txn_with_lease_check(r, &|id| lessor.contains(id))
-                .map(|x| Some(Rs::Txn(x))),
-            Some(Rq::Compaction(r)) => w.compact(r.revision).map(|x| Some(Rs::Compaction(x))),
-            Some(Rq::MemberAttributes(a)) => {
-                Attributes::stage(w.batch_mut(), a);
-                Ok(None)
+        let outcome: Result<Option<Rs>, EtcdError> = if let Some(e) = denied {
+            Err(e.into())
+        } else {
+            match req {
+                Some(Rq::Put(r)) => lessor
+                    .check_put(r)
+                    .and_then(|()| w.put(r))
+                    .map(|x| Some(Rs::Put(x))),
+                Some(Rq::DeleteRange(r)) => w.delete_range(r).map(|x| Some(Rs::DeleteRange(x))),
+                Some(Rq::Txn(r)) => w
+                    .txn_with_lease_check(r, &|id| lessor.contains(id))
+                    .map(|x| Some(Rs::Txn(x))),
+                Some(Rq::Compaction(r)) => w.compact(r.revision).map(|x| Some(Rs::Compaction(x))),
+                Some(Rq::MemberAttributes(a)) => {
+                    Attributes::stage(w.batch_mut(), a);
+                    Ok(None)
+                }
+                Some(
+                    r @ (Rq::LeaseGrant(_)
+                    | Rq::LeaseRevoke(_)
+                    | Rq::LeaseCheckpoint(_)
+                    | Rq::LeaseExpire(_)),
+                ) => lessor.apply_request(&mut w, r).map(|(resp, changed)| {
+                    lease_outcome = Some(changed);
+                    Some(resp)
+                }),
+                Some(Rq::QosRuleChange(c)) => {
+                    self.qos.stage(w.batch_mut(), &c.change).map(|next| {
+                        let version = next.version();
+                        qos_rules = Some(next);
+                        Some(Rs::QosRuleChange(keelpb::QosRuleChangeResponse { version }))
+                    })
+                }
+                Some(Rq::Batch(_)) => Err(EtcdError::Internal(
+                    "keel: nested request batches are not allowed".into(),
+                )),
+                Some(other) => match AuthRequest::from_raft(other) {
+                    Some(a) => auth::apply_entry(&self.auth, ai.as_ref(), index, &a, w.batch_mut())
+                        .map(Some)
+                        .map_err(EtcdError::from),
+                    None => Err(EtcdError::Internal(format!(
+                        "keel: no apply rule for {other:?}"
+                    ))),
+                },
+                None => Ok(None),
             }
-            Some(
-                r @ (Rq::LeaseGrant(_)
-                | Rq::LeaseRevoke(_)
-                | Rq::LeaseCheckpoint(_)
-                | Rq::LeaseExpire(_)),
-            ) => lessor.apply_request(&mut w, r).map(|(resp, changed)| {
-                lease_outcome = Some(changed);
-                Some(resp)
-            }),
-            Some(Rq::QosRuleChange(c)) => self.qos.stage(w.batch_mut(), &c.change).map(|next| {
-                let version = next.version();
-                qos_rules = Some(next);
-                Some(Rs::QosRuleChange(keelpb::QosRuleChangeResponse { version }))
-            }),
-            Some(Rq::Batch(_)) => Err(EtcdError::Internal(
-                "keel: nested request batches are not allowed".into(),
-            )),
-            None => Ok(None),
         };
         match outcome {
             Ok(response) => {
@@ -493,6 +550,9 @@ impl AppliedState for Applier {
             }
         }
         let (ci, membership) = load(&self.tree, &store, &self.lessor).map_err(io::Error::other)?;
+        // The permission cache is rebuilt from the snapshot's users and roles (etcd #14571).
+        self.auth
+            .replace(AuthStore::load(&self.tree).map_err(io::Error::other)?);
         // A snapshot may move the applied state anywhere (usually ahead): not an advance.
         self.ci = ci;
         self.membership = membership;

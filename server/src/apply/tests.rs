@@ -20,6 +20,7 @@ fn put(index: u64) -> Entry {
     Entry {
         log_id: log_id(index),
         payload: EntryPayload::Normal(Request(RaftRequest {
+            auth_header: None,
             id: index,
             request: Some(raft_request::Request::Put(PutRequest {
                 key: format!("key-{}", index % 4).into_bytes(),
@@ -109,6 +110,7 @@ fn failed_request_advances_consistent_index_only() {
     let compact = Entry {
         log_id: log_id(2),
         payload: EntryPayload::Normal(Request(RaftRequest {
+            auth_header: None,
             id: 2,
             request: Some(raft_request::Request::Compaction(
                 keel_proto::etcdserverpb::CompactionRequest {
@@ -139,6 +141,7 @@ fn failed_request_advances_consistent_index_only() {
 fn batch(index: u64, n: u64) -> Entry {
     let requests = (0..n)
         .map(|k| RaftRequest {
+            auth_header: None,
             id: index * 100 + k,
             request: Some(raft_request::Request::Put(PutRequest {
                 key: format!("b{k}").into_bytes(),
@@ -155,6 +158,7 @@ fn batch_entry(index: u64, requests: Vec<RaftRequest>) -> Entry {
     Entry {
         log_id: log_id(index),
         payload: EntryPayload::Normal(Request(RaftRequest {
+            auth_header: None,
             id: index,
             request: Some(raft_request::Request::Batch(
                 keel_proto::keelpb::RequestBatch { requests },
@@ -244,7 +248,8 @@ fn put_then_first_two_of_entry_2(tree: &sled::Tree, flush_each: bool) -> Applier
             applied: Some(log_id(1)),
             partial: Some((log_id(2), k as u32 + 1)),
         };
-        a.apply_request(req.request.as_ref(), next).unwrap();
+        a.apply_request(req.request.as_ref(), None, 2, next)
+            .unwrap();
         if flush_each {
             a.store().flush().unwrap();
         }
@@ -323,6 +328,7 @@ mod grouping {
             .into_iter()
             .enumerate()
             .map(|(k, r)| RaftRequest {
+                auth_header: None,
                 id: index * 1000 + k as u64,
                 request: Some(r),
             })
@@ -398,7 +404,7 @@ mod invariants {
             applied: Some(log_id(1)),
             partial: None,
         };
-        let _ = a.apply_request(None, back);
+        let _ = a.apply_request(None, None, 3, back);
     }
 
     /// Every key apply writes, for every kind of entry, is declared in the backend schema.
@@ -411,6 +417,7 @@ mod invariants {
         let normal = |index: u64, request: raft_request::Request| Entry {
             log_id: log_id(index),
             payload: EntryPayload::Normal(Request(RaftRequest {
+                auth_header: None,
                 id: index,
                 request: Some(request),
             })),

@@ -9,6 +9,7 @@
 //! on UserDelete, UserChangePassword and AuthDisable).
 
 use keel_proto::etcdserverpb as pb;
+use keel_proto::keelpb::{self, raft_request, raft_response};
 
 use super::check::{self, Rpc};
 use super::error::AuthError;
@@ -17,21 +18,16 @@ use super::storage::AuthWrites;
 use super::store::AuthStore;
 use super::token::TokenProvider;
 
-/// The Authenticate entry (etcd `InternalAuthenticateRequest`): the password was checked
-/// before proposing, so the entry carries only the user name and the simple token's random
-/// part (empty for JWT).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct InternalAuthenticate {
-    /// The user to issue a token to.
-    pub name: String,
-    /// The random part of the simple token (`TokenProvider::gen_prefix`).
-    pub simple_token: String,
-}
+/// The Authenticate entry (etcd `InternalAuthenticateRequest`, `keelpb` in the log): the
+/// password was checked before proposing, so the entry carries only the user name (`name`)
+/// and the simple token's random part (`simple_token`, empty for JWT).
+pub type InternalAuthenticate = keelpb::InternalAuthenticateRequest;
 
 /// Declares [`AuthRequest`] and [`AuthResponse`], one variant each per RPC of
-/// `etcdserverpb.Auth`: `Variant(request type, response type)`.
+/// `etcdserverpb.Auth`: `Variant(request type, response type) = keelpb oneof variant`, and
+/// their conversions from and to the raft entry's `oneof`s.
 macro_rules! auth_entries {
-    ($($rpc:ident($req:ty, $resp:ty),)*) => {
+    ($($rpc:ident($req:ty, $resp:ty) = $wire:ident,)*) => {
         /// One auth entry of the log: every request of `etcdserverpb.Auth` (the reads go
         /// through raft too, as in etcd 3.6, so they are linearizable and checked at apply).
         #[derive(Debug, Clone, PartialEq)]
@@ -47,27 +43,74 @@ macro_rules! auth_entries {
         pub enum AuthResponse {
             $($rpc($resp),)*
         }
+
+        impl AuthRequest {
+            /// The auth entry a raft request carries; `None` for every other kind.
+            pub fn from_raft(r: &raft_request::Request) -> Option<AuthRequest> {
+                match r {
+                    $(raft_request::Request::$wire(x) => Some(AuthRequest::$rpc(x.clone())),)*
+                    _ => None,
+                }
+            }
+
+            /// The raft request that carries this entry.
+            pub fn into_raft(self) -> raft_request::Request {
+                match self {
+                    $(AuthRequest::$rpc(x) => raft_request::Request::$wire(x),)*
+                }
+            }
+        }
+
+        impl AuthResponse {
+            /// The raft response that carries this result.
+            pub fn into_raft(self) -> raft_response::Response {
+                match self {
+                    $(AuthResponse::$rpc(x) => raft_response::Response::$wire(x),)*
+                }
+            }
+        }
+
+        $(impl AuthReply for $resp {
+            fn from_raft(r: raft_response::Response) -> Option<Self> {
+                match r {
+                    raft_response::Response::$wire(x) => Some(x),
+                    _ => None,
+                }
+            }
+
+            fn set_header(&mut self, header: pb::ResponseHeader) {
+                self.header = Some(header);
+            }
+        })*
     };
 }
 
+/// A response message of `etcdserverpb.Auth` as the API gets it back from the log.
+pub trait AuthReply: Sized {
+    /// This response, if `r` carries it.
+    fn from_raft(r: raft_response::Response) -> Option<Self>;
+    /// Sets etcd's response header.
+    fn set_header(&mut self, header: pb::ResponseHeader);
+}
+
 auth_entries! {
-    Enable(pb::AuthEnableRequest, pb::AuthEnableResponse),
-    Disable(pb::AuthDisableRequest, pb::AuthDisableResponse),
-    Status(pb::AuthStatusRequest, pb::AuthStatusResponse),
-    Authenticate(InternalAuthenticate, pb::AuthenticateResponse),
-    UserAdd(pb::AuthUserAddRequest, pb::AuthUserAddResponse),
-    UserGet(pb::AuthUserGetRequest, pb::AuthUserGetResponse),
-    UserList(pb::AuthUserListRequest, pb::AuthUserListResponse),
-    UserDelete(pb::AuthUserDeleteRequest, pb::AuthUserDeleteResponse),
-    UserChangePassword(pb::AuthUserChangePasswordRequest, pb::AuthUserChangePasswordResponse),
-    UserGrantRole(pb::AuthUserGrantRoleRequest, pb::AuthUserGrantRoleResponse),
-    UserRevokeRole(pb::AuthUserRevokeRoleRequest, pb::AuthUserRevokeRoleResponse),
-    RoleAdd(pb::AuthRoleAddRequest, pb::AuthRoleAddResponse),
-    RoleGet(pb::AuthRoleGetRequest, pb::AuthRoleGetResponse),
-    RoleList(pb::AuthRoleListRequest, pb::AuthRoleListResponse),
-    RoleDelete(pb::AuthRoleDeleteRequest, pb::AuthRoleDeleteResponse),
-    RoleGrantPermission(pb::AuthRoleGrantPermissionRequest, pb::AuthRoleGrantPermissionResponse),
-    RoleRevokePermission(pb::AuthRoleRevokePermissionRequest, pb::AuthRoleRevokePermissionResponse),
+    Enable(pb::AuthEnableRequest, pb::AuthEnableResponse) = AuthEnable,
+    Disable(pb::AuthDisableRequest, pb::AuthDisableResponse) = AuthDisable,
+    Status(pb::AuthStatusRequest, pb::AuthStatusResponse) = AuthStatus,
+    Authenticate(InternalAuthenticate, pb::AuthenticateResponse) = Authenticate,
+    UserAdd(pb::AuthUserAddRequest, pb::AuthUserAddResponse) = UserAdd,
+    UserGet(pb::AuthUserGetRequest, pb::AuthUserGetResponse) = UserGet,
+    UserList(pb::AuthUserListRequest, pb::AuthUserListResponse) = UserList,
+    UserDelete(pb::AuthUserDeleteRequest, pb::AuthUserDeleteResponse) = UserDelete,
+    UserChangePassword(pb::AuthUserChangePasswordRequest, pb::AuthUserChangePasswordResponse) = UserChangePassword,
+    UserGrantRole(pb::AuthUserGrantRoleRequest, pb::AuthUserGrantRoleResponse) = UserGrantRole,
+    UserRevokeRole(pb::AuthUserRevokeRoleRequest, pb::AuthUserRevokeRoleResponse) = UserRevokeRole,
+    RoleAdd(pb::AuthRoleAddRequest, pb::AuthRoleAddResponse) = RoleAdd,
+    RoleGet(pb::AuthRoleGetRequest, pb::AuthRoleGetResponse) = RoleGet,
+    RoleList(pb::AuthRoleListRequest, pb::AuthRoleListResponse) = RoleList,
+    RoleDelete(pb::AuthRoleDeleteRequest, pb::AuthRoleDeleteResponse) = RoleDelete,
+    RoleGrantPermission(pb::AuthRoleGrantPermissionRequest, pb::AuthRoleGrantPermissionResponse) = RoleGrantPermission,
+    RoleRevokePermission(pb::AuthRoleRevokePermissionRequest, pb::AuthRoleRevokePermissionResponse) = RoleRevokePermission,
 }
 
 impl AuthRequest {

@@ -300,6 +300,9 @@ pub enum Rpc {
     MoveLeader,
     /// Maintenance.Downgrade.
     Downgrade,
+    /// Keel's QoS admin service (`keelpb.Qos`, every RPC; docs/qos.md): root only, like
+    /// etcd's admin RPCs.
+    QosAdmin,
     /// Auth.AuthEnable.
     AuthEnable,
     /// Auth.AuthDisable.
@@ -354,8 +357,8 @@ impl Rpc {
             Authenticate => Need::Nothing,
             MemberList | Status | AlarmGet | LeaseGrant => Need::Authenticated,
             Compact | MemberAdd | MemberRemove | MemberUpdate | MemberPromote | AlarmChange
-            | Defragment | Snapshot | Hash | HashKv | MoveLeader | Downgrade | AuthEnable
-            | AuthDisable | AuthStatus | UserAdd | UserDelete | UserChangePassword
+            | Defragment | Snapshot | Hash | HashKv | MoveLeader | Downgrade | QosAdmin
+            | AuthEnable | AuthDisable | AuthStatus | UserAdd | UserDelete | UserChangePassword
             | UserGrantRole | UserRevokeRole | UserList | RoleAdd | RoleDelete
             | RoleGrantPermission | RoleRevokePermission | RoleList => Need::Admin,
         }

@@ -16,6 +16,8 @@
 use keel_proto::rpctypes::RpcError;
 use tonic::{Code, Status};
 
+use crate::error::EtcdError;
+
 /// An auth failure: one of etcd's auth errors, or a Keel-only internal one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
@@ -85,6 +87,20 @@ impl AuthError {
 impl From<AuthError> for Status {
     fn from(e: AuthError) -> Status {
         e.to_status()
+    }
+}
+
+/// An auth error on the paths that carry [`EtcdError`] (an apply result in the log, the
+/// API's shared error type): catalogue entries stay themselves; the Go-text errors keep their
+/// text (`InvalidArgument` for Keel's plaintext refusal, `Internal` otherwise, as a raft
+/// response's error decodes them).
+impl From<AuthError> for EtcdError {
+    fn from(e: AuthError) -> EtcdError {
+        match e {
+            AuthError::Rpc(r) => EtcdError::Rpc(r),
+            AuthError::PlaintextPassword => EtcdError::InvalidArgument(e.to_string()),
+            other => EtcdError::Internal(other.to_string()),
+        }
     }
 }
 

@@ -20,6 +20,7 @@
 //!   [`storage`]: the records' encoding and the [`storage::AuthWrites`] trait apply stages into;
 //!   [`perm`]: the per-user permission cache; [`check`]: which request needs what;
 //!   [`apply`]: the hook that runs one auth entry (check, change, token effects);
+//!   [`state`]: the store and token provider the applier and the API share;
 //!   [`password`]: bcrypt; [`token`]: simple and JWT tokens; [`error`]: auth's errors.
 //!
 //! # Storage (first byte `a`, owned by this module)
@@ -47,6 +48,7 @@ pub mod error;
 pub mod model;
 pub mod password;
 pub mod perm;
+pub mod state;
 pub mod storage;
 pub mod store;
 pub mod token;
@@ -57,6 +59,7 @@ mod tests;
 pub use apply::{AuthRequest, AuthResponse, InternalAuthenticate};
 pub use error::AuthError;
 pub use model::{Access, AuthInfo, ROOT_ROLE, ROOT_USER};
+pub use state::AuthState;
 pub use storage::AuthWrites;
 pub use store::AuthStore;
 pub use token::TokenProvider;

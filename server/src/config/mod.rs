@@ -139,6 +139,17 @@ pub struct Config {
     /// Logging level: debug, info, warn, error.
     #[arg(long, default_value = "info")]
     pub log_level: String,
+    /// Auth token type and options: `simple`, `jwt,pub-key=P,priv-key=K,sign-method=M[,ttl=5m]`,
+    /// or empty for none (etcd `--auth-token`; docs/auth.md).
+    #[arg(long, default_value = "simple")]
+    pub auth_token: String,
+    /// Seconds a simple token stays valid after its last use (etcd `--auth-token-ttl`).
+    #[arg(long, default_value_t = 300)]
+    pub auth_token_ttl: u64,
+    /// bcrypt cost of password hashes; outside [4, 31] the default 10 is used with a warning
+    /// (etcd `--bcrypt-cost`).
+    #[arg(long, default_value_t = 10)]
+    pub bcrypt_cost: u32,
 }
 
 impl Default for Config {
@@ -275,6 +286,10 @@ mod tests {
         assert_eq!(c.snapshot_count, 10_000);
         assert_eq!(c.snapshot_catchup_entries, 5000);
         assert_eq!(c.quota_bytes(), 2 * 1024 * 1024 * 1024);
+        assert_eq!(
+            (c.auth_token.as_str(), c.auth_token_ttl, c.bcrypt_cost),
+            ("simple", 300, 10)
+        );
     }
 
     #[test]

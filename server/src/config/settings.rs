@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use super::{Config, GRPC_OVERHEAD_BYTES, split_urls};
+use super::{Config, GRPC_OVERHEAD_BYTES, auth_token, split_urls};
+use crate::auth::{AuthError, TokenProvider, password};
 use crate::cluster::bootstrap;
 use crate::cluster::timing::{self, RaftTimers, Timing};
 use crate::lease::PrimaryConfig;
@@ -21,6 +22,20 @@ impl Config {
     /// openraft's timers for `--heartbeat-interval` and `--election-timeout`.
     pub fn raft_timers(&self) -> RaftTimers {
         timing::raft_timers(self.heartbeat_interval, self.election_timeout)
+    }
+
+    /// The token provider of `--auth-token` and `--auth-token-ttl` (a start-up error stops
+    /// the member).
+    ///
+    /// Errors: `auth: invalid auth options` and the JWT key errors ([`TokenProvider::new`]).
+    pub fn token_provider(&self) -> Result<TokenProvider, AuthError> {
+        let options = auth_token::parse(&self.auth_token)?;
+        TokenProvider::new(&options, Duration::from_secs(self.auth_token_ttl))
+    }
+
+    /// The bcrypt cost passwords are hashed with (`--bcrypt-cost`, etcd's range rule).
+    pub fn effective_bcrypt_cost(&self) -> u32 {
+        password::effective_cost(self.bcrypt_cost)
     }
 
     /// The cluster layer's timers and timeouts.

@@ -67,6 +67,7 @@ impl Member {
         let entry = Entry {
             log_id: openraft::LogId::new(CommittedLeaderId::new(1, 1), self.index),
             payload: EntryPayload::Normal(Request(RaftRequest {
+                auth_header: None,
                 id: self.index,
                 request: Some(req),
             })),

@@ -118,6 +118,7 @@ async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
     let (requests, replies): (Vec<_>, Vec<_>) =
         batch.into_iter().map(|p| (p.request, p.reply)).unzip();
     let entry = RaftRequest {
+        auth_header: None,
         id: requests[0].id,
         request: Some(raft_request::Request::Batch(RequestBatch { requests })),
     };
@@ -161,6 +162,7 @@ mod tests {
 
     fn put(i: u64) -> RaftRequest {
         RaftRequest {
+            auth_header: None,
             id: i,
             request: Some(raft_request::Request::Put(PutRequest {
                 key: format!("k{i}").into_bytes(),

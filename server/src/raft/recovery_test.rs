@@ -35,6 +35,7 @@ fn entries() -> Vec<Entry> {
         out.push(Entry {
             log_id: log_id(i),
             payload: EntryPayload::Normal(Request(RaftRequest {
+                auth_header: None,
                 id: i,
                 request: Some(raft_request::Request::Put(PutRequest {
                     key: format!("k{i}").into_bytes(),

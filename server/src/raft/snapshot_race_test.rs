@@ -50,6 +50,7 @@ impl Member {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(Request(RaftRequest {
+                auth_header: None,
                 id: index,
                 request: Some(request),
             })),
@@ -174,6 +175,7 @@ fn compactions_inside_batches_are_recognised() {
     let batch = |requests: Vec<RaftRequest>| Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), 99),
         payload: EntryPayload::Normal(Request(RaftRequest {
+            auth_header: None,
             id: 99,
             request: Some(raft_request::Request::Batch(RequestBatch { requests })),
         })),

@@ -127,6 +127,7 @@ mod tests {
 
     fn put_request() -> Request {
         Request(keelpb::RaftRequest {
+            auth_header: None,
             id: 7,
             request: Some(keelpb::raft_request::Request::Put(PutRequest {
                 key: b"k".to_vec(),

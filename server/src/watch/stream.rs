@@ -105,7 +105,8 @@ impl WatchStream {
     }
 
     /// etcd's answer to a create it refuses: `created` and `canceled`, watch ID -1, the
-    /// reason, header revision = the current revision.
+    /// reason, header revision = the current revision. The stream stays open. Also how the
+    /// API answers a create the caller may not make (`reason` = the permission error's text).
     pub fn reject(&self, reason: &str) {
         let mut resp = bare_response(INVALID_WATCH_ID, self.hub.current_revision());
         resp.created = true;

@@ -8,6 +8,8 @@
 //! ([`member`], or [`keel_testkit::schedule::shared`]). The failpoint tests are their own binary
 //! (`--test failpoints`, `--features failpoints`).
 
+mod auth;
+mod auth_permissions;
 mod cluster_basic;
 mod cluster_failover;
 mod cluster_five;
