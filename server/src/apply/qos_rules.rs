@@ -102,6 +102,7 @@ mod tests {
         Entry {
             log_id: openraft::LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: EntryPayload::Normal(Request(RaftRequest {
+                auth_header: None,
                 id: index,
                 request: Some(raft_request::Request::QosRuleChange(
                     keelpb::QosRuleChange { change: bytes },
