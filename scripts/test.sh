@@ -24,7 +24,7 @@
 set -euo pipefail
 
 # Conformance areas that must pass (directories of ../shared/conformance/cases).
-CONFORMANCE_AREAS=(kv del txn compact badinput watch lease lockelect grpc-kv grpc-watch grpc-lease)
+CONFORMANCE_AREAS=(kv del txn compact badinput watch lease lockelect grpc-kv grpc-watch grpc-lease grpc-maint)
 # KEEL_CONFORMANCE_AREAS="kv watch" runs other areas (e.g. while implementing one).
 if [ -n "${KEEL_CONFORMANCE_AREAS:-}" ]; then read -r -a CONFORMANCE_AREAS <<<"$KEEL_CONFORMANCE_AREAS"; fi
 

@@ -6,6 +6,7 @@
 //! uses only the modules after it (`scripts/layers.sh` checks), plus the shared `error` and
 //! `failpoint`.
 
+pub mod alarm;
 pub mod api;
 pub mod apply;
 pub mod auth;

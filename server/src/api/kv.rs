@@ -15,6 +15,7 @@ use keel_proto::keelpb::{raft_request::Request as Rq, raft_response::Response as
 use tonic::{Request, Response, Status};
 
 use super::kv_validate;
+use crate::alarm::quota;
 use crate::error::EtcdError;
 use crate::node::Node;
 
@@ -69,7 +70,7 @@ impl Kv for KvService {
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let req = request.into_inner();
         kv_validate::check_put(&req)?;
-        self.node.check_quota()?;
+        self.node.check_quota(quota::cost_put(&req)).await?;
         match self.write(Rq::Put(req)).await? {
             (rev, Some(Rs::Put(mut r))) => {
                 r.header = Some(self.node.header(rev));
@@ -97,9 +98,7 @@ impl Kv for KvService {
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let req = request.into_inner();
         kv_validate::check_txn(&req, self.node.config.max_txn_ops as usize)?;
-        if txn_has_put(&req) {
-            self.node.check_quota()?;
-        }
+        self.node.check_quota(quota::cost_txn(&req)).await?;
         match self.write(Rq::Txn(req)).await? {
             (rev, Some(Rs::Txn(mut r))) => {
                 // Nested responses keep the header apply gave them (revision only), as etcd's.
@@ -139,17 +138,4 @@ impl Kv for KvService {
             _ => Err(unexpected()),
         }
     }
-}
-
-/// Whether any branch of the txn (nested ones included) puts a key.
-fn txn_has_put(t: &TxnRequest) -> bool {
-    use keel_proto::etcdserverpb::request_op::Request as Op;
-    t.success
-        .iter()
-        .chain(&t.failure)
-        .any(|op| match &op.request {
-            Some(Op::RequestPut(_)) => true,
-            Some(Op::RequestTxn(inner)) => txn_has_put(inner),
-            _ => false,
-        })
 }

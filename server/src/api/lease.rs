@@ -27,6 +27,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::lease_leader;
+use crate::alarm::quota;
 use crate::error::EtcdError;
 use crate::lease::{MAX_LEASE_TTL, NO_LEASE, min_lease_ttl};
 use crate::node::Node;
@@ -82,6 +83,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<LeaseGrantResponse>, Status> {
         let req = request.into_inner();
         let ttl = grant_ttl(&self.node, req.ttl)?;
+        self.node.check_quota(quota::LEASE_OVERHEAD).await?;
         let chosen = req.id != NO_LEASE;
         let mut attempt = 0;
         loop {

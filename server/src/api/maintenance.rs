@@ -1,16 +1,18 @@
-//! The etcd `Maintenance` service: Status, HashKV, MoveLeader and Defragment. Other methods
-//! answer UNIMPLEMENTED until their issues land (see docs/compat.md).
+//! The etcd `Maintenance` service: Alarm, Status, HashKV, MoveLeader and Defragment. Other
+//! methods answer UNIMPLEMENTED until their issues land (see docs/compat.md).
 
 use std::sync::Arc;
 
 use keel_proto::etcdserverpb::maintenance_server::Maintenance;
 use keel_proto::etcdserverpb::{
-    DefragmentRequest, DefragmentResponse, HashKvRequest, HashKvResponse, MoveLeaderRequest,
-    MoveLeaderResponse, StatusRequest, StatusResponse,
+    AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, HashKvRequest,
+    HashKvResponse, MoveLeaderRequest, MoveLeaderResponse, StatusRequest, StatusResponse,
 };
+use keel_proto::keelpb::{raft_request::Request as Rq, raft_response::Response as Rs};
 use tonic::{Request, Response, Status};
 
 use crate::cluster::transfer;
+use crate::error::EtcdError;
 use crate::node::Node;
 
 /// Maintenance service of one member.
@@ -53,13 +55,30 @@ impl Maintenance for MaintenanceService {
             raft_index: committed,
             raft_term: m.current_term,
             raft_applied_index: m.last_applied.map_or(0, |l| l.index),
-            errors: Vec::new(),
-            db_size_in_use: db_size,
+            errors: self.node.alarms.status_errors(),
+            db_size_in_use: self.node.db_size_in_use(),
             is_learner,
             storage_version: String::new(),
             db_size_quota: self.node.config.quota_bytes(),
             downgrade_info: None,
         }))
+    }
+
+    /// etcd `Alarm`: GET, ACTIVATE and DEACTIVATE all go through raft (as in etcd, so GET
+    /// is linearizable) and are applied by `alarm::Alarms::apply`; the response has no
+    /// header, as etcd 3.4's.
+    async fn alarm(
+        &self,
+        request: Request<AlarmRequest>,
+    ) -> Result<Response<AlarmResponse>, Status> {
+        let resp = self.node.propose(Rq::Alarm(request.into_inner())).await?;
+        match resp.response {
+            Some(Rs::Alarm(r)) => Ok(Response::new(r)),
+            _ => Err(EtcdError::Internal(
+                "keel: apply returned an unexpected response type".into(),
+            )
+            .into()),
+        }
     }
 
     /// etcd `HashKV`: the hash of the MVCC key space at `revision` (0 = current).

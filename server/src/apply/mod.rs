@@ -35,6 +35,7 @@ use keel_proto::keelpb::{
 };
 use openraft::{EntryPayload, StorageIOError, StoredMembership};
 
+use crate::alarm::{AlarmError, Alarms};
 use crate::backend::{Batch, schema};
 use crate::cindex::{self, CindexError, ConsistentIndex};
 use crate::error::EtcdError;
@@ -72,6 +73,9 @@ pub enum ApplyError {
     /// The lease records are unreadable.
     #[error(transparent)]
     Lease(#[from] RecordError),
+    /// The alarm keys are unreadable.
+    #[error(transparent)]
+    Alarm(#[from] AlarmError),
 }
 
 /// Applies committed entries to the store. Owned by the raft state machine: exactly one
@@ -83,6 +87,8 @@ pub struct Applier {
     shared: Arc<SharedStore>,
     attributes: Arc<Attributes>,
     lessor: Arc<Lessor>,
+    /// The raised alarms, kept in step with the store (loaded with the applied state).
+    alarms: Arc<Alarms>,
     ci: ConsistentIndex,
     membership: StoredMembership<NodeId, MemberNode>,
     /// Receives the events of every committed revision (watchers on this member), after
@@ -115,12 +121,14 @@ impl Applier {
         lessor: Arc<Lessor>,
     ) -> Result<Applier, ApplyError> {
         let (ci, membership) = load(&tree, &store, &lessor)?;
+        let alarms = Arc::new(Alarms::load(&tree)?);
         Ok(Applier {
             tree,
             shared: Arc::new(SharedStore::new(store.clone())),
             store,
             attributes,
             lessor,
+            alarms,
             ci,
             membership,
             watch: None,
@@ -136,6 +144,11 @@ impl Applier {
     /// The lessor this applier keeps in step with the store.
     pub fn lessor(&self) -> &Arc<Lessor> {
         &self.lessor
+    }
+
+    /// The raised alarms this applier keeps in step with the store (Status, quota checks).
+    pub fn alarms(&self) -> &Arc<Alarms> {
+        &self.alarms
     }
 
     /// The last log entry whose every request is applied (openraft's last applied).
@@ -324,34 +337,43 @@ impl Applier {
         use raft_response::Response as Rs;
         let mut w = self.store.write();
         let lessor = self.lessor.clone();
+        let alarms = self.alarms.clone();
         let mut lease_outcome: Option<ApplyOutcome> = None;
-        let outcome: Result<Option<Rs>, EtcdError> = match req {
-            Some(Rq::Put(r)) => lessor
-                .check_put(r)
-                .and_then(|()| w.put(r))
-                .map(|x| Some(Rs::Put(x))),
-            Some(Rq::DeleteRange(r)) => w.delete_range(r).map(|x| Some(Rs::DeleteRange(x))),
-            Some(Rq::Txn(r)) => w
-                .txn_with_lease_check(r, &|id| lessor.contains(id))
-                .map(|x| Some(Rs::Txn(x))),
-            Some(Rq::Compaction(r)) => w.compact(r.revision).map(|x| Some(Rs::Compaction(x))),
-            Some(Rq::MemberAttributes(a)) => {
-                Attributes::stage(w.batch_mut(), a);
-                Ok(None)
+        // An active alarm refuses writes before they touch anything (etcd's capped and
+        // corrupt appliers); the alarm set is replicated, so every member refuses alike.
+        let refused = req.and_then(|r| alarms.refusal(r));
+        let outcome: Result<Option<Rs>, EtcdError> = if let Some(e) = refused {
+            Err(e)
+        } else {
+            match req {
+                Some(Rq::Put(r)) => lessor
+                    .check_put(r)
+                    .and_then(|()| w.put(r))
+                    .map(|x| Some(Rs::Put(x))),
+                Some(Rq::DeleteRange(r)) => w.delete_range(r).map(|x| Some(Rs::DeleteRange(x))),
+                Some(Rq::Txn(r)) => w
+                    .txn_with_lease_check(r, &|id| lessor.contains(id))
+                    .map(|x| Some(Rs::Txn(x))),
+                Some(Rq::Compaction(r)) => w.compact(r.revision).map(|x| Some(Rs::Compaction(x))),
+                Some(Rq::MemberAttributes(a)) => {
+                    Attributes::stage(w.batch_mut(), a);
+                    Ok(None)
+                }
+                Some(Rq::Alarm(a)) => Ok(Some(Rs::Alarm(alarms.apply(w.batch_mut(), a)))),
+                Some(
+                    r @ (Rq::LeaseGrant(_)
+                    | Rq::LeaseRevoke(_)
+                    | Rq::LeaseCheckpoint(_)
+                    | Rq::LeaseExpire(_)),
+                ) => lessor.apply_request(&mut w, r).map(|(resp, changed)| {
+                    lease_outcome = Some(changed);
+                    Some(resp)
+                }),
+                Some(Rq::Batch(_)) => Err(EtcdError::Internal(
+                    "keel: nested request batches are not allowed".into(),
+                )),
+                None => Ok(None),
             }
-            Some(
-                r @ (Rq::LeaseGrant(_)
-                | Rq::LeaseRevoke(_)
-                | Rq::LeaseCheckpoint(_)
-                | Rq::LeaseExpire(_)),
-            ) => lessor.apply_request(&mut w, r).map(|(resp, changed)| {
-                lease_outcome = Some(changed);
-                Some(resp)
-            }),
-            Some(Rq::Batch(_)) => Err(EtcdError::Internal(
-                "keel: nested request batches are not allowed".into(),
-            )),
-            None => Ok(None),
         };
         match outcome {
             Ok(response) => {
@@ -457,6 +479,7 @@ impl AppliedState for Applier {
             }
         }
         let (ci, membership) = load(&self.tree, &store, &self.lessor).map_err(io::Error::other)?;
+        self.alarms.reload(&self.tree).map_err(io::Error::other)?;
         // A snapshot may move the applied state anywhere (usually ahead): not an advance.
         self.ci = ci;
         self.membership = membership;

@@ -31,6 +31,7 @@
 //! | `a/revision` | auth | the auth revision, u64 BE; absent = 1 |
 //! | `a/user/` + user name (UTF-8) | auth | prost `authpb.User` (bcrypt hash, sorted roles, options) |
 //! | `a/role/` + role name (UTF-8) | auth | prost `authpb.Role` (permissions sorted by key, then range end) |
+//! | `x/alarm/` + member ID (u64 BE) + alarm type (i32 BE) | alarm | empty: that member raised that alarm (etcd's `alarm` bucket) |
 //!
 //! Keys of [`LOCAL_TREE`]:
 //!
@@ -83,6 +84,10 @@ pub const AUTH_USER_PREFIX: &[u8] = b"a/user/";
 /// Prefix of the role records (`a/role/` + role name).
 pub const AUTH_ROLE_PREFIX: &[u8] = b"a/role/";
 
+/// Prefix of the raised alarms (`x/alarm/` + member ID, 8 bytes BE, + alarm type, 4 bytes
+/// BE; empty value).
+pub const ALARM_PREFIX: &[u8] = b"x/alarm/";
+
 /// In [`LOCAL_TREE`]: this member's ID.
 pub const MEMBER_ID: &[u8] = b"member_id";
 
@@ -105,6 +110,8 @@ pub enum Owner {
     ClusterId,
     /// Auth: its flags, revision, users and roles.
     Auth,
+    /// A raised alarm.
+    Alarm,
 }
 
 /// Which part of the schema `key` (of [`MEMBER_TREE`]) belongs to; `None` for a key the
@@ -119,6 +126,7 @@ pub fn owner(key: &[u8]) -> Option<Owner> {
         k if k.starts_with(MEMBER_ATTRIBUTES_PREFIX) => Some(Owner::MemberAttributes),
         k if k == CLUSTER_ID => Some(Owner::ClusterId),
         [AUTH_PREFIX, ..] => Some(Owner::Auth),
+        k if k.starts_with(ALARM_PREFIX) => Some(Owner::Alarm),
         _ => None,
     }
 }
@@ -164,11 +172,12 @@ mod tests {
         );
         assert_eq!(AUTH_USER_PREFIX, b"a/user/");
         assert_eq!(AUTH_ROLE_PREFIX, b"a/role/");
+        assert_eq!(ALARM_PREFIX, b"x/alarm/");
     }
 
     #[test]
     fn every_key_has_one_owner() {
-        let cases: [(&[u8], Option<Owner>); 13] = [
+        let cases: [(&[u8], Option<Owner>); 15] = [
             (
                 b"k\0\0\0\0\0\0\0\x02\0\0\0\0\0\0\0\0",
                 Some(Owner::MvccRecord),
@@ -184,6 +193,8 @@ mod tests {
             (b"c/other", None),
             (b"a/revision", Some(Owner::Auth)),
             (b"a/user/alice", Some(Owner::Auth)),
+            (b"x/alarm/\0\0\0\0\0\0\0\x01\0\0\0\x01", Some(Owner::Alarm)),
+            (b"x/other", None),
             (b"", None),
         ];
         for (key, want) in cases {

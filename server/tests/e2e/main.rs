@@ -16,6 +16,7 @@ mod crash_recovery;
 mod etcdctl;
 mod lease_etcdctl;
 mod lease_leader_kill;
+mod maintenance;
 mod peer_dial_override;
 mod shutdown;
 mod startup;
