@@ -11,6 +11,7 @@ pub mod api;
 pub mod apply;
 pub mod auth;
 pub mod backend;
+pub mod backup;
 pub mod cindex;
 pub mod cluster;
 pub mod config;

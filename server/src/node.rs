@@ -27,6 +27,7 @@ use crate::lease::{Lessor, id::LeaseIdGenerator};
 use crate::membership::Attributes;
 use crate::mvcc::{MvccStore, SharedStore};
 use crate::raft::dial_override;
+use crate::raft::export::ExportLocks;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, into_result};
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
@@ -70,6 +71,8 @@ pub struct Node {
     pub cluster: Arc<Cluster>,
     /// The raised alarms, as applied on this member.
     pub alarms: Arc<Alarms>,
+    /// The locks an export of the applied state takes (`Maintenance.Snapshot`).
+    pub export_locks: ExportLocks,
     backend: Backend,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
@@ -140,6 +143,7 @@ impl Node {
             .context("cannot start the watch sync thread")?;
         applier.set_watch_hub(watch.clone());
         let sm = StateMachine::new(applier, snap_dir);
+        let export_locks = sm.export_locks();
 
         let timers = config.raft_timers();
         let raft_config = openraft::Config {
@@ -198,6 +202,7 @@ impl Node {
             watch,
             cluster,
             alarms,
+            export_locks,
             db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
             // Measured by the first refresh, right after start (a scan of the whole tree).
             db_size_in_use: AtomicI64::new(0),
@@ -519,6 +524,11 @@ impl Node {
                 }
             }
         });
+    }
+
+    /// The replicated member tree (exports read it; only apply writes it).
+    pub fn tree(&self) -> &sled::Tree {
+        self.backend.tree()
     }
 
     /// Data directory of this member.

@@ -19,6 +19,7 @@ mod lease_leader_kill;
 mod maintenance;
 mod peer_dial_override;
 mod shutdown;
+mod snapshot;
 mod startup;
 mod watch;
 
