@@ -45,6 +45,40 @@ pub fn profile_dir(exe: &Path) -> PathBuf {
     }
 }
 
+/// The environment variable that overrides the `keelutl` binary.
+pub const KEELUTL_BIN_ENV: &str = "KEELUTL_BIN";
+
+/// The `keelutl` binary (offline tools): `$KEELUTL_BIN`, then `cargo_bin` (the caller's
+/// `CARGO_BIN_EXE_keelutl`), then `keelutl` in the cargo profile directory of the running
+/// executable.
+///
+/// Panics, naming the build command, if the binary found last does not exist.
+pub fn find_keelutl(cargo_bin: Option<&str>) -> PathBuf {
+    if let Some(path) = std::env::var_os(KEELUTL_BIN_ENV) {
+        return PathBuf::from(path);
+    }
+    if let Some(path) = cargo_bin {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("path of the running executable");
+    let path = profile_dir(&exe).join("keelutl");
+    assert!(
+        path.is_file(),
+        "{} not found: build it first (`cargo build -p keel-server --bin keelutl`), or set \
+         {KEELUTL_BIN_ENV}",
+        path.display()
+    );
+    path
+}
+
+/// [`find_keelutl`] with the calling crate's `CARGO_BIN_EXE_keelutl`.
+#[macro_export]
+macro_rules! keelutl_binary {
+    () => {
+        $crate::binary::find_keelutl(option_env!("CARGO_BIN_EXE_keelutl"))
+    };
+}
+
 /// [`find_keel`] with the calling crate's `CARGO_BIN_EXE_keel` (set only in keel-server's
 /// integration tests; elsewhere `None`, so the profile directory is used).
 #[macro_export]

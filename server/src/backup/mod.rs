@@ -10,12 +10,17 @@
 //!   `<= R` from the live tree into an `etcd_db::DbWriter`, then the captured tables in
 //!   etcd's schema, then `meta`.
 //!
+//! - [`restore::restore`] is the way back in (`keelutl snapshot restore`): an etcd
+//!   database into the member tree of a new data dir; [`restore::defrag`] rewrites a
+//!   stopped member's store into a fresh sled database (`keelutl defrag`).
+//!
 //! Invariants: an export holds exactly the records `<= R` of the live tree and the tables of
 //! the same applied state (records never change once written; only compaction and install
 //! remove them, and both wait for the export lock); the file is complete and synced before
 //! anything streams it (bbolt rewrites pages at commit).
 
 pub mod export;
+pub mod restore;
 
 use crate::alarm::AlarmError;
 use crate::backend::BackendError;

@@ -14,6 +14,7 @@ mod cluster_five;
 mod cluster_membership;
 mod crash_recovery;
 mod etcdctl;
+mod keelutl;
 mod lease_etcdctl;
 mod lease_leader_kill;
 mod maintenance;
