@@ -204,7 +204,7 @@ impl Maintenance for MaintenanceService {
                 let msg = chunk
                     .map(|c| {
                         let mut resp = SnapshotResponse::from(c);
-                        resp.header = Some(header.clone());
+                        resp.header = Some(header);
                         resp
                     })
                     .map_err(|e| internal("read", &e));
