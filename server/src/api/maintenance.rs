@@ -1,4 +1,4 @@
-//! The etcd `Maintenance` service: Alarm, Status, HashKV, MoveLeader, Defragment and
+//! The etcd `Maintenance` service: Alarm, Status, Hash, HashKV, MoveLeader, Defragment and
 //! Snapshot. Other methods answer UNIMPLEMENTED until their issues land (see
 //! docs/compat.md).
 //!
@@ -18,8 +18,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use keel_proto::etcdserverpb::maintenance_server::Maintenance;
 use keel_proto::etcdserverpb::{
     AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, HashKvRequest,
-    HashKvResponse, MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse,
-    StatusRequest, StatusResponse,
+    HashKvResponse, HashRequest, HashResponse, MoveLeaderRequest, MoveLeaderResponse,
+    SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
 };
 use keel_proto::keelpb::{raft_request::Request as Rq, raft_response::Response as Rs};
 use tonic::{Request, Response, Status};
@@ -131,6 +131,28 @@ impl Maintenance for MaintenanceService {
             )
             .into()),
         }
+    }
+
+    /// etcd `Hash`: a hash of the member's whole replicated state at one revision
+    /// (`backup::export::Capture::hash`; Keel's own bytes, so comparable between Keel
+    /// members only). Apply pauses only while the small tables are copied.
+    async fn hash(&self, _: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        let internal = |e: &dyn std::fmt::Display| -> Status {
+            EtcdError::Internal(format!("hash: {e}")).into()
+        };
+        let capture = Capture::take(&self.node.export_locks, self.node.tree(), &self.node.store)
+            .await
+            .map_err(|e| internal(&e))?;
+        let header = self.node.header(capture.revision);
+        let tree = self.node.tree().clone();
+        let hash = tokio::task::spawn_blocking(move || capture.hash(&tree))
+            .await
+            .map_err(|e| internal(&e))?
+            .map_err(|e| internal(&e))?;
+        Ok(Response::new(HashResponse {
+            header: Some(header),
+            hash,
+        }))
     }
 
     /// etcd `HashKV`: the hash of the MVCC key space at `revision` (0 = current).

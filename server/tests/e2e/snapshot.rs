@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use keel_testkit::etcd::{Etcd, etcd_binary, etcdctl_restore, find_program, served};
 use keel_testkit::etcdctl::{etcdctl, etcdctl_stdin};
-use keel_testkit::{b64, ports};
+use keel_testkit::{b64, grpc, ports};
 
 use crate::member;
 
@@ -153,4 +153,52 @@ fn a_keel_snapshot_taken_during_writes_restores_into_etcd() {
     );
     let etcd35 = find_program("etcd", "ETCD35_BIN").unwrap_or(etcd);
     assert_etcd_serves(&etcd35, &data, "r2", peer_port, &ep, rev, lease);
+}
+
+#[test]
+fn a_member_killed_while_streaming_a_snapshot_restarts_with_every_write_and_no_temp_file() {
+    let (_guard, mut keel) = member(&[]);
+    let ep = keel.endpoint();
+    let put_ep = ep.clone();
+    grpc::block_on_thread(async move {
+        let mut kv = grpc::kv(&put_ep).await;
+        for i in 0..64 {
+            grpc::put(&mut kv, &format!("big/{i:02}"), vec![b'v'; 256 << 10]).await;
+        }
+    })
+    .unwrap();
+    let tmp = keel.data_dir().join("member").join("tmp");
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("cut.snapshot");
+    let saver = {
+        let (ep, snap) = (ep.clone(), snap.clone());
+        std::thread::spawn(move || etcdctl(&ep, &["snapshot", "save", snap.to_str().unwrap()]))
+    };
+    // SIGKILL once the export file exists (the snapshot is being written or streamed).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::fs::read_dir(&tmp).map_or(0, |d| d.count()) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no snapshot file appeared"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    keel.kill9();
+    // Usually the cut stream fails; if the whole file got out first it must be valid.
+    if saver.join().unwrap().code == Some(0) {
+        etcdctl(&ep, &["snapshot", "status", snap.to_str().unwrap()]).ok();
+    }
+    keel.restart();
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        0,
+        "stale files are removed"
+    );
+    let count = etcdctl(
+        &ep,
+        &["get", "big/", "--prefix", "--keys-only", "-w", "json"],
+    )
+    .json();
+    assert_eq!(count["count"].as_i64(), Some(64));
+    etcdctl(&ep, &["snapshot", "save", snap.to_str().unwrap()]).ok();
 }
