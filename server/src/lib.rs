@@ -6,10 +6,12 @@
 //! uses only the modules after it (`scripts/layers.sh` checks), plus the shared `error` and
 //! `failpoint`.
 
+pub mod alarm;
 pub mod api;
 pub mod apply;
 pub mod auth;
 pub mod backend;
+pub mod backup;
 pub mod cindex;
 pub mod cluster;
 pub mod config;

@@ -9,11 +9,13 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use anyhow::Context;
-use keel_proto::etcdserverpb::ResponseHeader;
+use keel_proto::etcdserverpb::alarm_request::AlarmAction;
+use keel_proto::etcdserverpb::{AlarmRequest, AlarmType, ResponseHeader};
 use keel_proto::keelpb::{self, RaftRequest, RaftResponse, raft_request};
 use openraft::error::{ClientWriteError, RaftError};
 use prost::Message;
 
+use crate::alarm::{Alarms, quota};
 use crate::apply::Applier;
 use crate::auth::{AuthInfo, AuthState, TokenProvider};
 use crate::backend::Backend;
@@ -27,6 +29,7 @@ use crate::membership::Attributes;
 use crate::mvcc::{MvccStore, SharedStore};
 use crate::qos::{Admission, LoadGauge, RuleChange, RuleSet};
 use crate::raft::dial_override;
+use crate::raft::export::ExportLocks;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, into_result};
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
@@ -37,6 +40,11 @@ use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 /// gRPC response metadata key of `keelpb.Peer/Forward`: the raft log index of the proposed
 /// entry, so the forwarding member can wait until it applied the entry itself.
 pub const FORWARD_LOG_INDEX: &str = "keel-log-index";
+
+/// The bytes-in-use scan runs at most once per this many times its own duration (and at
+/// most once a second): a 2 GiB store that takes 2 s to scan is measured every 20 s, so the
+/// scan costs at most a tenth of one core.
+const IN_USE_SCAN_SHARE: u32 = 10;
 
 /// Pause before re-sending a proposal that could not reach the leader.
 const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -68,9 +76,16 @@ pub struct Node {
     pub qos: Arc<Admission>,
     /// Users, roles, permissions and tokens, as applied (docs/auth.md).
     pub auth: Arc<AuthState>,
+    /// The raised alarms, as applied on this member.
+    pub alarms: Arc<Alarms>,
+    /// The locks an export of the applied state takes (`Maintenance.Snapshot`).
+    pub export_locks: ExportLocks,
     backend: Backend,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
+    /// Bytes of keys and values in the member tree (what the quota counts), refreshed in
+    /// the background ([`Node::db_size_in_use`]) and by Defragment.
+    db_size_in_use: AtomicI64,
     next_request_id: AtomicU64,
     proposer: OnceLock<Proposer>,
 }
@@ -138,6 +153,7 @@ impl Node {
         );
         let auth = applier.auth().clone();
         let shared: Arc<SharedStore> = applier.shared_store().clone();
+        let alarms = applier.alarms().clone();
         let watch = WatchHub::new(
             Arc::new(StoreHistory(shared.clone())),
             WatchConfig::from_config(&config),
@@ -148,6 +164,7 @@ impl Node {
         applier.set_watch_hub(watch.clone());
         applier.set_admission(qos.clone());
         let sm = StateMachine::new(applier, snap_dir);
+        let export_locks = sm.export_locks();
 
         let timers = config.raft_timers();
         let raft_config = openraft::Config {
@@ -209,7 +226,11 @@ impl Node {
             cluster,
             qos,
             auth,
+            alarms,
+            export_locks,
             db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
+            // Measured by the first refresh, right after start (a scan of the whole tree).
+            db_size_in_use: AtomicI64::new(0),
             backend,
             next_request_id: AtomicU64::new(1),
             proposer: OnceLock::new(),
@@ -524,21 +545,24 @@ impl Node {
         self.cluster.header(revision)
     }
 
-    /// Keel's `Maintenance.Defragment`: writes every dirty page of the store (sled) to disk
-    /// and returns the bytes flushed. sled 0.34 has no offline rewrite, so unlike etcd's
+    /// Keel's `Maintenance.Defragment`: writes every dirty page of the store (sled) to disk,
+    /// measures the bytes in use again (so a quota freed by a compaction shows at once) and
+    /// returns the bytes flushed. sled 0.34 has no offline rewrite, so unlike etcd's
     /// defragment this does not shrink the file (docs/compat.md).
     ///
     /// Errors: `Internal` with sled's I/O error.
     pub async fn defragment(&self) -> Result<usize, EtcdError> {
         let backend = self.backend.clone();
-        tokio::task::spawn_blocking(move || {
+        let (flushed, in_use) = tokio::task::spawn_blocking(move || {
             // Crash with the defragment accepted but the store not yet flushed.
             crate::failpoint::crash_point!("defrag_mid");
-            backend.flush()
+            Ok::<_, crate::backend::BackendError>((backend.flush()?, backend.bytes_in_use()?))
         })
         .await
         .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
-        .map_err(|e| EtcdError::Internal(format!("defragment: flush the store: {e}")))
+        .map_err(|e| EtcdError::Internal(format!("defragment: flush the store: {e}")))?;
+        self.db_size_in_use.store(in_use as i64, Ordering::Relaxed);
+        Ok(flushed)
     }
 
     /// Bytes the store occupies on disk (sled's figure, at most ~1 s old).
@@ -546,17 +570,11 @@ impl Node {
         self.db_size.load(Ordering::Relaxed)
     }
 
-    /// etcd's backend quota (`--quota-backend-bytes`): requests that add data (puts, txns
-    /// with puts) are refused once the store is larger than the quota; reads, deletes and
-    /// compactions still work so space can be reclaimed.
-    ///
-    /// Errors: `NoSpace` (`etcdserver: mvcc: database space exceeded`).
-    pub fn check_quota(&self) -> Result<(), EtcdError> {
-        if self.db_size() > self.config.quota_bytes() {
-            Err(EtcdError::NoSpace)
-        } else {
-            Ok(())
-        }
+    /// Bytes of the keys and values in the member tree (MVCC records of every revision not
+    /// yet compacted, leases, auth, alarms, meta): the live data, which the quota counts. At
+    /// most a few seconds old ([`IN_USE_SCAN_SHARE`]).
+    pub fn db_size_in_use(&self) -> i64 {
+        self.db_size_in_use.load(Ordering::Relaxed)
     }
 
     /// Drops expired simple tokens about once a second (etcd's 1 s ticker); lookups also
@@ -575,22 +593,71 @@ impl Node {
         });
     }
 
+    /// etcd's backend quota (`--quota-backend-bytes`, `quotaKVServer`/`quotaLeaseServer`):
+    /// a request that adds `cost` bytes ([`quota::cost`]) must fit below the quota together
+    /// with the bytes in use; otherwise this member raises NOSPACE through raft (once) and
+    /// the request is refused. Requests that add nothing (cost 0) always pass, so reads,
+    /// deletes and compactions can reclaim space. Keel counts the bytes in use, not the file
+    /// size, because sled never gives freed space back (docs/compat.md).
+    ///
+    /// Errors: `NoSpace` (`etcdserver: mvcc: database space exceeded`).
+    pub async fn check_quota(&self, cost: i64) -> Result<(), EtcdError> {
+        if cost == 0 || quota::fits(self.db_size_in_use(), cost, self.config.quota_bytes()) {
+            return Ok(());
+        }
+        if !self.alarms.has(self.id, AlarmType::Nospace) {
+            let raise = AlarmRequest {
+                action: AlarmAction::Activate as i32,
+                member_id: self.id,
+                alarm: AlarmType::Nospace as i32,
+            };
+            // As etcd: the request fails with NoSpace whether or not the alarm got through.
+            if let Err(e) = self.propose(raft_request::Request::Alarm(raise)).await {
+                tracing::warn!("raising the NOSPACE alarm: {e}");
+            }
+        }
+        Err(EtcdError::NoSpace)
+    }
+
+    /// Refreshes [`Node::db_size`] every second and [`Node::db_size_in_use`] as often as a
+    /// scan of the tree allows ([`IN_USE_SCAN_SHARE`]).
     fn spawn_db_size_refresh(self: Arc<Self>) {
         let weak = Arc::downgrade(&self);
         drop(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut next_scan = tokio::time::Instant::now();
             loop {
                 tick.tick().await;
                 let Some(node) = weak.upgrade() else { return };
                 let backend = node.backend.clone();
-                if let Ok(Ok(size)) =
-                    tokio::task::spawn_blocking(move || backend.size_on_disk()).await
-                {
-                    node.db_size.store(size as i64, Ordering::Relaxed);
+                let scan = tokio::time::Instant::now() >= next_scan;
+                let measured = tokio::task::spawn_blocking(move || {
+                    let started = std::time::Instant::now();
+                    let in_use = if scan {
+                        backend.bytes_in_use().ok()
+                    } else {
+                        None
+                    };
+                    (backend.size_on_disk().ok(), in_use, started.elapsed())
+                })
+                .await;
+                if let Ok((size, in_use, took)) = measured {
+                    if let Some(size) = size {
+                        node.db_size.store(size as i64, Ordering::Relaxed);
+                    }
+                    if let Some(in_use) = in_use {
+                        node.db_size_in_use.store(in_use as i64, Ordering::Relaxed);
+                        next_scan = tokio::time::Instant::now() + took * IN_USE_SCAN_SHARE;
+                    }
                 }
             }
         });
+    }
+
+    /// The replicated member tree (exports read it; only apply writes it).
+    pub fn tree(&self) -> &sled::Tree {
+        self.backend.tree()
     }
 
     /// Data directory of this member.

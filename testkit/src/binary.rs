@@ -1,4 +1,4 @@
-//! Where the `keel` binary under test is.
+//! Where the `keel` binary under test is (and `keelutl`, found the same way).
 //!
 //! Order: `$KEEL_BIN` (any binary with etcd's flags: a release build, or a real etcd to check a
 //! test's own expectations), then the path cargo gave the caller (`CARGO_BIN_EXE_keel`, which
@@ -16,18 +16,36 @@ pub const KEEL_BIN_ENV: &str = "KEEL_BIN";
 ///
 /// Panics, naming the build command, if the binary found last does not exist.
 pub fn find_keel(cargo_bin: Option<&str>) -> PathBuf {
-    if let Some(path) = std::env::var_os(KEEL_BIN_ENV) {
+    find_binary("keel", KEEL_BIN_ENV, cargo_bin)
+}
+
+/// The environment variable that overrides the `keelutl` binary.
+pub const KEELUTL_BIN_ENV: &str = "KEELUTL_BIN";
+
+/// The `keelutl` binary (offline tools), found as [`find_keel`] finds `keel`:
+/// `$KEELUTL_BIN`, then `cargo_bin` (the caller's `CARGO_BIN_EXE_keelutl`), then
+/// `target/<profile>/keelutl`.
+///
+/// Panics, naming the build command, if the binary found last does not exist.
+pub fn find_keelutl(cargo_bin: Option<&str>) -> PathBuf {
+    find_binary("keelutl", KEELUTL_BIN_ENV, cargo_bin)
+}
+
+/// keel-server's binary `name`: `$<env>`, then `cargo_bin`, then `name` in the cargo profile
+/// directory of the running executable (which must exist).
+fn find_binary(name: &str, env: &str, cargo_bin: Option<&str>) -> PathBuf {
+    if let Some(path) = std::env::var_os(env) {
         return PathBuf::from(path);
     }
     if let Some(path) = cargo_bin {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("path of the running executable");
-    let path = profile_dir(&exe).join("keel");
+    let path = profile_dir(&exe).join(name);
     assert!(
         path.is_file(),
-        "{} not found: build it first (`cargo build -p keel-server`, same profile; \
-         `cargo test --workspace` builds it), or set {KEEL_BIN_ENV}",
+        "{} not found: build it first (`cargo build -p keel-server --bin {name}`, same \
+         profile; `cargo test --workspace` builds it), or set {env}",
         path.display()
     );
     path
@@ -43,6 +61,14 @@ pub fn profile_dir(exe: &Path) -> PathBuf {
         }
         _ => dir.to_path_buf(),
     }
+}
+
+/// [`find_keelutl`] with the calling crate's `CARGO_BIN_EXE_keelutl`.
+#[macro_export]
+macro_rules! keelutl_binary {
+    () => {
+        $crate::binary::find_keelutl(option_env!("CARGO_BIN_EXE_keelutl"))
+    };
 }
 
 /// [`find_keel`] with the calling crate's `CARGO_BIN_EXE_keel` (set only in keel-server's

@@ -54,6 +54,18 @@ impl Cluster {
         template: MemberSpec,
         parent: Option<&Path>,
     ) -> Cluster {
+        Cluster::start_prepared(binary, n, template, parent, &|_| {})
+    }
+
+    /// [`Cluster::start_with`], calling `prepare` on each member before it first starts (e.g.
+    /// to restore a snapshot into its data dir).
+    pub fn start_prepared(
+        binary: &Path,
+        n: usize,
+        template: MemberSpec,
+        parent: Option<&Path>,
+        prepare: &dyn Fn(&Member),
+    ) -> Cluster {
         let ports = free_ports(2 * n);
         let names: Vec<String> = (1..=n).map(|i| format!("m{i}")).collect();
         let peer_urls: Vec<String> = (0..n).map(|i| loopback_url(ports[2 * i + 1])).collect();
@@ -75,6 +87,7 @@ impl Cluster {
             cluster.members.push(member);
         }
         for m in &mut cluster.members {
+            prepare(m);
             m.spawn();
         }
         cluster.wait_ready(&(0..n).collect::<Vec<_>>());

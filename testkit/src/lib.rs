@@ -12,6 +12,7 @@
 //!   restart on the same data dir, readiness, its log tail printed when a test fails);
 //! - [`cluster`]: [`Cluster`], N members with leader lookup and membership changes;
 //! - [`etcdctl`] and [`b64`]: the real etcd client and the base64 its JSON output uses;
+//! - [`etcd`]: the real etcd server as the reference (start, `snapshot restore`, what it serves);
 //! - [`schedule`]: which tests of one test binary may overlap.
 //!
 //! Every wait in here is bounded in time; a test that waits too long fails with the tail of
@@ -20,6 +21,7 @@
 pub mod b64;
 pub mod binary;
 pub mod cluster;
+pub mod etcd;
 pub mod etcdctl;
 pub mod grpc;
 pub mod member;

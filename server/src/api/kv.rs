@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 
 use super::credentials::{auth_info, still_current};
 use super::{admit, kv_validate};
+use crate::alarm::quota;
 use crate::auth::AuthInfo;
 use crate::auth::check::{self, Rpc};
 use crate::error::EtcdError;
@@ -84,7 +85,7 @@ impl Kv for KvService {
         let req = request.into_inner();
         kv_validate::check_put(&req)?;
         let _permit = admit::put(&self.node, &req, user.as_deref())?;
-        self.node.check_quota()?;
+        self.node.check_quota(quota::cost_put(&req)).await?;
         match self.write(&ai, Rq::Put(req)).await? {
             (rev, Some(Rs::Put(mut r))) => {
                 r.header = Some(self.node.header(rev));
@@ -118,9 +119,7 @@ impl Kv for KvService {
         let req = request.into_inner();
         kv_validate::check_txn(&req, self.node.config.max_txn_ops as usize)?;
         let _permit = admit::txn(&self.node, &req, user.as_deref())?;
-        if txn_has_put(&req) {
-            self.node.check_quota()?;
-        }
+        self.node.check_quota(quota::cost_txn(&req)).await?;
         match self.write(&ai, Rq::Txn(req)).await? {
             (rev, Some(Rs::Txn(mut r))) => {
                 // Nested responses keep the header apply gave them (revision only), as etcd's.
@@ -165,17 +164,4 @@ impl Kv for KvService {
             _ => Err(unexpected()),
         }
     }
-}
-
-/// Whether any branch of the txn (nested ones included) puts a key.
-fn txn_has_put(t: &TxnRequest) -> bool {
-    use keel_proto::etcdserverpb::request_op::Request as Op;
-    t.success
-        .iter()
-        .chain(&t.failure)
-        .any(|op| match &op.request {
-            Some(Op::RequestPut(_)) => true,
-            Some(Op::RequestTxn(inner)) => txn_has_put(inner),
-            _ => false,
-        })
 }

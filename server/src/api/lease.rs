@@ -28,6 +28,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::credentials::{RequestIdentity, auth_info};
 use super::{admit, lease_leader};
+use crate::alarm::quota;
 use crate::auth::check;
 use crate::error::EtcdError;
 use crate::lease::{MAX_LEASE_TTL, NO_LEASE, min_lease_ttl};
@@ -89,6 +90,7 @@ impl Lease for LeaseService {
         let req = request.into_inner();
         let _permit = admit::keyless(&self.node, Method::LeaseGrant, user.as_deref())?;
         let ttl = grant_ttl(&self.node, req.ttl)?;
+        self.node.check_quota(quota::LEASE_OVERHEAD).await?;
         let chosen = req.id != NO_LEASE;
         let mut attempt = 0;
         loop {

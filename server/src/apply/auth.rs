@@ -47,6 +47,7 @@ pub fn check_request(
         Rq::LeaseGrant(_) => check::lease_grant(store, ai),
         Rq::Compaction(_) => check::rpc(store, ai, Rpc::Compact),
         Rq::QosRuleChange(_) => check::rpc(store, ai, Rpc::QosAdmin),
+        Rq::Alarm(a) => check::rpc(store, ai, Rpc::alarm(a)),
         _ => Ok(()),
     }
 }

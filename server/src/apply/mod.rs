@@ -35,6 +35,7 @@ use keel_proto::keelpb::{
 };
 use openraft::{EntryPayload, StorageIOError, StoredMembership};
 
+use crate::alarm::{AlarmError, Alarms};
 use crate::auth::storage::StorageError as AuthStorageError;
 use crate::auth::{AuthRequest, AuthState, AuthStore, TokenProvider};
 use crate::backend::{Batch, schema};
@@ -83,6 +84,9 @@ pub enum ApplyError {
     /// The auth records are unreadable.
     #[error(transparent)]
     Auth(#[from] AuthStorageError),
+    /// The alarm keys are unreadable.
+    #[error(transparent)]
+    Alarm(#[from] AlarmError),
 }
 
 /// Applies committed entries to the store. Owned by the raft state machine: exactly one
@@ -94,6 +98,8 @@ pub struct Applier {
     shared: Arc<SharedStore>,
     attributes: Arc<Attributes>,
     lessor: Arc<Lessor>,
+    /// The raised alarms, kept in step with the store (loaded with the applied state).
+    alarms: Arc<Alarms>,
     ci: ConsistentIndex,
     membership: StoredMembership<NodeId, MemberNode>,
     /// Receives the events of every committed revision (watchers on this member), after
@@ -133,12 +139,14 @@ impl Applier {
         let qos = qos_rules::QosRules::load(&tree)?;
         // No tokens until the member hands over its provider (`set_token_provider`).
         let auth = Arc::new(AuthState::new(AuthStore::load(&tree)?, TokenProvider::Nop));
+        let alarms = Arc::new(Alarms::load(&tree)?);
         Ok(Applier {
             tree,
             shared: Arc::new(SharedStore::new(store.clone())),
             store,
             attributes,
             lessor,
+            alarms,
             ci,
             membership,
             watch: None,
@@ -183,6 +191,11 @@ impl Applier {
     /// The lessor this applier keeps in step with the store.
     pub fn lessor(&self) -> &Arc<Lessor> {
         &self.lessor
+    }
+
+    /// The raised alarms this applier keeps in step with the store (Status, quota checks).
+    pub fn alarms(&self) -> &Arc<Alarms> {
+        &self.alarms
     }
 
     /// The last log entry whose every request is applied (openraft's last applied).
@@ -394,9 +407,16 @@ impl Applier {
         };
         let mut w = self.store.write();
         let lessor = self.lessor.clone();
+        let alarms = self.alarms.clone();
         let mut lease_outcome: Option<ApplyOutcome> = None;
         let mut qos_rules: Option<RuleSet> = None;
-        let outcome: Result<Option<Rs>, EtcdError> = if let Some(e) = denied {
+        // An active alarm refuses writes before they touch anything (etcd's capped and
+        // corrupt appliers, which wrap the auth applier); the alarm set is replicated, so
+        // every member refuses alike. Then the permission check of the entry's header.
+        let refused = req.and_then(|r| alarms.refusal(r));
+        let outcome: Result<Option<Rs>, EtcdError> = if let Some(e) = refused {
+            Err(e)
+        } else if let Some(e) = denied {
             Err(e.into())
         } else {
             match req {
@@ -413,6 +433,7 @@ impl Applier {
                     Attributes::stage(w.batch_mut(), a);
                     Ok(None)
                 }
+                Some(Rq::Alarm(a)) => Ok(Some(Rs::Alarm(alarms.apply(w.batch_mut(), a)))),
                 Some(
                     r @ (Rq::LeaseGrant(_)
                     | Rq::LeaseRevoke(_)
@@ -553,6 +574,7 @@ impl AppliedState for Applier {
         // The permission cache is rebuilt from the snapshot's users and roles (etcd #14571).
         self.auth
             .replace(AuthStore::load(&self.tree).map_err(io::Error::other)?);
+        self.alarms.reload(&self.tree).map_err(io::Error::other)?;
         // A snapshot may move the applied state anywhere (usually ahead): not an advance.
         self.ci = ci;
         self.membership = membership;

@@ -180,6 +180,89 @@ fn batch_entry_applies_each_request_at_its_own_revision() {
     assert_eq!(a.last_applied(), Some(log_id(1)));
 }
 
+/// An alarm entry changes what later requests of the same group may do, and the alarm is
+/// stored with the consistent index: a reopened applier has it raised, and refuses alike.
+#[test]
+fn an_alarm_gates_later_requests_and_is_stored_with_the_consistent_index() {
+    use keel_proto::etcdserverpb::alarm_request::AlarmAction;
+    use keel_proto::etcdserverpb::{AlarmRequest, AlarmType, DeleteRangeRequest};
+    use keel_proto::keelpb::raft_response::Response as Rs;
+    let alarm = |action: AlarmAction| RaftRequest {
+        auth_header: None,
+        id: 0,
+        request: Some(raft_request::Request::Alarm(AlarmRequest {
+            action: action as i32,
+            member_id: 9,
+            alarm: AlarmType::Nospace as i32,
+        })),
+    };
+    let put = |key: &str| RaftRequest {
+        auth_header: None,
+        id: 0,
+        request: Some(raft_request::Request::Put(PutRequest {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        })),
+    };
+    let del = RaftRequest {
+        auth_header: None,
+        id: 0,
+        request: Some(raft_request::Request::DeleteRange(DeleteRangeRequest {
+            key: b"a".to_vec(),
+            ..Default::default()
+        })),
+    };
+    let tree = temp_tree();
+    let mut a = open(&tree);
+    let requests = vec![
+        put("a"),
+        alarm(AlarmAction::Activate),
+        put("b"),
+        del,
+        alarm(AlarmAction::Get),
+    ];
+    let resp = a.apply(&batch_entry(1, requests)).unwrap();
+    let Some(Rs::Batch(b)) = resp.0.response else {
+        panic!("batch response expected");
+    };
+    let shapes: Vec<String> = b
+        .responses
+        .iter()
+        .map(|r| match &r.response {
+            Some(Rs::Put(_)) => format!("put@{}", r.revision),
+            Some(Rs::DeleteRange(d)) => format!("deleted {}@{}", d.deleted, r.revision),
+            Some(Rs::Alarm(al)) => format!("alarms {}", al.alarms.len()),
+            Some(Rs::Error(e)) => e.message.clone(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        shapes,
+        [
+            "put@2",
+            "alarms 1",
+            "etcdserver: mvcc: database space exceeded",
+            "deleted 1@3",
+            "alarms 1"
+        ]
+    );
+    drop(a);
+    let mut reopened = open(&tree);
+    assert_eq!(reopened.alarms().get(AlarmType::None).len(), 1);
+    let refused = reopened
+        .apply(&batch_entry(
+            2,
+            vec![put("c"), alarm(AlarmAction::Deactivate), put("d")],
+        ))
+        .unwrap();
+    let Some(Rs::Batch(b)) = refused.0.response else {
+        panic!("batch response expected");
+    };
+    assert!(matches!(&b.responses[0].response, Some(Rs::Error(_))));
+    assert!(matches!(&b.responses[2].response, Some(Rs::Put(_))));
+    assert!(open(&tree).alarms().get(AlarmType::None).is_empty());
+}
+
 /// A crash in the middle of a batch entry loses the whole entry (its requests are staged in
 /// one group that never reached sled); replaying it applies every request once.
 #[test]
@@ -472,6 +555,14 @@ mod invariants {
                 log_id: log_id(7),
                 payload: EntryPayload::Blank,
             },
+            normal(
+                8,
+                raft_request::Request::Alarm(keel_proto::etcdserverpb::AlarmRequest {
+                    action: 1,
+                    member_id: 1,
+                    alarm: 1,
+                }),
+            ),
         ];
         for e in &entries {
             a.apply(e).unwrap();
@@ -495,6 +586,7 @@ mod invariants {
             "Some(Lease)",
             "Some(RaftMembership)",
             "Some(MemberAttributes)",
+            "Some(Alarm)",
         ];
         assert_eq!(owners, want.iter().map(|s| s.to_string()).collect());
     }

@@ -349,6 +349,17 @@ pub enum Need {
 }
 
 impl Rpc {
+    /// The rule of an `Alarm` request (etcd 3.6): GET needs credentials, ACTIVATE and
+    /// DEACTIVATE root.
+    pub fn alarm(req: &keel_proto::etcdserverpb::AlarmRequest) -> Rpc {
+        use keel_proto::etcdserverpb::alarm_request::AlarmAction;
+        if req.action == AlarmAction::Get as i32 {
+            Rpc::AlarmGet
+        } else {
+            Rpc::AlarmChange
+        }
+    }
+
     /// What this RPC requires with auth enabled (ETCD-FACTS §1c, 3.6.14 after the 2026 CVE
     /// fixes: Compact is admin; MemberList and Status need only credentials).
     pub fn need(self) -> Need {

@@ -32,6 +32,7 @@
 //! | `a/user/` + user name (UTF-8) | auth | prost `authpb.User` (bcrypt hash, sorted roles, options) |
 //! | `a/role/` + role name (UTF-8) | auth | prost `authpb.Role` (permissions sorted by key, then range end) |
 //! | `q/rules` | qos (staged by apply) | the QoS rule set, `qos::RuleSet::encode` (canonical JSON `{"format":1,"version":V,"rules":[...]}`); absent = no rules, version 0 |
+//! | `x/alarm/` + member ID (u64 BE) + alarm type (i32 BE) | alarm | empty: that member raised that alarm (etcd's `alarm` bucket) |
 //!
 //! Keys of [`LOCAL_TREE`]:
 //!
@@ -87,6 +88,9 @@ pub const AUTH_ROLE_PREFIX: &[u8] = b"a/role/";
 /// The replicated QoS rule set (`qos::RuleSet::encode`), written by apply with the
 /// consistent index of the rule change that made it.
 pub const QOS_RULES: &[u8] = b"q/rules";
+/// Prefix of the raised alarms (`x/alarm/` + member ID, 8 bytes BE, + alarm type, 4 bytes
+/// BE; empty value).
+pub const ALARM_PREFIX: &[u8] = b"x/alarm/";
 
 /// In [`LOCAL_TREE`]: this member's ID.
 pub const MEMBER_ID: &[u8] = b"member_id";
@@ -112,6 +116,8 @@ pub enum Owner {
     Auth,
     /// The QoS rule set.
     Qos,
+    /// A raised alarm.
+    Alarm,
 }
 
 /// Which part of the schema `key` (of [`MEMBER_TREE`]) belongs to; `None` for a key the
@@ -127,6 +133,7 @@ pub fn owner(key: &[u8]) -> Option<Owner> {
         k if k == CLUSTER_ID => Some(Owner::ClusterId),
         [AUTH_PREFIX, ..] => Some(Owner::Auth),
         k if k == QOS_RULES => Some(Owner::Qos),
+        k if k.starts_with(ALARM_PREFIX) => Some(Owner::Alarm),
         _ => None,
     }
 }
@@ -173,11 +180,12 @@ mod tests {
         assert_eq!(AUTH_USER_PREFIX, b"a/user/");
         assert_eq!(AUTH_ROLE_PREFIX, b"a/role/");
         assert_eq!(QOS_RULES, b"q/rules");
+        assert_eq!(ALARM_PREFIX, b"x/alarm/");
     }
 
     #[test]
     fn every_key_has_one_owner() {
-        let cases: [(&[u8], Option<Owner>); 15] = [
+        let cases: [(&[u8], Option<Owner>); 17] = [
             (
                 b"k\0\0\0\0\0\0\0\x02\0\0\0\0\0\0\0\0",
                 Some(Owner::MvccRecord),
@@ -195,6 +203,8 @@ mod tests {
             (b"a/user/alice", Some(Owner::Auth)),
             (b"q/rules", Some(Owner::Qos)),
             (b"q/other", None),
+            (b"x/alarm/\0\0\0\0\0\0\0\x01\0\0\0\x01", Some(Owner::Alarm)),
+            (b"x/other", None),
             (b"", None),
         ];
         for (key, want) in cases {

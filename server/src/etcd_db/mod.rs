@@ -26,7 +26,7 @@
 //! - nothing is held in memory beyond one write transaction (at most [`writer::BATCH_ENTRIES`]
 //!   entries or [`writer::BATCH_BYTES`] bytes) or, when reading, one root-to-leaf path of pages.
 //!
-//! The format and the plan for `Maintenance.Snapshot` and `keelutl` are in
+//! The format, and how `Maintenance.Snapshot` and `keelutl` use it, are in
 //! `docs/etcd-format.md`.
 
 pub mod bolt;

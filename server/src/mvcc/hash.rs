@@ -27,7 +27,8 @@ use crate::error::EtcdError;
 pub struct HashKv {
     /// CRC-32C of the state at `hash_revision` (see the module docs).
     pub hash: u32,
-    /// Compact revision when the hash was computed (0 if never compacted).
+    /// Compact revision when the hash was computed (-1 if never compacted, as etcd's
+    /// `compactMainRev`).
     pub compact_revision: i64,
     /// The revision hashed (the request's, or the current one for 0).
     pub hash_revision: i64,
@@ -113,7 +114,7 @@ pub(super) fn hash_kv(
 fn done(view: &View, rev: i64, hash: u32) -> HashKv {
     HashKv {
         hash,
-        compact_revision: view.compact_rev.max(0),
+        compact_revision: view.compact_rev,
         hash_revision: rev,
         current_revision: view.rev,
     }

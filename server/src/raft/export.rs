@@ -36,6 +36,23 @@ use crate::mvcc::revision::record_key_lower_bound;
 /// Shared by export (read) and by compaction and install (write). See the module docs.
 pub type ExportLock = Arc<RwLock<()>>;
 
+/// Held exclusively by the apply task for each group it applies (stage + flush) and for a
+/// snapshot install; held shared by a capture that must read several keys of one applied
+/// state (`Maintenance.Snapshot`, `backup::export`), which therefore sees no group half
+/// applied. Lock order: this gate first, then the [`ExportLock`]. A capture holds the gate
+/// only while it copies the small tables (microseconds to milliseconds), never during I/O
+/// on the records.
+pub type ApplyGate = Arc<RwLock<()>>;
+
+/// The locks an export outside the raft snapshot path takes (see [`ApplyGate`]).
+#[derive(Clone, Default)]
+pub struct ExportLocks {
+    /// Excludes apply while a capture copies its tables.
+    pub gate: ApplyGate,
+    /// Keeps compaction and install out while records are written.
+    pub export: ExportLock,
+}
+
 /// Called inside a running export (tests use it to hold an export open).
 pub type ExportHook = Arc<dyn Fn() + Send + Sync>;
 

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership};
 
-use super::export::{ExportHook, ExportJob, ExportLock};
+use super::export::{ExportHook, ExportJob, ExportLock, ExportLocks};
 use super::snapshot;
 use super::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError, TypeConfig};
 
@@ -73,6 +73,8 @@ pub struct StateMachine {
     receiving: Option<PathBuf>,
     snapshot_seq: u64,
     export_lock: ExportLock,
+    /// Held exclusively while a group is applied or a snapshot installed ([`ExportLocks`]).
+    apply_gate: super::export::ApplyGate,
     export_hook: Option<ExportHook>,
     startup_checked: bool,
 }
@@ -90,8 +92,18 @@ impl StateMachine {
             receiving: None,
             snapshot_seq: 0,
             export_lock: ExportLock::default(),
+            apply_gate: Default::default(),
             export_hook: None,
             startup_checked: false,
+        }
+    }
+
+    /// The locks an export of the applied state from outside raft takes
+    /// (`Maintenance.Snapshot`); see [`ExportLocks`].
+    pub fn export_locks(&self) -> ExportLocks {
+        ExportLocks {
+            gate: self.apply_gate.clone(),
+            export: self.export_lock.clone(),
         }
     }
 
@@ -328,6 +340,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: openraft::OptionalSend,
     {
         let mut responses = Vec::new();
+        // Captures see whole groups only (lock order: gate, then export lock).
+        let _gate = self.apply_gate.clone().write_owned().await;
         // Compaction deletes records a running export may still need: wait for it, and keep
         // exports out until the group (and so the compaction) is in sled.
         let mut exclusive = None;
@@ -381,7 +395,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let file = snapshot.into_std().await;
-        // A running export must finish before the tree is replaced.
+        // No capture may see a half-replaced tree, and a running export must finish before
+        // the tree is replaced (lock order: gate, then export lock).
+        let _gate = self.apply_gate.clone().write_owned().await;
         let _exclusive = self.export_lock.clone().write_owned().await;
         self.install(meta, file)
     }

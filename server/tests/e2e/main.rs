@@ -16,11 +16,14 @@ mod cluster_five;
 mod cluster_membership;
 mod crash_recovery;
 mod etcdctl;
+mod keelutl;
 mod lease_etcdctl;
 mod lease_leader_kill;
+mod maintenance;
 mod peer_dial_override;
 mod qos;
 mod shutdown;
+mod snapshot;
 mod startup;
 mod watch;
 

@@ -13,82 +13,14 @@
 //! `testdata/etcd-3.4.23.snapshot.db` (read by `fixture.rs`) was made.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use keel_proto::mvccpb::KeyValue;
-use keel_testkit::etcdctl::{CtlOutput, etcdctl, etcdctl_stdin};
-use keel_testkit::process::KillOnDrop;
-use keel_testkit::spec::initial_cluster;
-use keel_testkit::{MemberSpec, b64, ports};
-use serde_json::Value;
+use keel_testkit::etcd::{Etcd, etcd_binary as binaries, etcdctl_restore, served};
+use keel_testkit::etcdctl::{etcdctl, etcdctl_stdin};
+use keel_testkit::{b64, ports};
 
 use super::super::{EtcdDb, HashCheck, MvccRecord};
-use super::{LEASE_ID, etcdctl_restore, find_program, have_programs, sample, write_snapshot};
-
-/// A running etcd member.
-struct Etcd {
-    _child: KillOnDrop,
-    endpoint: String,
-    log: PathBuf,
-}
-
-/// `etcd` (and `etcdctl`), or `None` when the test should skip ([`have_programs`]).
-fn binaries(test: &str) -> Option<PathBuf> {
-    let needed = [("etcd", "ETCD_BIN"), ("etcdctl", "ETCDCTL_BIN")];
-    let install = "etcd and etcdctl 3.4.23 (apt-get install -y etcd-server etcd-client)";
-    have_programs(test, &needed, install).then(|| find_program("etcd", "ETCD_BIN").unwrap())
-}
-
-impl Etcd {
-    /// Starts member `name` on `data_dir` (new or restored) with free loopback ports, and
-    /// waits until it answers.
-    fn start(bin: &Path, data_dir: &Path, name: &str, peer_port: u16) -> Etcd {
-        let client = ports::free_port();
-        let endpoint = format!("127.0.0.1:{client}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let log = data_dir.with_extension("log");
-        let out = std::fs::File::create(&log).unwrap();
-        // etcd and keel share the member flags: one builder spells them.
-        let child = MemberSpec::new()
-            .name(name)
-            .data_dir(data_dir)
-            .client_url(&format!("http://{endpoint}"))
-            .peer_url(&peer)
-            .initial_cluster(&initial_cluster([(name, peer.as_str())]))
-            .command(bin)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
-        let etcd = Etcd {
-            _child: KillOnDrop(child),
-            endpoint,
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let h = etcdctl(&etcd.endpoint, &["endpoint", "health"]);
-            if h.code == Some(0) {
-                return etcd;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "etcd did not become healthy: {h:#?}\n{}",
-                std::fs::read_to_string(&etcd.log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn ctl(&self, args: &[&str]) -> CtlOutput {
-        let out = etcdctl(&self.endpoint, args);
-        out.ok();
-        out
-    }
-}
+use super::{LEASE_ID, sample, write_snapshot};
 
 /// The live keys of a record history: each key's latest put, unless deleted after it.
 fn replay(records: &[MvccRecord]) -> BTreeMap<Vec<u8>, KeyValue> {
@@ -104,27 +36,9 @@ fn replay(records: &[MvccRecord]) -> BTreeMap<Vec<u8>, KeyValue> {
     live
 }
 
-/// `etcdctl get "" --prefix -w json` as key → (value, create, mod, version, lease), with the
-/// header revision.
-fn served(etcd: &Etcd, auth: &[&str]) -> (i64, Vec<String>) {
-    let mut args = vec!["get", "", "--prefix", "-w", "json"];
-    args.extend_from_slice(auth);
-    let json = etcd.ctl(&args).json();
-    let rev = json["header"]["revision"].as_i64().unwrap();
-    let kvs = json["kvs"].as_array().cloned().unwrap_or_default();
-    (rev, kvs.iter().map(describe_json).collect())
-}
-
-fn describe_json(kv: &Value) -> String {
-    format!(
-        "{} = {} create={} mod={} ver={} lease={}",
-        kv["key"].as_str().unwrap(),
-        kv["value"].as_str().unwrap_or(""),
-        kv["create_revision"].as_i64().unwrap_or(0),
-        kv["mod_revision"].as_i64().unwrap_or(0),
-        kv["version"].as_i64().unwrap_or(0),
-        kv["lease"].as_i64().unwrap_or(0),
-    )
+/// What `etcd` serves ([`served`] on its endpoint).
+fn served_by(etcd: &Etcd, auth: &[&str]) -> (i64, Vec<String>) {
+    served(&etcd.endpoint, auth)
 }
 
 fn describe_kv(kv: &KeyValue) -> String {
@@ -177,7 +91,7 @@ fn an_etcd_snapshot_reads_back_as_etcd_serves_it() {
     let dir = tempfile::tempdir().unwrap();
     let etcd = Etcd::start(&bin, &dir.path().join("e1"), "e1", ports::free_port());
     let lease = make_history(&etcd);
-    let (rev, kvs) = served(&etcd, &[]);
+    let (rev, kvs) = served_by(&etcd, &[]);
     assert_eq!(rev, 10);
     let leases = etcd.ctl(&["lease", "list", "-w", "json"]).json();
     let status = etcd.ctl(&["endpoint", "status", "-w", "json"]).json();
@@ -259,9 +173,9 @@ fn a_keel_snapshot_restored_with_etcdctl_is_served_by_etcd() {
     let snap = write_snapshot(&c, dir.path());
     let data = dir.path().join("restored");
     let peer_port = ports::free_port();
-    etcdctl_restore(&snap, &data, &format!("http://127.0.0.1:{peer_port}"));
+    etcdctl_restore(&snap, &data, "r1", &format!("http://127.0.0.1:{peer_port}"));
     let etcd = Etcd::start(&bin, &data, "r1", peer_port);
-    let (rev, kvs) = served(&etcd, &[]);
+    let (rev, kvs) = served_by(&etcd, &[]);
     let expected: Vec<String> = replay(&c.records).values().map(describe_kv).collect();
     assert_eq!(kvs, expected);
     assert_eq!(rev, c.records.last().unwrap().rev.main);
@@ -292,6 +206,6 @@ fn a_keel_snapshot_restored_with_etcdctl_is_served_by_etcd() {
     assert!(role.contains("[/x, /y)"), "{role}");
     // Writes go on from the restored revision.
     etcd.ctl(&["put", "after", "restore"]);
-    let (rev2, _) = served(&etcd, &[]);
+    let (rev2, _) = served_by(&etcd, &[]);
     assert_eq!(rev2, rev + 1);
 }

@@ -110,7 +110,7 @@ fn etcdctl_restores_a_keel_snapshot() {
     let c = sample();
     let snap = write_snapshot(&c, dir.path());
     let data = dir.path().join("restored");
-    etcdctl_restore(&snap, &data, "http://127.0.0.1:2380");
+    etcdctl_restore(&snap, &data, "r1", "http://127.0.0.1:2380");
     let restored = EtcdDb::open(data.join("member/snap/db"), HashCheck::Skip).unwrap();
     let got = read(&restored);
     assert_eq!(got.records, c.records);

@@ -13,8 +13,6 @@ use keel_proto::authpb::{Permission, Role, User, permission};
 use keel_proto::etcdserverpb::{AlarmMember, AlarmType};
 use keel_proto::leasepb::Lease;
 use keel_proto::mvccpb::KeyValue;
-use keel_testkit::MemberSpec;
-use keel_testkit::spec::initial_cluster;
 use prost::Message;
 
 use super::model::{AuthMeta, Cluster, ConfState, Member, Meta, MvccRecord};
@@ -246,56 +244,4 @@ pub(super) fn write_snapshot(c: &Contents, dir: &Path) -> std::path::PathBuf {
     snap
 }
 
-/// `etcdctl snapshot restore <snap>` into a new data dir for the one-member cluster
-/// `r1=<peer>`; asserts success.
-pub(super) fn etcdctl_restore(snap: &Path, data: &Path, peer: &str) {
-    // The member flags come from the one builder; `snapshot restore` takes all but the
-    // listen URL.
-    let member = MemberSpec::new()
-        .name("r1")
-        .data_dir(data)
-        .peer_url(peer)
-        .initial_cluster(&initial_cluster([("r1", peer)]));
-    let flags = member
-        .settings()
-        .into_iter()
-        .filter(|(flag, _)| *flag != "listen-peer-urls")
-        .map(|(flag, value)| format!("--{flag}={value}"));
-    let args: Vec<String> = ["snapshot", "restore", snap.to_str().unwrap()]
-        .map(String::from)
-        .into_iter()
-        .chain(flags)
-        .collect();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    keel_testkit::etcdctl::etcdctl("127.0.0.1:1", &args).ok();
-}
-
-/// Whether every `(program, env override)` a test needs exists. When one does not, prints
-/// `SKIPPED <test>: needs <install>` and returns false, or fails the test if
-/// `KEEL_REQUIRE_ETCD` is set (CI, once it installs them).
-pub(super) fn have_programs(test: &str, programs: &[(&str, &str)], install: &str) -> bool {
-    if programs
-        .iter()
-        .all(|(p, env)| find_program(p, env).is_some())
-    {
-        return true;
-    }
-    let why = format!("needs {install}");
-    assert!(
-        std::env::var_os("KEEL_REQUIRE_ETCD").is_none(),
-        "{test}: KEEL_REQUIRE_ETCD is set but it {why}"
-    );
-    eprintln!("SKIPPED {test}: {why}");
-    false
-}
-
-/// The path of a program on `PATH`, or of `$<env>` if set; `None` if neither exists.
-pub(super) fn find_program(name: &str, env: &str) -> Option<std::path::PathBuf> {
-    if let Some(p) = std::env::var_os(env) {
-        return Some(p.into());
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|c| c.is_file())
-}
+pub(super) use keel_testkit::etcd::{etcdctl_restore, have_programs};
