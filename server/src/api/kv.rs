@@ -53,7 +53,7 @@ impl Kv for KvService {
         let user = admit::user(&request);
         let req = request.into_inner();
         kv_validate::check_range(&req)?;
-        let _permit = admit::range(&self.node, &req, user.as_deref())?;
+        let _permit = admit::range(&self.node, &req, user.as_deref()).await?;
         // The `linearizable_read_stale` failpoint skips ReadIndex: a deliberately broken
         // member that serves linearizable reads from its local state (chaos --inject).
         if !req.serializable && !crate::failpoint::hit("linearizable_read_stale") {
@@ -73,7 +73,7 @@ impl Kv for KvService {
         let user = admit::user(&request);
         let req = request.into_inner();
         kv_validate::check_put(&req)?;
-        let _permit = admit::put(&self.node, &req, user.as_deref())?;
+        let _permit = admit::put(&self.node, &req, user.as_deref()).await?;
         self.node.check_quota()?;
         match self.write(Rq::Put(req)).await? {
             (rev, Some(Rs::Put(mut r))) => {
@@ -91,7 +91,7 @@ impl Kv for KvService {
         let user = admit::user(&request);
         let req = request.into_inner();
         kv_validate::check_delete_range(&req)?;
-        let _permit = admit::delete_range(&self.node, &req, user.as_deref())?;
+        let _permit = admit::delete_range(&self.node, &req, user.as_deref()).await?;
         match self.write(Rq::DeleteRange(req)).await? {
             (rev, Some(Rs::DeleteRange(mut r))) => {
                 r.header = Some(self.node.header(rev));
@@ -105,7 +105,7 @@ impl Kv for KvService {
         let user = admit::user(&request);
         let req = request.into_inner();
         kv_validate::check_txn(&req, self.node.config.max_txn_ops as usize)?;
-        let _permit = admit::txn(&self.node, &req, user.as_deref())?;
+        let _permit = admit::txn(&self.node, &req, user.as_deref()).await?;
         if txn_has_put(&req) {
             self.node.check_quota()?;
         }
@@ -126,7 +126,7 @@ impl Kv for KvService {
         let user = admit::user(&request);
         let req = request.into_inner();
         kv_validate::check_compaction(&req)?;
-        let _permit = admit::keyless(&self.node, Method::Compact, user.as_deref())?;
+        let _permit = admit::keyless(&self.node, Method::Compact, user.as_deref()).await?;
         let (physical, revision) = (req.physical, req.revision);
         match self.write(Rq::Compaction(req)).await? {
             (rev, Some(Rs::Compaction(mut r))) => {

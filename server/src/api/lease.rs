@@ -83,7 +83,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<LeaseGrantResponse>, Status> {
         let user = admit::user(&request);
         let req = request.into_inner();
-        let _permit = admit::keyless(&self.node, Method::LeaseGrant, user.as_deref())?;
+        let _permit = admit::keyless(&self.node, Method::LeaseGrant, user.as_deref()).await?;
         let ttl = grant_ttl(&self.node, req.ttl)?;
         let chosen = req.id != NO_LEASE;
         let mut attempt = 0;
@@ -118,7 +118,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
         let user = admit::user(&request);
         let req = request.into_inner();
-        let _permit = admit::keyless(&self.node, Method::LeaseRevoke, user.as_deref())?;
+        let _permit = admit::keyless(&self.node, Method::LeaseRevoke, user.as_deref()).await?;
         let resp = self.node.propose(Rq::LeaseRevoke(req)).await?;
         let Some(Rs::LeaseRevoke(mut r)) = resp.response else {
             return Err(unexpected());
@@ -181,7 +181,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let user = admit::user(&request);
         let req = request.into_inner();
-        let _permit = admit::keyless(&self.node, Method::LeaseTimeToLive, user.as_deref())?;
+        let _permit = admit::keyless(&self.node, Method::LeaseTimeToLive, user.as_deref()).await?;
         let mut resp = lease_leader::time_to_live(&self.node, &req).await?;
         resp.header = Some(self.header_now());
         Ok(Response::new(resp))
@@ -193,7 +193,7 @@ impl Lease for LeaseService {
         request: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
         let user = admit::user(&request);
-        let _permit = admit::keyless(&self.node, Method::LeaseLeases, user.as_deref())?;
+        let _permit = admit::keyless(&self.node, Method::LeaseLeases, user.as_deref()).await?;
         let leases = self
             .node
             .lessor
