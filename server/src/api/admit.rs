@@ -13,11 +13,12 @@
 use keel_proto::etcdserverpb::{
     Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, request_op,
 };
+use keel_proto::rpctypes::RpcError;
 use tonic::Status;
 
 use crate::auth::AuthInfo;
 use crate::node::Node;
-use crate::qos::{Method, Permit, RangeCost, RequestInfo};
+use crate::qos::{Method, Permit, RangeCost, Refused, RequestInfo};
 
 /// The authenticated user of a request, for user-scoped rules (`match.user`): the user
 /// its credentials resolved to (`api::credentials`: token first, else the TLS client
@@ -26,21 +27,33 @@ pub fn user(ai: &AuthInfo) -> Option<&str> {
     (!ai.username.is_empty()).then_some(ai.username.as_str())
 }
 
-/// Admits `info` on this member or answers `etcdserver: too many requests`.
-pub fn admit(node: &Node, info: &RequestInfo<'_>) -> Result<Permit, Status> {
-    node.qos.admit(info).map_err(|e| e.status())
+/// Admits `info` on this member or answers `etcdserver: too many requests`. A refusal by a
+/// rule's limits is answered after `--qos-refusal-delay` (a timer, no CPU), so a client that
+/// resends at once does not turn its refused requests into a CPU load of their own;
+/// overload refusals are answered at once, as in etcd.
+pub async fn admit(node: &Node, info: &RequestInfo<'_>) -> Result<Permit, Status> {
+    match node.qos.check(info) {
+        Ok(permit) => Ok(permit),
+        Err(refused) => {
+            let delay = node.config.qos_refusal_delay.0;
+            if matches!(refused, Refused::Limit(_)) && !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            Err(RpcError::from(refused).status())
+        }
+    }
 }
 
 /// Admits a `Range`, with its estimated cost when a rule looks at costs (only then is the
 /// range counted in the key index first).
-pub fn range(node: &Node, req: &RangeRequest, user: Option<&str>) -> Result<Permit, Status> {
+pub async fn range(node: &Node, req: &RangeRequest, user: Option<&str>) -> Result<Permit, Status> {
     let mut info = RequestInfo::new(Method::Range)
         .keys(&req.key, &req.range_end)
         .user(user);
     if node.qos.needs_range_cost() {
         info = info.range_cost(range_cost(node, req));
     }
-    admit(node, &info)
+    admit(node, &info).await
 }
 
 /// The answer size of `req`: `min(limit, keys in the range)` keys times the store's mean
@@ -62,40 +75,34 @@ fn range_cost(node: &Node, req: &RangeRequest) -> RangeCost {
 }
 
 /// Admits a `Put`.
-pub fn put(node: &Node, req: &PutRequest, user: Option<&str>) -> Result<Permit, Status> {
-    admit(
-        node,
-        &RequestInfo::new(Method::Put).keys(&req.key, b"").user(user),
-    )
+pub async fn put(node: &Node, req: &PutRequest, user: Option<&str>) -> Result<Permit, Status> {
+    let info = RequestInfo::new(Method::Put).keys(&req.key, b"").user(user);
+    admit(node, &info).await
 }
 
 /// Admits a `DeleteRange`.
-pub fn delete_range(
+pub async fn delete_range(
     node: &Node,
     req: &DeleteRangeRequest,
     user: Option<&str>,
 ) -> Result<Permit, Status> {
-    admit(
-        node,
-        &RequestInfo::new(Method::DeleteRange)
-            .keys(&req.key, &req.range_end)
-            .user(user),
-    )
+    let info = RequestInfo::new(Method::DeleteRange)
+        .keys(&req.key, &req.range_end)
+        .user(user);
+    admit(node, &info).await
 }
 
 /// Admits a `Txn` as one range covering every key it compares or touches.
-pub fn txn(node: &Node, req: &TxnRequest, user: Option<&str>) -> Result<Permit, Status> {
+pub async fn txn(node: &Node, req: &TxnRequest, user: Option<&str>) -> Result<Permit, Status> {
     let cover = TxnCover::of(req);
     let (key, end) = cover.bounds();
-    admit(
-        node,
-        &RequestInfo::new(Method::Txn).keys(key, &end).user(user),
-    )
+    let info = RequestInfo::new(Method::Txn).keys(key, &end).user(user);
+    admit(node, &info).await
 }
 
 /// Admits a request without keys (`Compact`, lease RPCs).
-pub fn keyless(node: &Node, method: Method, user: Option<&str>) -> Result<Permit, Status> {
-    admit(node, &RequestInfo::new(method).user(user))
+pub async fn keyless(node: &Node, method: Method, user: Option<&str>) -> Result<Permit, Status> {
+    admit(node, &RequestInfo::new(method).user(user)).await
 }
 
 /// The smallest key range holding every key a txn compares or touches.

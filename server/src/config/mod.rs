@@ -136,6 +136,13 @@ pub struct Config {
     /// refused.
     #[arg(long, default_value_t = 2_048)]
     pub qos_low_queue_depth: u64,
+    /// Keel: how long a request a QoS rule refuses (rate or in-flight cap) waits before it
+    /// is answered `etcdserver: too many requests` (a Go duration; `0s` answers at once).
+    /// A client that resends at once is then held to a few refusals per request slot and
+    /// second instead of spinning the member's CPU on refusals; overload refusals are
+    /// always immediate, as in etcd.
+    #[arg(long, default_value = "100ms")]
+    pub qos_refusal_delay: GoDuration,
     /// Logging level: debug, info, warn, error.
     #[arg(long, default_value = "info")]
     pub log_level: String,

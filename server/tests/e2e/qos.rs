@@ -108,6 +108,11 @@ fn a_rule_file_refuses_over_rate_puts_with_etcds_error_and_applies_nothing_refus
         let most = 5 + (2.0 * elapsed).ceil() as usize;
         assert!(ok >= 5 && ok <= most, "accepted {ok} in {elapsed:.2}s");
         assert_eq!(ok + refused, 30);
+        // Each refusal is answered after --qos-refusal-delay (100 ms by default).
+        assert!(
+            elapsed >= 0.1 * refused as f64,
+            "{refused} refusals in {elapsed:.2}s"
+        );
         // Nothing refused was proposed: only the accepted keys exist.
         assert_eq!(count(&endpoint, "/noisy/").await, ok as i64);
         // Other keys are not governed by the rule.
