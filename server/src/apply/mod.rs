@@ -51,6 +51,8 @@ use crate::watch::WatchHub;
 mod auth;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_auth;
 
 /// The applied state could not be loaded from the store: fatal, the member does not start.
 /// (Not `keelpb::ApplyError`, the etcd error a response carries. Messages carry their cause;

@@ -747,3 +747,35 @@ fn conformance_auth_cases_pass_through_a_follower() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Lease expiry is issued by the leader without credentials and applies with root authority
+/// (etcd #11689): a lease holding a key only root may write still expires and deletes it.
+#[test]
+fn leases_expire_with_root_authority_while_auth_is_enabled() {
+    let (_guard, keel) = member(&[]);
+    let ep = keel.endpoint();
+    set_up_users(&ep);
+    let lease = ctl(&ep, &[ROOT, "lease", "grant", "2"]);
+    lease.ok();
+    let id = lease.lines()[0]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert_lines(
+        &ctl(&ep, &[ROOT, "put", "secret", "x", &format!("--lease={id}")]),
+        &["OK"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let got = ctl(&ep, &[ROOT, "get", "secret"]);
+        if got.ok().lines().is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lease never expired: {got:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}

@@ -73,7 +73,12 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("user-get root", EMPTY, DENIED, OK),
     ("role-list", EMPTY, DENIED, OK),
     ("role-get rw", EMPTY, OK, OK),
-    ("role-get other", EMPTY, DENIED, "etcdserver: role name not found"),
+    (
+        "role-get other",
+        EMPTY,
+        DENIED,
+        "etcdserver: role name not found",
+    ),
     ("authenticate", OK, OK, OK),
 ];
 
