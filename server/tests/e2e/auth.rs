@@ -679,12 +679,13 @@ fn a_learner_that_joins_from_a_snapshot_enforces_the_same_permissions() {
         loop {
             let root = authenticate(&ep0, "root", "rootpw").await.unwrap();
             let committed = status(&ep0, &root).await.unwrap().raft_index;
-            // The learner answers Status once it serves; its simple tokens come from the leader's
-            // entries, so it authenticates nothing itself (a learner refuses Authenticate).
-            if let Ok(s) = status(&ep2, &root).await {
-                if s.raft_applied_index >= committed {
-                    break;
-                }
+            // Tokens are issued by the voter; the learner accepts them once it applied their
+            // entry (a learner refuses Authenticate, which needs a linearizable read).
+            if status(&ep2, &root)
+                .await
+                .is_ok_and(|s| s.raft_applied_index >= committed)
+            {
+                break;
             }
             assert!(Instant::now() < deadline, "the learner did not catch up");
             tokio::time::sleep(Duration::from_millis(100)).await;
