@@ -23,6 +23,15 @@ use tonic::transport::Channel;
 use crate::{cluster, member};
 
 const ROOT: &str = "--user=root:rootpw";
+/// Role `rw` gets READWRITE on prefix `k/`.
+const GRANT_RW: [&str; 6] = [
+    "role",
+    "grant-permission",
+    "rw",
+    "readwrite",
+    "k/",
+    "--prefix",
+];
 
 /// Runs etcdctl against `endpoints`.
 fn ctl(endpoints: &str, args: &[&str]) -> CtlOutput {
@@ -41,14 +50,7 @@ pub(crate) fn set_up_users(endpoints: &str) {
     let steps: [&[&str]; 8] = [
         &["user", "add", "root", "--new-user-password=rootpw"],
         &["role", "add", "rw"],
-        &[
-            "role",
-            "grant-permission",
-            "rw",
-            "readwrite",
-            "k/",
-            "--prefix",
-        ],
+        &GRANT_RW,
         &["role", "add", "ro"],
         &["role", "grant-permission", "ro", "read", "ro"],
         &["user", "add", "u", "--new-user-password=upw"],
@@ -582,19 +584,7 @@ fn members_agree_on_permissions_changed_under_txn_writers_through_kill9() {
         )
         .ok();
         std::thread::sleep(Duration::from_millis(150));
-        ctl(
-            &all,
-            &[
-                ROOT,
-                "role",
-                "grant-permission",
-                "rw",
-                "readwrite",
-                "k/",
-                "--prefix",
-            ],
-        )
-        .ok();
+        ctl(&all, &[&[ROOT][..], &GRANT_RW].concat()).ok();
     }
     let mut outcomes = Outcomes::default();
     for w in writers {
