@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use keel_proto::etcdserverpb::auth_client::AuthClient;
 use keel_proto::etcdserverpb::cluster_client::ClusterClient;
 use keel_proto::etcdserverpb::kv_client::KvClient;
 use keel_proto::etcdserverpb::lease_client::LeaseClient;
@@ -150,6 +151,11 @@ impl Client {
         ClusterClient::new(self.next_channel())
     }
 
+    /// etcd `Auth` stub on the next connection (round robin).
+    pub fn auth(&self) -> AuthClient<Channel> {
+        AuthClient::new(self.next_channel())
+    }
+
     /// etcd `Maintenance` stub on the next connection (round robin).
     pub fn maintenance(&self) -> MaintenanceClient<Channel> {
         MaintenanceClient::new(self.next_channel())
@@ -191,6 +197,13 @@ impl Client {
     pub(crate) fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         request.set_timeout(self.inner.options.request_timeout);
+        if let Some(token) = &self.inner.options.token {
+            // A token that is not valid metadata is left out (the server then answers
+            // `user name is empty`).
+            if let Ok(value) = token.parse() {
+                request.metadata_mut().insert("token", value);
+            }
+        }
         request
     }
 

@@ -15,7 +15,9 @@ use keel_benches::keel_bench::keys::KeyGen;
 use keel_benches::keel_bench::report::{Latency, Summary, over_slow_share};
 use keel_benches::keel_bench::runner::{self, Plan, Stop};
 use keel_benches::keel_bench::watch;
-use keel_benches::keel_bench::workloads::{KvRequest, KvWorker, LeaseWorker, read_share};
+use keel_benches::keel_bench::workloads::{
+    AuthWorker, KvRequest, KvWorker, LeaseWorker, read_share,
+};
 use keel_client::{Client, ClientError, ClientOptions, RetryPolicy};
 
 /// Lease TTL of `lease-keepalive`, seconds (long enough never to expire during a run).
@@ -39,20 +41,38 @@ async fn main() -> ExitCode {
     }
 }
 
+/// `--user name:password` split at the first `:`.
+fn user_and_password(user: &str) -> (&str, &str) {
+    user.split_once(':').unwrap_or((user, ""))
+}
+
 async fn run(cli: Cli) -> Result<Summary, ClientError> {
     let g = &cli.global;
     let clients = g.clients.max(1);
-    let client = Client::connect(
-        &g.endpoints,
-        ClientOptions {
-            conns: g.conns.max(1),
-            request_timeout: g.request_timeout,
-            // A benchmark counts every error; retries would hide them.
-            retry: RetryPolicy::none(),
-            ..Default::default()
-        },
-    )
-    .await?;
+    let mut options = ClientOptions {
+        conns: g.conns.max(1),
+        request_timeout: g.request_timeout,
+        // A benchmark counts every error; retries would hide them.
+        retry: RetryPolicy::none(),
+        ..Default::default()
+    };
+    if let Some(user) = &g.user {
+        // etcd's benchmark authenticates once and sends the token with every request.
+        let (name, password) = user_and_password(user);
+        let plain = Client::connect(&g.endpoints, options.clone()).await?;
+        let token = plain
+            .auth()
+            .authenticate(keel_client::etcdserverpb::AuthenticateRequest {
+                name: name.into(),
+                password: password.into(),
+            })
+            .await
+            .map_err(|s| ClientError::from_status(&s, &g.endpoints[0]))?
+            .into_inner()
+            .token;
+        options.token = Some(token);
+    }
+    let client = Client::connect(&g.endpoints, options).await?;
     let plan = Plan {
         stop: g.duration.map_or(Stop::Total(g.total), Stop::Duration),
         rate: (g.rate > 0.0).then_some(g.rate),
@@ -124,6 +144,13 @@ async fn run(cli: Cli) -> Result<Summary, ClientError> {
             let (outcome, events) =
                 watch::run(&client, *watchers, clients, keys(0), g.val_size, &plan).await?;
             (outcome, Some(events))
+        }
+        Workload::Authenticate => {
+            let (name, password) = user_and_password(g.user.as_deref().unwrap_or("root:"));
+            let workers = (0..clients)
+                .map(|_| AuthWorker::new(client.clone(), name, password))
+                .collect();
+            (runner::run(&plan, workers).await, None)
         }
         Workload::LeaseKeepalive => {
             let mut workers = Vec::with_capacity(clients);

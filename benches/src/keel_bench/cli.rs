@@ -73,6 +73,10 @@ pub struct Global {
     /// Print one JSON object instead of the text report (and no progress bar).
     #[arg(long, global = true)]
     pub json: bool,
+    /// `name:password` to authenticate as before the run (etcd `--user`); every request
+    /// then carries the token.
+    #[arg(long, global = true)]
+    pub user: Option<String>,
 }
 
 /// Read consistency of `range` (etcd `--consistency`).
@@ -135,6 +139,8 @@ pub enum Workload {
     /// Each client grants a lease and renews it on its keep-alive stream; one request is one
     /// renewal (etcd `benchmark lease-keepalive`).
     LeaseKeepalive,
+    /// `Auth.Authenticate` as the `--user` (bcrypt on the server, a token through raft).
+    Authenticate,
 }
 
 impl Workload {
@@ -148,6 +154,7 @@ impl Workload {
             Workload::Mixed { .. } => "mixed",
             Workload::Watch { .. } => "watch",
             Workload::LeaseKeepalive => "lease-keepalive",
+            Workload::Authenticate => "authenticate",
         }
     }
 }

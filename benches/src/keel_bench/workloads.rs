@@ -182,6 +182,41 @@ impl Worker for LeaseWorker {
     }
 }
 
+/// A worker of `authenticate`: one `Auth.Authenticate` per request (etcd clientv3's
+/// connect-time call; its cost is the server's bcrypt check and one raft entry).
+pub struct AuthWorker {
+    client: Client,
+    name: String,
+    password: String,
+}
+
+impl AuthWorker {
+    /// Authenticates as `name` / `password` through `client`.
+    pub fn new(client: Client, name: &str, password: &str) -> AuthWorker {
+        AuthWorker {
+            client,
+            name: name.to_string(),
+            password: password.to_string(),
+        }
+    }
+}
+
+impl Worker for AuthWorker {
+    async fn request(&mut self) -> Result<(), ClientError> {
+        let req = keel_client::etcdserverpb::AuthenticateRequest {
+            name: self.name.clone(),
+            password: self.password.clone(),
+        };
+        let endpoint = self.client.endpoints()[0].clone();
+        self.client
+            .auth()
+            .authenticate(req)
+            .await
+            .map(drop)
+            .map_err(|s| ClientError::from_status(&s, &endpoint))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

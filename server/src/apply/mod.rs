@@ -54,6 +54,8 @@ mod auth;
 mod qos_rules;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_auth;
 
 /// The applied state could not be loaded from the store: fatal, the member does not start.
 /// (Not `keelpb::ApplyError`, the etcd error a response carries. Messages carry their cause;

@@ -23,6 +23,15 @@ use tonic::transport::Channel;
 use crate::{cluster, member};
 
 const ROOT: &str = "--user=root:rootpw";
+/// Role `rw` gets READWRITE on prefix `k/`.
+const GRANT_RW: [&str; 6] = [
+    "role",
+    "grant-permission",
+    "rw",
+    "readwrite",
+    "k/",
+    "--prefix",
+];
 
 /// Runs etcdctl against `endpoints`.
 fn ctl(endpoints: &str, args: &[&str]) -> CtlOutput {
@@ -41,14 +50,7 @@ pub(crate) fn set_up_users(endpoints: &str) {
     let steps: [&[&str]; 8] = [
         &["user", "add", "root", "--new-user-password=rootpw"],
         &["role", "add", "rw"],
-        &[
-            "role",
-            "grant-permission",
-            "rw",
-            "readwrite",
-            "k/",
-            "--prefix",
-        ],
+        &GRANT_RW,
         &["role", "add", "ro"],
         &["role", "grant-permission", "ro", "read", "ro"],
         &["user", "add", "u", "--new-user-password=upw"],
@@ -352,18 +354,33 @@ fn simple_tokens_expire_after_their_ttl_without_use() {
 // ---------------------------------------------------------------------------------- parallel
 
 /// 16 Authenticates at once must overlap (bcrypt runs outside every lock, on the blocking
-/// pool): on 2 cores they take about 8 single ones; run one after another (or under one
+/// pool): on 2 free cores they take about 8 single ones; run one after another (or under one
 /// lock) they would take 16.
+///
+/// Two checks. (1) Always: the calls run together, so the first of the 16 answers only late
+/// in the run; under one lock it would answer after about 1/16 of it. This holds whatever
+/// else the box runs. (2) When the box is not oversubscribed (1-minute load average at most
+/// its core count), the wall time is under 12 single calls. Under heavy foreign load a
+/// session's CPU share, not the server, bounds the parallel run, so (2) is then reported
+/// and not asserted.
 #[test]
 fn parallel_authenticates_finish_well_under_sixteen_serial_ones() {
     let (_alone, cluster) = cluster(1, &[]);
     let ep = cluster.members[0].endpoint();
     set_up_users(&ep);
+    let quiet = || {
+        let load: f64 = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        (load <= cores, load)
+    };
     grpc::runtime().block_on(async {
         authenticate(&ep, "u", "upw").await.unwrap(); // warm-up
         // Other work on the box only slows a round down: the best of three rounds is the
         // closest to what the server itself allows.
-        let mut best = f64::MAX;
+        let (mut best, mut best_first) = (f64::MAX, 0.0f64);
         for round in 0..3 {
             const SERIAL: u32 = 8;
             let start = Instant::now();
@@ -375,29 +392,47 @@ fn parallel_authenticates_finish_well_under_sixteen_serial_ones() {
             let tasks: Vec<_> = (0..16)
                 .map(|_| {
                     let ep = ep.clone();
-                    tokio::spawn(async move { authenticate(&ep, "u", "upw").await })
+                    tokio::spawn(async move {
+                        authenticate(&ep, "u", "upw").await.map(|_| start.elapsed())
+                    })
                 })
                 .collect();
+            let mut done = Vec::new();
             for t in tasks {
-                t.await.unwrap().unwrap();
+                done.push(t.await.unwrap().unwrap());
             }
             let sixteen = start.elapsed();
+            let first = done.iter().min().unwrap().as_secs_f64() / sixteen.as_secs_f64();
             let ratio = sixteen.as_secs_f64() / one.as_secs_f64();
             eprintln!(
                 "Authenticate round {round}: one {:.1} ms (mean of {SERIAL} serial), 16 in \
-                 parallel {:.1} ms = {ratio:.1} x one",
+                 parallel {:.1} ms = {ratio:.1} x one, first answer at {:.0}% of the run, \
+                 load average {:.1}",
                 one.as_secs_f64() * 1e3,
-                sixteen.as_secs_f64() * 1e3
+                sixteen.as_secs_f64() * 1e3,
+                first * 100.0,
+                quiet().1
             );
             best = best.min(ratio);
-            if best < 12.0 {
+            best_first = best_first.max(first);
+            if best < 12.0 && best_first > 0.3 {
                 break;
             }
         }
         assert!(
-            best < 12.0,
-            "16 parallel Authenticates took {best:.1} x one serial one (best of 3 rounds)"
+            best_first > 0.3,
+            "the 16 Authenticates did not overlap: the first answered at {:.0}% of the run",
+            best_first * 100.0
         );
+        match quiet() {
+            (true, _) => assert!(
+                best < 12.0,
+                "16 parallel Authenticates took {best:.1} x one serial one (best of 3 rounds)"
+            ),
+            (false, load) => eprintln!(
+                "load average {load:.1}: the < 12 x bound ({best:.1} x measured) is not asserted"
+            ),
+        }
     });
 }
 
@@ -549,19 +584,7 @@ fn members_agree_on_permissions_changed_under_txn_writers_through_kill9() {
         )
         .ok();
         std::thread::sleep(Duration::from_millis(150));
-        ctl(
-            &all,
-            &[
-                ROOT,
-                "role",
-                "grant-permission",
-                "rw",
-                "readwrite",
-                "k/",
-                "--prefix",
-            ],
-        )
-        .ok();
+        ctl(&all, &[&[ROOT][..], &GRANT_RW].concat()).ok();
     }
     let mut outcomes = Outcomes::default();
     for w in writers {
@@ -679,12 +702,13 @@ fn a_learner_that_joins_from_a_snapshot_enforces_the_same_permissions() {
         loop {
             let root = authenticate(&ep0, "root", "rootpw").await.unwrap();
             let committed = status(&ep0, &root).await.unwrap().raft_index;
-            // The learner answers Status once it serves; its simple tokens come from the leader's
-            // entries, so it authenticates nothing itself (a learner refuses Authenticate).
-            if let Ok(s) = status(&ep2, &root).await {
-                if s.raft_applied_index >= committed {
-                    break;
-                }
+            // Tokens are issued by the voter; the learner accepts them once it applied their
+            // entry (a learner refuses Authenticate, which needs a linearizable read).
+            if status(&ep2, &root)
+                .await
+                .is_ok_and(|s| s.raft_applied_index >= committed)
+            {
+                break;
             }
             assert!(Instant::now() < deadline, "the learner did not catch up");
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -746,4 +770,36 @@ fn conformance_auth_cases_pass_through_a_follower() {
         "conformance through a follower: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Lease expiry is issued by the leader without credentials and applies with root authority
+/// (etcd #11689): a lease holding a key only root may write still expires and deletes it.
+#[test]
+fn leases_expire_with_root_authority_while_auth_is_enabled() {
+    let (_guard, keel) = member(&[]);
+    let ep = keel.endpoint();
+    set_up_users(&ep);
+    let lease = ctl(&ep, &[ROOT, "lease", "grant", "2"]);
+    lease.ok();
+    let id = lease.lines()[0]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert_lines(
+        &ctl(&ep, &[ROOT, "put", "secret", "x", &format!("--lease={id}")]),
+        &["OK"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let got = ctl(&ep, &[ROOT, "get", "secret"]);
+        if got.ok().lines().is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lease never expired: {got:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
