@@ -67,7 +67,7 @@ pub(crate) fn set_up_users(endpoints: &str) {
 }
 
 /// A request carrying `token` in the gRPC metadata `token` (as clientv3 sends it).
-fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
+pub(crate) fn authed<T>(message: T, token: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request
         .metadata_mut()
@@ -81,7 +81,11 @@ async fn channel(endpoint: &str) -> Channel {
         .expect("connect")
 }
 
-async fn authenticate(endpoint: &str, name: &str, password: &str) -> Result<String, tonic::Status> {
+pub(crate) async fn authenticate(
+    endpoint: &str,
+    name: &str,
+    password: &str,
+) -> Result<String, tonic::Status> {
     AuthClient::new(channel(endpoint).await)
         .authenticate(AuthenticateRequest {
             name: name.into(),

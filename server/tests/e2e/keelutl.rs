@@ -79,7 +79,13 @@ fn the_etcd_fixture_restores_into_a_member_with_its_revisions() {
     );
     let m = restored_member(Path::new(FIXTURE), &["--skip-hash-check"]);
     let ep = m.endpoint();
-    let (rev, kvs) = served(&ep, &[]);
+    // The fixture's etcd had auth enabled with users root and alice: the restored member
+    // enforces it (users, roles and the enabled flag came with the snapshot).
+    etcdctl(&ep, &["get", "a"]).fails_with("Error: etcdserver: user name is empty");
+    etcdctl(&ep, &["get", "a", "--user=alice:alicepw"])
+        .fails_with("Error: etcdserver: permission denied");
+    const ROOT: &str = "--user=root:rootpw";
+    let (rev, kvs) = served(&ep, &[ROOT]);
     assert_eq!(rev, 10);
     let enc = |s: &str| b64::encode(s);
     assert_eq!(
@@ -108,9 +114,9 @@ fn the_etcd_fixture_restores_into_a_member_with_its_revisions() {
             ),
         ]
     );
-    etcdctl(&ep, &["get", "foo", "--rev=3"])
+    etcdctl(&ep, &["get", "foo", "--rev=3", ROOT])
         .fails_with("Error: etcdserver: mvcc: required revision has been compacted");
-    let at4 = etcdctl(&ep, &["get", "", "--prefix", "--rev=4", "-w", "json"]).json();
+    let at4 = etcdctl(&ep, &["get", "", "--prefix", "--rev=4", "-w", "json", ROOT]).json();
     assert_eq!(at4["kvs"].as_array().map(Vec::len), Some(2), "{at4}");
     let ttl = etcdctl(
         &ep,
@@ -121,12 +127,13 @@ fn the_etcd_fixture_restores_into_a_member_with_its_revisions() {
             "--keys",
             "-w",
             "json",
+            ROOT,
         ],
     )
     .json();
     assert_eq!(ttl["granted-ttl"].as_i64(), Some(3600), "{ttl}");
-    etcdctl(&ep, &["put", "after", "restore"]).ok();
-    assert_eq!(served(&ep, &[]).0, 11);
+    etcdctl(&ep, &["put", "after", "restore", ROOT]).ok();
+    assert_eq!(served(&ep, &[ROOT]).0, 11);
 }
 
 #[test]

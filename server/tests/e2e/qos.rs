@@ -2,7 +2,8 @@
 //! refuses over-rate puts with etcd's `ResourceExhausted` `etcdserver: too many requests`
 //! and nothing refused is applied; rules changed at run time through `keelpb.Qos` take
 //! effect on every member of 3 and survive restarts; a malformed rule file stops the member
-//! and a malformed rule request is refused, both naming the field.
+//! and a malformed rule request is refused, both naming the field; with auth on, a
+//! user-scoped rule governs that user's requests only, and only root may change rules.
 
 use std::time::{Duration, Instant};
 
@@ -286,4 +287,87 @@ fn a_member_that_installs_a_snapshot_gets_the_rules_in_it() {
         log.contains("installed a snapshot"),
         "the member caught up from the log, not a snapshot"
     );
+}
+
+/// Puts `prefix<i>` for i < n back to back as the holder of `token`; returns (accepted,
+/// refused), asserting every failure is etcd's `too many requests`.
+async fn burst_as(endpoint: &str, token: &str, prefix: &str, n: usize) -> (usize, usize) {
+    let mut kv = grpc::kv(endpoint).await;
+    let (mut ok, mut refused) = (0, 0);
+    for i in 0..n {
+        let put = PutRequest {
+            key: format!("{prefix}{i}").into_bytes(),
+            value: b"v".to_vec(),
+            ..Default::default()
+        };
+        match kv.put(crate::auth::authed(put, token)).await {
+            Ok(_) => ok += 1,
+            Err(s) => {
+                assert_eq!((s.code(), s.message()), (Code::ResourceExhausted, TOO_MANY));
+                refused += 1;
+            }
+        }
+    }
+    (ok, refused)
+}
+
+/// With auth on, `match.user` keys on the user the request's token resolves to: user `u`
+/// is held to the rule's burst and rate, root writing the same prefix is not governed, and
+/// the admin service refuses a non-root caller with etcd's `permission denied`.
+#[test]
+fn a_user_rule_governs_only_that_users_requests_with_auth_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("qos.yaml");
+    std::fs::write(
+        &rules,
+        "rules:\n  - name: slow-u\n    match:\n      methods: [Put]\n      user: u\n    rate: 1\n    burst: 3\n",
+    )
+    .unwrap();
+    let (_guard, keel) = member(&["--qos-config", rules.to_str().unwrap()]);
+    let endpoint = keel.endpoint();
+    grpc::runtime().block_on(async {
+        wait_version(&endpoint, 1).await;
+    });
+    crate::auth::set_up_users(&endpoint);
+    grpc::runtime().block_on(async {
+        let u = crate::auth::authenticate(&endpoint, "u", "upw")
+            .await
+            .unwrap();
+        let root = crate::auth::authenticate(&endpoint, "root", "rootpw")
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let (ok, refused) = burst_as(&endpoint, &u, "k/u", 12).await;
+        let elapsed = started.elapsed().as_secs_f64();
+        let most = 3 + elapsed.ceil() as usize;
+        assert!(ok >= 3 && ok <= most, "u: accepted {ok} in {elapsed:.2}s");
+        assert_eq!(ok + refused, 12);
+        // Root writes the same prefix at full speed: the rule names user u only.
+        assert_eq!(burst_as(&endpoint, &root, "k/root", 12).await, (12, 0));
+        // Only root may list or change the rules.
+        let mut admin = qos_client(&endpoint).await;
+        let denied = admin
+            .rule_list(crate::auth::authed(QosRuleListRequest {}, &u))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (denied.code(), denied.message()),
+            (Code::PermissionDenied, "etcdserver: permission denied")
+        );
+        let anonymous = admin.rule_list(QosRuleListRequest {}).await.unwrap_err();
+        assert_eq!(anonymous.message(), "etcdserver: user name is empty");
+        let removed = admin
+            .rule_remove(crate::auth::authed(
+                QosRuleRemoveRequest {
+                    name: "slow-u".into(),
+                },
+                &root,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(removed.version, 2);
+        // Without the rule, u writes at full speed.
+        assert_eq!(burst_as(&endpoint, &u, "k/again", 12).await, (12, 0));
+    });
 }
