@@ -218,6 +218,22 @@ pub fn classify(status: &tonic::Status) -> PeerFailure {
     }
 }
 
+/// `status`'s message followed by its chain of causes (`: `-separated), so a TLS failure
+/// says why (`... received fatal alert: UnknownCA`) instead of tonic's bare "transport error".
+pub fn describe(status: &tonic::Status) -> String {
+    let mut text = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// Whether `status` carries one of etcd's own error texts (an answer, not a transport fault).
 fn is_etcd_error(status: &tonic::Status) -> bool {
     status.message().starts_with("etcdserver: ")

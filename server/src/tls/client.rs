@@ -81,10 +81,7 @@ impl PeerConnector {
         Ok(Arc::new(config))
     }
 
-    async fn connect(
-        self,
-        uri: Uri,
-    ) -> Result<TokioIo<TlsStream<TcpStream>>, tonic::codegen::StdError> {
+    async fn connect(self, uri: Uri) -> Result<TokioIo<Watched>, tonic::codegen::StdError> {
         let host = uri.host().ok_or("peer URL without a host")?;
         let host = host
             .trim_start_matches('[')
@@ -100,12 +97,16 @@ impl PeerConnector {
             .connect(name, tcp)
             .await
             .map_err(|e| format!("TLS handshake with peer {host}:{port}: {e}"))?;
-        Ok(TokioIo::new(tls))
+        Ok(TokioIo::new(Watched {
+            inner: tls,
+            peer: format!("{host}:{port}"),
+            reported: false,
+        }))
     }
 }
 
 impl tonic::codegen::Service<Uri> for PeerConnector {
-    type Response = TokioIo<TlsStream<TcpStream>>;
+    type Response = TokioIo<Watched>;
     type Error = tonic::codegen::StdError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
@@ -115,6 +116,66 @@ impl tonic::codegen::Service<Uri> for PeerConnector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         Box::pin(self.clone().connect(uri))
+    }
+}
+
+/// A peer TLS connection that logs the first TLS protocol error it reads. With TLS 1.3 the
+/// server checks the client certificate after the client finished its handshake, so a
+/// refused peer certificate shows up as an alert on the first read (`received fatal alert:
+/// UnknownCA`), inside hyper's connection task, where the RPC only sees "connection closed":
+/// the warning is how the member says why.
+#[derive(Debug)]
+pub struct Watched {
+    inner: TlsStream<TcpStream>,
+    peer: String,
+    reported: bool,
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Err(error)) = &result
+            && error.kind() == std::io::ErrorKind::InvalidData
+            && !self.reported
+        {
+            self.reported = true;
+            tracing::warn!(peer = %self.peer, %error, "peer TLS connection to {} failed: {error}", self.peer);
+        }
+        result
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }
 

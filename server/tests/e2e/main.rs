@@ -19,6 +19,7 @@ mod lease_leader_kill;
 mod peer_dial_override;
 mod shutdown;
 mod startup;
+mod tls;
 mod watch;
 
 use std::path::PathBuf;
