@@ -1,5 +1,6 @@
 //! Connection settings of a [`crate::Client`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::retry::RetryPolicy;
@@ -26,6 +27,20 @@ pub struct ClientOptions {
     pub keep_alive_interval: Option<Duration>,
     /// Retries of the typed calls ([`RetryPolicy::none`] to surface every error).
     pub retry: RetryPolicy,
+    /// TLS (etcdctl's `--cacert`, `--cert`, `--key`): `Some` connects with TLS to every
+    /// endpoint; `None` uses plaintext, except that an `https://` endpoint then fails.
+    pub tls: Option<TlsFiles>,
+}
+
+/// The files of a TLS client, as etcdctl names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// `--cacert`: PEM CA certificates the members' server certificates must chain to.
+    pub ca: PathBuf,
+    /// `--cert`: PEM client certificate (for members with `--client-cert-auth`).
+    pub cert: Option<PathBuf>,
+    /// `--key`: PEM key of `cert`.
+    pub key: Option<PathBuf>,
 }
 
 impl Default for ClientOptions {
@@ -38,6 +53,7 @@ impl Default for ClientOptions {
             connection_window_bytes: 16 << 20,
             keep_alive_interval: Some(Duration::from_secs(10)),
             retry: RetryPolicy::default(),
+            tls: None,
         }
     }
 }

@@ -49,6 +49,7 @@ async fn run(cli: Cli) -> Result<Summary, ClientError> {
             request_timeout: g.request_timeout,
             // A benchmark counts every error; retries would hide them.
             retry: RetryPolicy::none(),
+            tls: g.tls(),
             ..Default::default()
         },
     )

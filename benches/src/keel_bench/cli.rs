@@ -27,6 +27,15 @@ pub struct Global {
         default_value = "127.0.0.1:2379"
     )]
     pub endpoints: Vec<String>,
+    /// TLS: CA file the members' certificates must chain to (etcd benchmark `--cacert`).
+    #[arg(long, global = true)]
+    pub cacert: Option<std::path::PathBuf>,
+    /// TLS: client certificate file (etcd benchmark `--cert`).
+    #[arg(long, global = true, requires = "cacert")]
+    pub cert: Option<std::path::PathBuf>,
+    /// TLS: client key file (etcd benchmark `--key`).
+    #[arg(long, global = true, requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
     /// Concurrent requests in flight (etcd `--clients`; one worker each).
     #[arg(long, global = true, default_value_t = 1, value_parser = at_least_one)]
     pub clients: usize,
@@ -68,6 +77,17 @@ pub struct Global {
     /// Print one JSON object instead of the text report (and no progress bar).
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+impl Global {
+    /// The TLS files of `--cacert --cert --key` (`None`: plaintext).
+    pub fn tls(&self) -> Option<keel_client::TlsFiles> {
+        self.cacert.as_ref().map(|ca| keel_client::TlsFiles {
+            ca: ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        })
+    }
 }
 
 /// Read consistency of `range` (etcd `--consistency`).

@@ -112,11 +112,7 @@ pub(crate) fn put_and_get_body(keel: &Member) {
         &["foo", "baz", "foo1", "x", "foo2", "y"],
     );
     // --limit: count is the size of the whole range, more says it was cut.
-    let got = ctl(
-        keel,
-        &["get", "foo", "--prefix", "--limit=2", "-w", "json"],
-    )
-    .json();
+    let got = ctl(keel, &["get", "foo", "--prefix", "--limit=2", "-w", "json"]).json();
     assert_eq!(
         got["kvs"],
         json!([
@@ -135,11 +131,7 @@ pub(crate) fn put_and_get_body(keel: &Member) {
         &ctl(keel, &["get", "foo", "--prefix", &at(r0 + 3)]),
         &["foo", "baz", "foo1", "x"],
     );
-    let got = ctl(
-        keel,
-        &["get", "foo", "--prefix", &at(r0 + 3), "-w", "json"],
-    )
-    .json();
+    let got = ctl(keel, &["get", "foo", "--prefix", &at(r0 + 3), "-w", "json"]).json();
     assert_eq!(
         got["header"]["revision"],
         r0 + 5,
