@@ -20,6 +20,38 @@
 //! when it was loaded, and a client certificate is accepted only after webpki verified it
 //! against the trusted CAs current at that handshake.
 
+/// The signature checks of a rustls certificate verifier, by the provider in field `$field`
+/// (the same for the client verifier and the auto-TLS server verifier).
+macro_rules! signature_checks {
+    ($field:tt) => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &rustls_pki_types::CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            let algorithms = &self.$field.signature_verification_algorithms;
+            rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &rustls_pki_types::CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            let algorithms = &self.$field.signature_verification_algorithms;
+            rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.$field
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    };
+}
+
 pub mod auto;
 pub mod client;
 pub mod files;

@@ -317,26 +317,25 @@ fn three_members_on_https_peer_urls_elect_replicate_and_refuse_a_foreign_peer() 
     etcdctl(&cluster.members[leader].endpoint(), &["put", "after", "ok"]).ok();
 }
 
-#[test]
-fn kv_basics_run_over_tls() {
+/// Runs an existing e2e test body on a fresh member with client TLS and client cert auth.
+fn over_tls(body: fn(&Member)) {
     let _guard = shared();
     let certs = tempfile::tempdir().unwrap();
     let keel = tls_member(&TestCa::new(certs.path(), "ca"));
-    crate::etcdctl::put_and_get_body(&keel);
+    body(&keel);
+}
+
+#[test]
+fn kv_basics_run_over_tls() {
+    over_tls(crate::etcdctl::put_and_get_body);
 }
 
 #[test]
 fn watch_basics_run_over_tls() {
-    let _guard = shared();
-    let certs = tempfile::tempdir().unwrap();
-    let keel = tls_member(&TestCa::new(certs.path(), "ca"));
-    crate::watch::grpc_watch_body(&keel);
+    over_tls(crate::watch::grpc_watch_body);
 }
 
 #[test]
 fn lease_basics_run_over_tls() {
-    let _guard = shared();
-    let certs = tempfile::tempdir().unwrap();
-    let keel = tls_member(&TestCa::new(certs.path(), "ca"));
-    crate::lease_etcdctl::lease_body(&keel);
+    over_tls(crate::lease_etcdctl::lease_body);
 }
