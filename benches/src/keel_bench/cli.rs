@@ -104,13 +104,14 @@ pub enum ConsistencyArg {
 pub enum Workload {
     /// Put random keys (etcd `benchmark put`).
     Put,
-    /// Read keys (etcd `benchmark range`): `--key` or random keys of the key space.
+    /// Read keys (etcd `benchmark range [KEY [END]]`): KEY or random keys of the key space.
+    /// (Positional as in etcd: `--key` is the TLS key file.)
     Range {
         /// Read this key (etcd's positional KEY) instead of random keys.
-        #[arg(long)]
+        #[arg(id = "KEY")]
         key: Option<String>,
         /// Read up to this key (exclusive range end; etcd's positional END).
-        #[arg(long)]
+        #[arg(id = "END")]
         end: Option<String>,
         /// l (linearizable) or s (serializable).
         #[arg(long, value_enum, default_value = "l")]
@@ -214,6 +215,24 @@ mod tests {
                 ..
             }
         ));
+        // etcd's TLS flags beside a range of one key (etcd's positional KEY).
+        let cli = Cli::try_parse_from([
+            "keel-bench",
+            "--cacert",
+            "ca.pem",
+            "--cert",
+            "c.pem",
+            "--key",
+            "k.pem",
+            "range",
+            "foo",
+        ])
+        .expect("parses");
+        let tls = cli.global.tls().expect("TLS files");
+        assert_eq!(tls.key.as_deref(), Some(std::path::Path::new("k.pem")));
+        assert!(
+            matches!(cli.workload, Workload::Range { key: Some(ref k), end: None, .. } if k == "foo")
+        );
         assert!(
             Cli::try_parse_from(["keel-bench", "--total", "5", "--duration", "1s", "put"]).is_err(),
             "--total and --duration exclude each other"
