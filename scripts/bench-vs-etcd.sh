@@ -237,7 +237,7 @@ row_args() { # generator row -> the load generator's arguments (without endpoint
             if [ "$gen" = etcd ]; then
                 echo --clients=64 --conns=16 range bench-range-key --consistency="$c" --total="$RANGE_TOTAL"
             else
-                echo --clients=64 --conns=16 range --key=bench-range-key --consistency="$c" --total="$RANGE_TOTAL"
+                echo --clients=64 --conns=16 range bench-range-key --consistency="$c" --total="$RANGE_TOTAL"
             fi
             ;;
         *) echo "unknown row $row" >&2; return 1 ;;

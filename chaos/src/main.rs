@@ -79,6 +79,18 @@ struct Cli {
     /// Keep the directory even after a clean run.
     #[arg(long)]
     keep_dir: bool,
+    /// TLS: CA file (etcdctl's `--cacert`). With `--cert` and `--key`, every member serves
+    /// its client URL over TLS with that certificate and `--client-cert-auth`, and the
+    /// harness connects presenting the same certificate (it needs `clientAuth` usage and a
+    /// `127.0.0.1` SAN).
+    #[arg(long, requires_all = ["cert", "key"])]
+    cacert: Option<PathBuf>,
+    /// TLS: certificate file (etcdctl's `--cert`).
+    #[arg(long, requires = "cacert")]
+    cert: Option<PathBuf>,
+    /// TLS: key file (etcdctl's `--key`).
+    #[arg(long, requires = "cacert")]
+    key: Option<PathBuf>,
     /// Wall-clock budget of the linearizability search per key.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     check_budget: Duration,
@@ -154,6 +166,24 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             "linearizable_read_stale=return".to_string(),
         ));
     }
+    let tls = match (&cli.cacert, &cli.cert, &cli.key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            let files = keel_testkit::tls::CertFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            };
+            keel_chaos::run::rpc::set_tls(keel_testkit::tls::ClientTls {
+                ca: ca.clone(),
+                identity: Some(files.clone()),
+            });
+            Some(keel_testkit::tls::ServerTls {
+                files,
+                ca: ca.clone(),
+                client_cert_auth: true,
+            })
+        }
+        _ => None,
+    };
     let spec = RunSpec {
         cluster: ClusterSpec {
             nodes: cli.nodes,
@@ -164,6 +194,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             election_ms: cli.election_timeout,
             extra_args: cli.keel_args.clone(),
             env,
+            tls: tls.clone(),
         },
         workload: WorkloadSpec {
             clients: cli.clients.max(1),

@@ -12,10 +12,10 @@ use keel_proto::etcdserverpb::lease_client::LeaseClient;
 use keel_proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use keel_proto::etcdserverpb::watch_client::WatchClient;
 use tonic::Status;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::error::ClientError;
-use crate::options::ClientOptions;
+use crate::options::{ClientOptions, TlsFiles};
 use crate::retry::Decision;
 
 /// A client of a Keel (or etcd v3) cluster. Cheap to clone: clones share the connections.
@@ -57,9 +57,15 @@ impl Client {
             .iter()
             .map(|e| {
                 let e = e.as_ref().trim();
-                e.strip_prefix("http://").unwrap_or(e).to_string()
+                if e.starts_with("https://") && options.tls.is_none() {
+                    return Err(invalid(format!(
+                        "{e}: an https endpoint needs TLS files (--cacert)"
+                    )));
+                }
+                let e = e.strip_prefix("http://").unwrap_or(e);
+                Ok(e.strip_prefix("https://").unwrap_or(e).to_string())
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         let configured: Vec<Endpoint> = endpoints
             .iter()
             .map(|e| configure(e, &options))
@@ -273,8 +279,15 @@ fn invalid(message: String) -> ClientError {
 }
 
 fn configure(endpoint: &str, o: &ClientOptions) -> Result<Endpoint, ClientError> {
-    let mut e = Endpoint::from_shared(format!("http://{endpoint}"))
-        .map_err(|err| invalid(format!("bad endpoint {endpoint:?}: {err}")))?
+    let scheme = if o.tls.is_some() { "https" } else { "http" };
+    let mut e = Endpoint::from_shared(format!("{scheme}://{endpoint}"))
+        .map_err(|err| invalid(format!("bad endpoint {endpoint:?}: {err}")))?;
+    if let Some(files) = &o.tls {
+        e = e
+            .tls_config(tls_config(files)?)
+            .map_err(|err| invalid(format!("TLS for {endpoint:?}: {err}")))?;
+    }
+    let mut e = e
         .tcp_nodelay(true)
         .connect_timeout(o.connect_timeout)
         .initial_stream_window_size(o.stream_window_bytes)
@@ -286,4 +299,25 @@ fn configure(endpoint: &str, o: &ClientOptions) -> Result<Endpoint, ClientError>
             .keep_alive_while_idle(true);
     }
     Ok(e)
+}
+
+/// tonic's TLS config from etcdctl's files.
+fn tls_config(files: &TlsFiles) -> Result<ClientTlsConfig, ClientError> {
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| invalid(format!("cannot read {flag} {}: {e}", path.display())))
+    };
+    let mut config =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read("--cacert", &files.ca)?));
+    match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => {
+            config = config.identity(Identity::from_pem(
+                read("--cert", cert)?,
+                read("--key", key)?,
+            ));
+        }
+        (None, None) => {}
+        _ => return Err(invalid("--cert and --key go together".into())),
+    }
+    Ok(config)
 }

@@ -24,7 +24,7 @@ pub use client::{Client, Member};
 pub use error::{ClientError, EtcdText};
 pub use kv::Consistency;
 pub use lease::LeaseKeepAlive;
-pub use options::ClientOptions;
+pub use options::{ClientOptions, TlsFiles};
 pub use retry::{Decision, RetryPolicy};
 pub use watch::WatchStream;
 

@@ -1,5 +1,6 @@
 //! Connection settings of a [`crate::Client`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::retry::RetryPolicy;
@@ -29,6 +30,20 @@ pub struct ClientOptions {
     /// Auth token (from `Auth.Authenticate`) sent in the gRPC metadata `token` of every
     /// typed unary call, as clientv3 does; `None` sends no credentials.
     pub token: Option<String>,
+    /// TLS (etcdctl's `--cacert`, `--cert`, `--key`): `Some` connects with TLS to every
+    /// endpoint; `None` uses plaintext, except that an `https://` endpoint then fails.
+    pub tls: Option<TlsFiles>,
+}
+
+/// The files of a TLS client, as etcdctl names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// `--cacert`: PEM CA certificates the members' server certificates must chain to.
+    pub ca: PathBuf,
+    /// `--cert`: PEM client certificate (for members with `--client-cert-auth`).
+    pub cert: Option<PathBuf>,
+    /// `--key`: PEM key of `cert`.
+    pub key: Option<PathBuf>,
 }
 
 impl Default for ClientOptions {
@@ -42,6 +57,7 @@ impl Default for ClientOptions {
             keep_alive_interval: Some(Duration::from_secs(10)),
             retry: RetryPolicy::default(),
             token: None,
+            tls: None,
         }
     }
 }

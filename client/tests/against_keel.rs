@@ -170,3 +170,59 @@ async fn a_dead_endpoint_is_skipped_by_retries() {
         .expect("nothing to connect to");
     assert_eq!(err.kind(), "not_sent");
 }
+
+#[tokio::test]
+async fn tls_files_connect_to_a_member_with_client_cert_auth() {
+    use keel_client::TlsFiles;
+    use keel_testkit::tls::TestCa;
+    let certs = tempfile::tempdir().expect("temp dir");
+    let ca = TestCa::new(certs.path(), "ca");
+    let ports = keel_testkit::ports::free_ports(2);
+    let spec = keel_testkit::MemberSpec::single("default", ports[0], ports[1])
+        .client_tls(ca.server("server", "server"));
+    let mut keel = Member::new(&keel_testkit::keel_binary!(), spec);
+    keel.restart();
+    let url = keel.client_url();
+    let client_cert = ca.issue("client", "client");
+    let tls = |cert: bool| TlsFiles {
+        ca: ca.ca_file(),
+        cert: cert.then(|| client_cert.cert.clone()),
+        key: cert.then(|| client_cert.key.clone()),
+    };
+    let options = |tls: Option<TlsFiles>| ClientOptions {
+        retry: RetryPolicy::none(),
+        connect_timeout: Duration::from_secs(2),
+        tls,
+        ..Default::default()
+    };
+
+    let c = Client::connect(&[&url], options(Some(tls(true))))
+        .await
+        .expect("connect with --cacert --cert --key");
+    let put = c.put("k", "over-tls").await.expect("put over TLS");
+    let r = c.get("k", Consistency::Linearizable).await.expect("get");
+    assert_eq!(r.kvs[0].value, b"over-tls");
+
+    // No client certificate: refused, nothing applied.
+    let refused = match Client::connect(&[&url], options(Some(tls(false)))).await {
+        Err(e) => e,
+        Ok(c) => c
+            .put("k", "no-cert")
+            .await
+            .expect_err("a client without a certificate is refused"),
+    };
+    assert!(!refused.to_string().is_empty());
+    // An https endpoint without TLS files is a usage error.
+    match Client::connect(&[&url], options(None)).await {
+        Err(ClientError::Rejected { message, .. }) => {
+            assert!(message.contains("needs TLS files"), "{message}")
+        }
+        other => panic!("expected a rejection, got {:?}", other.err()),
+    }
+    let r = c.get("k", Consistency::Linearizable).await.expect("get");
+    assert_eq!(r.kvs[0].value, b"over-tls");
+    assert_eq!(
+        r.header.expect("header").revision,
+        put.header.expect("header").revision
+    );
+}

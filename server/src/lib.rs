@@ -2,7 +2,7 @@
 //!
 //! The module tree is the architecture (`docs/architecture.md`, `../shared/DESIGN.md`). From
 //! the top: `api` → `node` (wires a member) → `config` → `cluster` → `apply` → `auth` →
-//! `membership` → `lease` → `watch` → `raft` → `cindex` → `mvcc` → `backend` → `wal`; a module
+//! `membership` → `lease` → `watch` → `raft` → `cindex` → `mvcc` → `backend` → `wal` → `tls`; a module
 //! uses only the modules after it (`scripts/layers.sh` checks), plus the shared `error` and
 //! `failpoint`.
 
@@ -24,5 +24,6 @@ pub mod mvcc;
 pub mod node;
 pub mod qos;
 pub mod raft;
+pub mod tls;
 pub mod wal;
 pub mod watch;

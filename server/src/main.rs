@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use keel_server::config::{Config, bind_addr, split_urls};
+use keel_server::config::{Config, bind_addr, is_https, listener_tls, split_urls};
 use keel_server::{api, node::Node};
 use tokio::sync::watch;
 
@@ -52,13 +52,15 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
-    let client_addrs = split_urls(&config.listen_client_urls)
+async fn run(mut config: Config) -> anyhow::Result<()> {
+    let client_urls = split_urls(&config.listen_client_urls);
+    let peer_urls = split_urls(&config.listen_peer_urls);
+    let client_addrs = client_urls
         .iter()
         .map(|u| bind_addr(u))
         .collect::<Result<Vec<_>, _>>()
         .map_err(anyhow::Error::msg)?;
-    let peer_addrs = split_urls(&config.listen_peer_urls)
+    let peer_addrs = peer_urls
         .iter()
         .map(|u| bind_addr(u))
         .collect::<Result<Vec<_>, _>>()
@@ -74,6 +76,17 @@ async fn run(config: Config) -> anyhow::Result<()> {
         client_listeners.push((addr, api::bind(addr).await?));
     }
 
+    // TLS (docs/security.md): auto TLS writes its pairs into the data dir, so only now.
+    config.prepare_auto_tls()?;
+    let client_tls = match client_urls.iter().any(|u| is_https(u)) {
+        true => Some(listener_tls(&config.client_tls()?)?),
+        false => None,
+    };
+    let peer_tls = match peer_urls.iter().any(|u| is_https(u)) {
+        true => Some(listener_tls(&config.peer_tls()?)?),
+        false => None,
+    };
+
     let node = Node::start(config).await?;
     tracing::info!(
         member_id = format!("{:x}", node.id),
@@ -87,18 +100,22 @@ async fn run(config: Config) -> anyhow::Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
     let mut servers = tokio::task::JoinSet::new();
-    for listener in peer_listeners {
-        servers.spawn(api::serve_peers(
+    for (url, listener) in peer_urls.iter().zip(peer_listeners) {
+        let tls = peer_tls.clone().filter(|_| is_https(url));
+        servers.spawn(api::serve_peer_listener(
             node.clone(),
             listener,
+            tls,
             stopped(stop_rx.clone()),
         ));
     }
-    for (addr, listener) in client_listeners {
-        tracing::info!(%addr, "serving etcd v3 API");
-        servers.spawn(api::serve_clients(
+    for (url, (addr, listener)) in client_urls.iter().zip(client_listeners) {
+        let tls = client_tls.clone().filter(|_| is_https(url));
+        tracing::info!(%addr, tls = tls.is_some(), "serving etcd v3 API");
+        servers.spawn(api::serve_client_listener(
             node.clone(),
             listener,
+            tls,
             stopped(stop_rx.clone()),
         ));
     }

@@ -125,7 +125,8 @@ impl Node {
         // Member and cluster IDs: derived from the flags (`new`), asked from the cluster
         // (`existing`), or as stored by an earlier start.
         let overrides = dial_override::parse(&config.experimental_peer_dial_override)?;
-        let peers = Arc::new(Peers::with_dial_overrides(overrides));
+        let peers =
+            Arc::new(Peers::with_dial_overrides(overrides).with_tls(config.peer_connector()?));
         let Identity {
             id,
             cluster_id,

@@ -97,13 +97,22 @@ impl Cluster {
     fn new_member(
         &self,
         name: &str,
+        ports: (u16, u16),
+        initial: &str,
+        state: ClusterState,
+    ) -> Member {
+        self.new_member_with(self.template.clone(), name, ports, initial, state)
+    }
+
+    fn new_member_with(
+        &self,
+        template: MemberSpec,
+        name: &str,
         (client_port, peer_port): (u16, u16),
         initial: &str,
         state: ClusterState,
     ) -> Member {
-        let spec = self
-            .template
-            .clone()
+        let spec = template
             .name(name)
             .client_url(&loopback_url(client_port))
             .peer_url(&loopback_url(peer_port))
@@ -126,6 +135,12 @@ impl Cluster {
     /// and an `--initial-cluster` of every running member plus itself; it must have been added
     /// with `MemberAdd` first. Returns its index; does not wait for readiness.
     pub fn join(&mut self, name: &str, ports: (u16, u16)) -> usize {
+        self.join_with(name, ports, self.template.clone())
+    }
+
+    /// [`Cluster::join`] with `template` instead of the cluster's flags (e.g. a member with
+    /// another peer certificate).
+    pub fn join_with(&mut self, name: &str, ports: (u16, u16), template: MemberSpec) -> usize {
         let mut members: Vec<(String, String)> = self
             .members
             .iter()
@@ -134,7 +149,8 @@ impl Cluster {
             .collect();
         members.push((name.to_string(), loopback_url(ports.1)));
         let initial = initial_cluster(members);
-        let mut member = self.new_member(name, ports, &initial, ClusterState::Existing);
+        let mut member =
+            self.new_member_with(template, name, ports, &initial, ClusterState::Existing);
         member.spawn();
         self.members.push(member);
         self.members.len() - 1

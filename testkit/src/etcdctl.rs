@@ -100,7 +100,9 @@ pub fn etcdctl_path() -> PathBuf {
 /// `etcdctl --endpoints=<endpoints> --dial-timeout=3s <args>` with `ETCDCTL_API=3` and no other
 /// `ETCDCTL_*` variable of the test's environment, not started: for the long-running forms
 /// (`watch`, `lease keep-alive`) a test runs in the background. `endpoints` is one
-/// `127.0.0.1:P` or several joined by commas.
+/// `127.0.0.1:P` or several joined by commas; for a registered TLS member
+/// ([`crate::tls::register`]) they become `https://` and the client's `--cacert --cert --key`
+/// are added.
 pub fn command(endpoints: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(etcdctl_path());
     for (key, _) in std::env::vars_os() {
@@ -108,8 +110,21 @@ pub fn command(endpoints: &str, args: &[&str]) -> Command {
             cmd.env_remove(&key);
         }
     }
+    // A TLS member (crate::tls): https:// endpoints and the registered client's files.
+    let first = endpoints.split(',').next().unwrap_or_default();
+    let (endpoints, tls_flags) = match crate::tls::lookup(first) {
+        Some(client) => {
+            let https: Vec<String> = endpoints
+                .split(',')
+                .map(|e| format!("https://{e}"))
+                .collect();
+            (https.join(","), client.etcdctl_flags())
+        }
+        None => (endpoints.to_string(), Vec::new()),
+    };
     cmd.env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={endpoints}"))
+        .args(tls_flags)
         .arg("--dial-timeout=3s")
         .args(args);
     cmd

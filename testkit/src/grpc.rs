@@ -14,6 +14,8 @@ use keel_proto::etcdserverpb::{
 };
 use tonic::transport::{Channel, Endpoint};
 
+use crate::tls::ClientTls;
+
 /// Time allowed to open a TCP connection to a member.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Deadline of one unary RPC.
@@ -21,9 +23,21 @@ pub const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest response the test clients accept (bytes); tonic's default is 4 MiB.
 pub const MAX_RESPONSE_BYTES: usize = 256 * 1024 * 1024;
 
-/// The gRPC endpoint of `endpoint` (`127.0.0.1:P`), with [`CONNECT_TIMEOUT`].
+/// The gRPC endpoint of `endpoint` (`127.0.0.1:P`), with [`CONNECT_TIMEOUT`]; TLS with the
+/// client registered for it ([`crate::tls::register`]), if any.
 fn endpoint_of(endpoint: &str) -> Result<Endpoint, String> {
-    Endpoint::from_shared(format!("http://{endpoint}"))
+    match crate::tls::lookup(endpoint) {
+        Some(client) => endpoint_with_tls(endpoint, &client),
+        None => Endpoint::from_shared(format!("http://{endpoint}"))
+            .map(|e| e.connect_timeout(CONNECT_TIMEOUT))
+            .map_err(|e| format!("bad endpoint {endpoint}: {e}")),
+    }
+}
+
+/// The gRPC endpoint `https://<endpoint>` speaking TLS as `client`, with [`CONNECT_TIMEOUT`].
+pub fn endpoint_with_tls(endpoint: &str, client: &ClientTls) -> Result<Endpoint, String> {
+    Endpoint::from_shared(format!("https://{endpoint}"))
+        .and_then(|e| e.tls_config(client.tonic_config()))
         .map(|e| e.connect_timeout(CONNECT_TIMEOUT))
         .map_err(|e| format!("bad endpoint {endpoint}: {e}"))
 }

@@ -11,6 +11,8 @@
 //! - [`member`]: [`Member`], one `keel` process (start, SIGKILL, SIGTERM, SIGSTOP/SIGCONT,
 //!   restart on the same data dir, readiness, its log tail printed when a test fails);
 //! - [`cluster`]: [`Cluster`], N members with leader lookup and membership changes;
+//! - [`tls`]: test CAs and certificates (rcgen), and the registry that makes every helper
+//!   speak TLS to a TLS member;
 //! - [`etcdctl`] and [`b64`]: the real etcd client and the base64 its JSON output uses;
 //! - [`etcd`]: the real etcd server as the reference (start, `snapshot restore`, what it serves);
 //! - [`schedule`]: which tests of one test binary may overlap.
@@ -29,6 +31,7 @@ pub mod ports;
 pub mod process;
 pub mod schedule;
 pub mod spec;
+pub mod tls;
 
 pub use binary::find_keel;
 pub use cluster::Cluster;

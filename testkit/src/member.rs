@@ -21,6 +21,7 @@ use crate::grpc;
 use crate::ports::free_ports;
 use crate::process::{rss_kib, signal};
 use crate::spec::{FAILPOINTS_ENV, MemberSpec};
+use crate::tls::ClientTls;
 
 /// How long a member may take from spawn to answering a linearizable Range.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -69,6 +70,15 @@ impl Member {
             Some(_) => spec,
             None => spec.data_dir(dir.path().join("data")),
         };
+        // The harness's own probes present the member's certificate (it is signed by the CA
+        // the member trusts, and usable as a client certificate).
+        if let (Some(tls), Some(url)) = (spec.get_client_tls(), spec.get_client_url()) {
+            let client = ClientTls {
+                ca: tls.ca.clone(),
+                identity: Some(tls.files.clone()),
+            };
+            crate::tls::register(&endpoint_of_url(&url), client);
+        }
         Member {
             binary: binary.to_path_buf(),
             spec,
@@ -139,21 +149,17 @@ impl Member {
         self.spec
             .get_client_url()
             .expect("the member has a client URL")
-            .to_string()
     }
 
-    /// `127.0.0.1:<client port>`, the form etcdctl's `--endpoints` and the gRPC helpers take.
+    /// `127.0.0.1:<client port>`, the form etcdctl's `--endpoints` and the gRPC helpers take
+    /// (for a TLS member they speak TLS to it, see [`crate::tls`]).
     pub fn endpoint(&self) -> String {
-        let url = self.client_url();
-        url.strip_prefix("http://").unwrap_or(&url).to_string()
+        endpoint_of_url(&self.client_url())
     }
 
     /// The advertised peer URL (see [`MemberSpec::peer_urls`]).
     pub fn peer_url(&self) -> String {
-        self.spec
-            .get_peer_url()
-            .expect("the member has a peer URL")
-            .to_string()
+        self.spec.get_peer_url().expect("the member has a peer URL")
     }
 
     /// The member's `--data-dir` (created by `keel` itself on first start).
@@ -399,6 +405,9 @@ impl Member {
 
 impl Drop for Member {
     fn drop(&mut self) {
+        if self.spec.get_client_tls().is_some() {
+            crate::tls::unregister(&self.endpoint());
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -413,6 +422,12 @@ impl Drop for Member {
 fn single(name: &str) -> MemberSpec {
     let ports = free_ports(2);
     MemberSpec::single(name, ports[0], ports[1])
+}
+
+/// `host:port` of a client URL.
+fn endpoint_of_url(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.trim_end_matches('/').to_string()
 }
 
 fn open_append(path: &Path) -> File {

@@ -18,6 +18,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::tls::ServerTls;
+
 /// `--initial-cluster-state`: bootstrap a new cluster, or join one that exists (after
 /// `MemberAdd`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +57,10 @@ pub struct MemberSpec {
     /// Arguments passed as they are, after everything else (e.g. chaos's `--keel-arg`s).
     raw_args: Vec<String>,
     env: Vec<(String, String)>,
+    /// Client TLS: `https://` client URLs, `--cert-file` and friends.
+    client_tls: Option<ServerTls>,
+    /// Peer TLS: `https://` peer URLs (also in `--initial-cluster`), `--peer-cert-file` ...
+    peer_tls: Option<ServerTls>,
 }
 
 /// `http://127.0.0.1:<port>`.
@@ -118,6 +124,13 @@ impl MemberSpec {
     pub fn client_url(mut self, url: &str) -> MemberSpec {
         self.listen_client_url = Some(url.to_string());
         self.advertise_client_url = Some(url.to_string());
+        self
+    }
+
+    /// `--listen-client-urls urls` only (e.g. an `https://` and an `http://` URL side by
+    /// side), keeping the advertised client URL the harness talks to.
+    pub fn listen_client_urls(mut self, urls: &str) -> MemberSpec {
+        self.listen_client_url = Some(urls.to_string());
         self
     }
 
@@ -222,6 +235,27 @@ impl MemberSpec {
         self.env(FAILPOINTS_ENV, spec)
     }
 
+    /// Client TLS (etcd's `--cert-file`, `--key-file`, `--trusted-ca-file`,
+    /// `--client-cert-auth`): the client URLs become `https://` (whatever scheme they were
+    /// given with).
+    pub fn client_tls(mut self, tls: ServerTls) -> MemberSpec {
+        self.client_tls = Some(tls);
+        self
+    }
+
+    /// Peer TLS (`--peer-cert-file`, `--peer-key-file`, `--peer-trusted-ca-file`,
+    /// `--peer-client-cert-auth`): the peer URLs, and those of `--initial-cluster`, become
+    /// `https://`.
+    pub fn peer_tls(mut self, tls: ServerTls) -> MemberSpec {
+        self.peer_tls = Some(tls);
+        self
+    }
+
+    /// The client TLS settings, if any.
+    pub fn get_client_tls(&self) -> Option<&ServerTls> {
+        self.client_tls.as_ref()
+    }
+
     /// `--name`, if set.
     pub fn get_name(&self) -> Option<&str> {
         self.name.as_deref()
@@ -232,14 +266,18 @@ impl MemberSpec {
         self.data_dir.as_deref()
     }
 
-    /// `--advertise-client-urls`, if set.
-    pub fn get_client_url(&self) -> Option<&str> {
-        self.advertise_client_url.as_deref()
+    /// `--advertise-client-urls`, if set (`https://` with client TLS).
+    pub fn get_client_url(&self) -> Option<String> {
+        let https = self.client_tls.is_some();
+        self.advertise_client_url
+            .as_deref()
+            .map(|u| scheme(u, https))
     }
 
-    /// `--initial-advertise-peer-urls`, if set.
-    pub fn get_peer_url(&self) -> Option<&str> {
-        self.advertise_peer_url.as_deref()
+    /// `--initial-advertise-peer-urls`, if set (`https://` with peer TLS).
+    pub fn get_peer_url(&self) -> Option<String> {
+        let https = self.peer_tls.is_some();
+        self.advertise_peer_url.as_deref().map(|u| scheme(u, https))
     }
 
     /// The extra environment of the member process.
@@ -253,17 +291,27 @@ impl MemberSpec {
     pub fn settings(&self) -> Vec<(&'static str, String)> {
         let data_dir = self.data_dir.as_ref().map(|d| d.display().to_string());
         let state = self.initial_cluster_state.map(|s| s.as_str().to_string());
+        let client =
+            |u: &Option<String>| u.as_deref().map(|u| scheme(u, self.client_tls.is_some()));
+        let peer = |u: &Option<String>| u.as_deref().map(|u| scheme(u, self.peer_tls.is_some()));
+        let cluster = self
+            .initial_cluster
+            .as_deref()
+            .map(|c| match self.peer_tls {
+                Some(_) => c.replace("=http://", "=https://"),
+                None => c.to_string(),
+            });
         [
             ("name", self.name.clone()),
             ("data-dir", data_dir),
-            ("listen-client-urls", self.listen_client_url.clone()),
-            ("advertise-client-urls", self.advertise_client_url.clone()),
-            ("listen-peer-urls", self.listen_peer_url.clone()),
+            ("listen-client-urls", client(&self.listen_client_url)),
+            ("advertise-client-urls", client(&self.advertise_client_url)),
+            ("listen-peer-urls", peer(&self.listen_peer_url)),
             (
                 "initial-advertise-peer-urls",
-                self.advertise_peer_url.clone(),
+                peer(&self.advertise_peer_url),
             ),
-            ("initial-cluster", self.initial_cluster.clone()),
+            ("initial-cluster", cluster),
             ("initial-cluster-state", state),
             ("initial-cluster-token", self.initial_cluster_token.clone()),
         ]
@@ -273,7 +321,7 @@ impl MemberSpec {
     }
 
     /// The whole command line: [`MemberSpec::settings`] as `--flag value`, then the other
-    /// flags, then the raw arguments.
+    /// flags, the TLS flags, then the raw arguments.
     pub fn to_args(&self) -> Vec<String> {
         let settings = self
             .settings()
@@ -282,8 +330,33 @@ impl MemberSpec {
         settings
             .chain(self.flags.iter().cloned())
             .flat_map(|(flag, value)| [format!("--{flag}"), value])
+            .chain(self.tls_args())
             .chain(self.raw_args.iter().cloned())
             .collect()
+    }
+
+    /// The TLS flags of [`MemberSpec::client_tls`] and [`MemberSpec::peer_tls`], in etcd's
+    /// `--flag=value` form (flags only: they are not part of [`MemberSpec::settings`]).
+    fn tls_args(&self) -> Vec<String> {
+        let side = |prefix: &str, tls: &ServerTls| {
+            let mut args = vec![
+                format!("--{prefix}cert-file={}", tls.files.cert.display()),
+                format!("--{prefix}key-file={}", tls.files.key.display()),
+                format!("--{prefix}trusted-ca-file={}", tls.ca.display()),
+            ];
+            if tls.client_cert_auth {
+                args.push(format!("--{prefix}client-cert-auth"));
+            }
+            args
+        };
+        let mut args = Vec::new();
+        if let Some(tls) = &self.client_tls {
+            args.extend(side("", tls));
+        }
+        if let Some(tls) = &self.peer_tls {
+            args.extend(side("peer-", tls));
+        }
+        args
     }
 
     /// A [`Command`] running `binary` with this command line and environment (stdio left to the
@@ -294,6 +367,14 @@ impl MemberSpec {
             .args(self.to_args())
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         command
+    }
+}
+
+/// `url` with the `https` scheme when `https`, else as given.
+fn scheme(url: &str, https: bool) -> String {
+    match (https, url.strip_prefix("http://")) {
+        (true, Some(rest)) => format!("https://{rest}"),
+        _ => url.to_string(),
     }
 }
 
@@ -344,6 +425,49 @@ mod tests {
             [("FAILPOINTS".to_string(), "a=return".to_string())]
         );
         assert!(spec.failpoints(None).get_env().is_empty());
+    }
+
+    #[test]
+    fn tls_turns_urls_into_https_and_adds_etcds_flags() {
+        use crate::tls::{CertFiles, ServerTls};
+        let side = |name: &str| ServerTls {
+            files: CertFiles {
+                cert: format!("/{name}.pem").into(),
+                key: format!("/{name}-key.pem").into(),
+            },
+            ca: "/ca.pem".into(),
+            client_cert_auth: true,
+        };
+        let spec = MemberSpec::single("m1", 1, 2)
+            .client_tls(side("c"))
+            .peer_tls(side("p"));
+        assert_eq!(
+            spec.get_client_url().as_deref(),
+            Some("https://127.0.0.1:1")
+        );
+        assert_eq!(spec.get_peer_url().as_deref(), Some("https://127.0.0.1:2"));
+        let args = spec.to_args();
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["--initial-cluster", "m1=https://127.0.0.1:2"])
+        );
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["--listen-peer-urls", "https://127.0.0.1:2"])
+        );
+        assert_eq!(
+            args[args.len() - 8..],
+            [
+                "--cert-file=/c.pem",
+                "--key-file=/c-key.pem",
+                "--trusted-ca-file=/ca.pem",
+                "--client-cert-auth",
+                "--peer-cert-file=/p.pem",
+                "--peer-key-file=/p-key.pem",
+                "--peer-trusted-ca-file=/ca.pem",
+                "--peer-client-cert-auth",
+            ]
+        );
     }
 
     #[test]

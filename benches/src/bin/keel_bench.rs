@@ -3,7 +3,7 @@
 //! ```sh
 //! keel-bench --endpoints 127.0.0.1:2379,127.0.0.1:22379 --clients 64 --conns 8 \
 //!     --total 100000 --key-size 16 --key-space-size 100000 --val-size 256 put
-//! keel-bench --duration 10s --clients 64 range --key foo --consistency s --json
+//! keel-bench --duration 10s --clients 64 range foo --consistency s --json
 //! ```
 
 use std::io::IsTerminal;
@@ -54,6 +54,7 @@ async fn run(cli: Cli) -> Result<Summary, ClientError> {
         request_timeout: g.request_timeout,
         // A benchmark counts every error; retries would hide them.
         retry: RetryPolicy::none(),
+        tls: g.tls(),
         ..Default::default()
     };
     if let Some(user) = &g.user {

@@ -27,6 +27,15 @@ pub struct Global {
         default_value = "127.0.0.1:2379"
     )]
     pub endpoints: Vec<String>,
+    /// TLS: CA file the members' certificates must chain to (etcd benchmark `--cacert`).
+    #[arg(long, global = true)]
+    pub cacert: Option<std::path::PathBuf>,
+    /// TLS: client certificate file (etcd benchmark `--cert`).
+    #[arg(long, global = true, requires = "cacert")]
+    pub cert: Option<std::path::PathBuf>,
+    /// TLS: client key file (etcd benchmark `--key`).
+    #[arg(long, global = true, requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
     /// Concurrent requests in flight (etcd `--clients`; one worker each).
     #[arg(long, global = true, default_value_t = 1, value_parser = at_least_one)]
     pub clients: usize,
@@ -79,6 +88,17 @@ pub struct Global {
     pub user: Option<String>,
 }
 
+impl Global {
+    /// The TLS files of `--cacert --cert --key` (`None`: plaintext).
+    pub fn tls(&self) -> Option<keel_client::TlsFiles> {
+        self.cacert.as_ref().map(|ca| keel_client::TlsFiles {
+            ca: ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        })
+    }
+}
+
 /// Read consistency of `range` (etcd `--consistency`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ConsistencyArg {
@@ -93,13 +113,14 @@ pub enum ConsistencyArg {
 pub enum Workload {
     /// Put random keys (etcd `benchmark put`).
     Put,
-    /// Read keys (etcd `benchmark range`): `--key` or random keys of the key space.
+    /// Read keys (etcd `benchmark range [KEY [END]]`): KEY or random keys of the key space.
+    /// (Positional as in etcd: `--key` is the TLS key file.)
     Range {
         /// Read this key (etcd's positional KEY) instead of random keys.
-        #[arg(long)]
+        #[arg(id = "KEY")]
         key: Option<String>,
         /// Read up to this key (exclusive range end; etcd's positional END).
-        #[arg(long)]
+        #[arg(id = "END")]
         end: Option<String>,
         /// l (linearizable) or s (serializable).
         #[arg(long, value_enum, default_value = "l")]
@@ -206,6 +227,24 @@ mod tests {
                 ..
             }
         ));
+        // etcd's TLS flags beside a range of one key (etcd's positional KEY).
+        let cli = Cli::try_parse_from([
+            "keel-bench",
+            "--cacert",
+            "ca.pem",
+            "--cert",
+            "c.pem",
+            "--key",
+            "k.pem",
+            "range",
+            "foo",
+        ])
+        .expect("parses");
+        let tls = cli.global.tls().expect("TLS files");
+        assert_eq!(tls.key.as_deref(), Some(std::path::Path::new("k.pem")));
+        assert!(
+            matches!(cli.workload, Workload::Range { key: Some(ref k), end: None, .. } if k == "foo")
+        );
         assert!(
             Cli::try_parse_from(["keel-bench", "--total", "5", "--duration", "1s", "put"]).is_err(),
             "--total and --duration exclude each other"

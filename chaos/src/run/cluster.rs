@@ -42,6 +42,10 @@ pub struct ClusterSpec {
     pub extra_args: Vec<String>,
     /// Extra environment for every member, on every start (e.g. `FAILPOINTS`).
     pub env: Vec<(String, String)>,
+    /// Client TLS of every member (`--cacert --cert --key` of keel-chaos): https client URLs
+    /// with that certificate and `--client-cert-auth`; the harness connects with the same
+    /// files ([`super::rpc::set_tls`]).
+    pub tls: Option<keel_testkit::tls::ServerTls>,
 }
 
 /// One member: fixed addresses plus its process.
@@ -176,8 +180,11 @@ impl Cluster {
         } else {
             ClusterState::New
         };
-        MemberSpec::new()
-            .name(&m.name)
+        let spec = match &self.spec.tls {
+            Some(tls) => MemberSpec::new().client_tls(tls.clone()),
+            None => MemberSpec::new(),
+        };
+        spec.name(&m.name)
             .data_dir(&m.data_dir)
             .client_url(&m.client_url)
             .peer_url(&m.peer_url)

@@ -1,20 +1,38 @@
 //! gRPC plumbing to one member: connecting with bounded waits, and the Maintenance/Cluster
 //! calls the harness uses to find leaders and member IDs (etcd's api/etcdserverpb/rpc.proto).
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use keel_proto::etcdserverpb::cluster_client::ClusterClient;
 use keel_proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use keel_proto::etcdserverpb::{MemberListRequest, StatusRequest, StatusResponse};
+use keel_testkit::tls::ClientTls;
 use tonic::transport::{Channel, Endpoint};
 
 /// How long a harness-internal RPC (status, member list, ...) may take.
 pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Opens one HTTP/2 connection to `url` (`http://host:port`), waiting at most `timeout` for
-/// the TCP connect. An error here proves nothing was sent.
+/// The TLS client of every harness connection, when the members serve TLS.
+static TLS: OnceLock<ClientTls> = OnceLock::new();
+
+/// From now on every [`connect`] speaks TLS as `client` (set once, at start-up).
+pub fn set_tls(client: ClientTls) {
+    let _ = TLS.set(client);
+}
+
+/// Opens one HTTP/2 connection to `url` (`http://host:port`; `https` and the [`set_tls`]
+/// client when set), waiting at most `timeout` for the TCP connect. An error here proves
+/// nothing was sent.
 pub async fn connect(url: &str, timeout: Duration) -> Result<Channel, tonic::transport::Error> {
-    Endpoint::from_shared(url.to_string())?
+    let endpoint = match TLS.get() {
+        Some(client) => {
+            let rest = url.strip_prefix("http://").unwrap_or(url);
+            Endpoint::from_shared(format!("https://{rest}"))?.tls_config(client.tonic_config())?
+        }
+        None => Endpoint::from_shared(url.to_string())?,
+    };
+    endpoint
         .connect_timeout(timeout)
         .tcp_nodelay(true)
         .connect()

@@ -2,8 +2,8 @@
 //! into an [`AuthInfo`] (etcd `AuthInfoFromCtx`).
 //!
 //! Order, as etcd: the token in gRPC metadata [`TOKEN_METADATA`] first; without one, the
-//! verified TLS client certificate's common name (etcd `AuthInfoFromTLS`; the TLS work plugs
-//! it into [`RequestIdentity::of`], the field is there); otherwise no credentials
+//! verified TLS client certificate's common name (etcd `AuthInfoFromTLS`,
+//! [`crate::tls::identity::client_common_name`]); otherwise no credentials
 //! (`AuthInfo::default()`, which the checks answer with `etcdserver: user name is empty`).
 //! With auth disabled every request runs without credentials and nothing is checked.
 //!
@@ -34,7 +34,8 @@ const UNSEEN_TOKEN_WAIT: std::time::Duration = std::time::Duration::from_secs(1)
 pub struct RequestIdentity {
     /// The `token` metadata value, if any.
     pub token: Option<String>,
-    /// The verified TLS client certificate's common name (issue 13; `None` until then).
+    /// The verified TLS client certificate's common name (`None` on plaintext listeners and
+    /// without `--client-cert-auth`).
     pub common_name: Option<String>,
 }
 
@@ -45,7 +46,7 @@ impl RequestIdentity {
     pub fn of<T>(request: &Request<T>) -> Result<RequestIdentity, EtcdError> {
         Ok(RequestIdentity {
             token: token_of(request.metadata())?,
-            common_name: None,
+            common_name: crate::tls::identity::client_common_name(request),
         })
     }
 

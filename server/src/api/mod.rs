@@ -23,6 +23,7 @@ mod watch;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use futures::Stream;
 use keel_proto::etcdserverpb::{
     auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
     lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
@@ -31,9 +32,10 @@ use keel_proto::keelpb::peer_server::PeerServer;
 use keel_proto::keelpb::qos_server::QosServer;
 use keel_proto::v3electionpb::election_server::ElectionServer;
 use keel_proto::v3lockpb::lock_server::LockServer;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
+use tonic::transport::server::{Connected, TcpIncoming};
 
 pub use auth::AuthService;
 pub use cluster::ClusterService;
@@ -47,16 +49,21 @@ pub use watch::WatchService;
 use crate::config::GRPC_OVERHEAD_BYTES;
 use crate::node::Node;
 
-/// Serves the etcd v3 API on `addr` until `shutdown` resolves.
+/// Serves the etcd v3 API on the connections of `incoming` (plain TCP, [`plain`], or TLS,
+/// `tls::server::incoming`) until `shutdown` resolves.
 ///
-/// Errors: the address cannot be bound, or the transport fails.
-pub async fn serve_clients(
+/// Errors: the transport fails.
+pub async fn serve_clients<I, IO, IE>(
     node: Arc<Node>,
-    listener: TcpListener,
+    incoming: I,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<()>
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let max = node.config.max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
-    let incoming = incoming(listener);
     Server::builder()
         .add_service(KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max))
         .add_service(
@@ -81,15 +88,20 @@ pub async fn serve_clients(
     Ok(())
 }
 
-/// Serves the peer protocol on `addr` until `shutdown` resolves.
+/// Serves the peer protocol on the connections of `incoming` ([`plain`] or TLS) until
+/// `shutdown` resolves.
 ///
-/// Errors: the address cannot be bound, or the transport fails.
-pub async fn serve_peers(
+/// Errors: the transport fails.
+pub async fn serve_peers<I, IO, IE>(
     node: Arc<Node>,
-    listener: TcpListener,
+    incoming: I,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let incoming = incoming(listener);
+) -> anyhow::Result<()>
+where
+    I: Stream<Item = Result<IO, IE>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     Server::builder()
         .add_service(
             PeerServer::new(PeerService::new(node))
@@ -99,6 +111,42 @@ pub async fn serve_peers(
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
+}
+
+/// [`serve_clients`] on `listener`: TLS with `tls` (an `https://` URL), else plaintext.
+///
+/// Errors: the transport fails.
+pub async fn serve_client_listener(
+    node: Arc<Node>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    match tls {
+        Some(config) => {
+            let incoming = crate::tls::server::incoming(listener, config, "client");
+            serve_clients(node, incoming, shutdown).await
+        }
+        None => serve_clients(node, plain(listener), shutdown).await,
+    }
+}
+
+/// [`serve_peers`] on `listener`: TLS with `tls` (an `https://` URL), else plaintext.
+///
+/// Errors: the transport fails.
+pub async fn serve_peer_listener(
+    node: Arc<Node>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    match tls {
+        Some(config) => {
+            let incoming = crate::tls::server::incoming(listener, config, "peer");
+            serve_peers(node, incoming, shutdown).await
+        }
+        None => serve_peers(node, plain(listener), shutdown).await,
+    }
 }
 
 /// Binds `addr` (before anything touches the data dir, so a busy port leaves no state).
@@ -113,6 +161,6 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 /// TCP_NODELAY on every accepted connection. (`Server::tcp_nodelay` only applies to
 /// listeners tonic binds itself; without it, Nagle's algorithm and the client's delayed ACK
 /// add ~40 ms to many small responses.)
-fn incoming(listener: TcpListener) -> TcpIncoming {
+pub fn plain(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
 }

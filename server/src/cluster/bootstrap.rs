@@ -179,7 +179,7 @@ async fn discover(
                 }
                 Err(status) => {
                     peers.reset(url);
-                    last_error = format!("{url}: {}", status.message());
+                    last_error = format!("{url}: {}", crate::raft::peers::describe(&status));
                 }
             }
         }

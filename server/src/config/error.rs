@@ -69,4 +69,22 @@ pub enum ConfigError {
         /// The URL.
         url: String,
     },
+    /// A TLS setting or file that cannot be used (etcd's texts where it has one).
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// An `https://` client URL without `--cert-file`/`--key-file` or `--auto-tls`.
+    #[error(
+        "TLS key/cert (--cert-file, --key-file) must be provided for client url {url} with HTTPS scheme"
+    )]
+    ClientTlsMissing {
+        /// The URL.
+        url: String,
+    },
+    /// An `https://` peer URL to listen on without `--peer-cert-file`/`--peer-key-file` or
+    /// `--peer-auto-tls`.
+    #[error("cannot listen on TLS for {host}: KeyFile and CertFile are not presented")]
+    PeerTlsMissing {
+        /// `host:port` of the URL.
+        host: String,
+    },
 }

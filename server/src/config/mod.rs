@@ -14,6 +14,7 @@ mod duration;
 mod error;
 mod qos;
 mod settings;
+mod tls;
 
 use std::path::PathBuf;
 
@@ -22,6 +23,7 @@ use serde::Deserialize;
 
 pub use duration::{GoDuration, GoDurationError};
 pub use error::ConfigError;
+pub use tls::{SecurityFlags, is_https, listener_tls};
 
 use crate::raft::dial_override;
 
@@ -157,6 +159,10 @@ pub struct Config {
     /// (etcd `--bcrypt-cost`).
     #[arg(long, default_value_t = 10)]
     pub bcrypt_cost: u32,
+    /// TLS of the client and peer URLs (etcd's security flags; docs/security.md).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub security: SecurityFlags,
 }
 
 impl Default for Config {
@@ -185,9 +191,12 @@ impl Config {
     ///   initial cluster becomes `<name>=<each advertised peer URL>` (etcd's
     ///   `UpdateDefaultClusterFromName`);
     /// - the election timeout must be at least 5 heartbeat intervals;
-    /// - `--experimental-peer-dial-override` must parse.
+    /// - `--experimental-peer-dial-override` must parse;
+    /// - `https://` URLs need their certificate (or auto TLS), TLS settings must parse
+    ///   ([`Config::check_security`]).
     ///
-    /// Errors: etcd's message for a too-short election timeout; the override's parse error.
+    /// Errors: etcd's message for a too-short election timeout; the override's parse error;
+    /// etcd's TLS messages.
     pub fn normalize(&mut self) -> Result<(), ConfigError> {
         let default_cluster = "default=http://localhost:2380";
         if self.initial_cluster.trim().is_empty()
@@ -202,6 +211,7 @@ impl Config {
         dial_override::parse(&self.experimental_peer_dial_override)?;
         self.qos_thresholds()?;
         self.qos_file_rules()?;
+        self.check_security()?;
         if self.election_timeout < 5 * self.heartbeat_interval {
             return Err(ConfigError::ElectionTimeout {
                 election: self.election_timeout,

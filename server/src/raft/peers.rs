@@ -19,6 +19,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::dial_override::DialOverrides;
 use super::types::{NodeId, Raft};
 use crate::error::EtcdError;
+use crate::tls::client::PeerConnector;
 
 /// Time allowed to open a TCP connection to a peer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -32,6 +33,8 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct Peers {
     channels: Mutex<HashMap<String, Channel>>,
     dial_overrides: DialOverrides,
+    /// How `https://` peer URLs are dialed (`None`: they cannot be).
+    tls: Option<PeerConnector>,
     health: Mutex<HashMap<NodeId, Health>>,
     append_rpcs: AtomicU64,
     append_entries: AtomicU64,
@@ -64,6 +67,12 @@ impl Peers {
         }
     }
 
+    /// The same pool, dialing `https://` peer URLs through `connector` (peer TLS).
+    pub fn with_tls(mut self, connector: PeerConnector) -> Peers {
+        self.tls = Some(connector);
+        self
+    }
+
     /// The address a connection to the peer advertised at `url` actually dials: its override,
     /// or `url` itself.
     pub fn dial_url<'a>(&'a self, url: &'a str) -> &'a str {
@@ -73,7 +82,8 @@ impl Peers {
     /// A client for the `keelpb.Peer` service at `url` (e.g. `http://127.0.0.1:2380`), on the
     /// pooled channel for that URL. Message sizes are unlimited: snapshot chunks and append
     /// batches are bounded by openraft's config, not by gRPC. The connection goes to
-    /// [`Peers::dial_url`] of `url`.
+    /// [`Peers::dial_url`] of `url`; an `https://` one through the pool's TLS connector
+    /// ([`Peers::with_tls`]; without one it is dialed in plaintext and the peer refuses it).
     ///
     /// Errors: `url` (or its override) is not a valid URI.
     pub fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
@@ -82,12 +92,23 @@ impl Peers {
             match channels.get(url) {
                 Some(c) => c.clone(),
                 None => {
-                    let c = Endpoint::from_shared(self.dial_url(url).to_string())?
-                        .connect_timeout(CONNECT_TIMEOUT)
-                        .tcp_nodelay(true)
-                        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
-                        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-                        .connect_lazy();
+                    let dial = self.dial_url(url);
+                    // tonic's own TLS would refuse a custom connector on an `https` URI: the
+                    // endpoint keeps `http` and the connector does the TLS.
+                    let tls_dial = dial.strip_prefix("https://");
+                    let plain_uri = tls_dial.map(|rest| format!("http://{rest}"));
+                    let endpoint =
+                        Endpoint::from_shared(plain_uri.unwrap_or_else(|| dial.to_string()))?
+                            .connect_timeout(CONNECT_TIMEOUT)
+                            .tcp_nodelay(true)
+                            .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+                            .keep_alive_timeout(KEEP_ALIVE_TIMEOUT);
+                    let c = match (tls_dial, &self.tls) {
+                        (Some(_), Some(connector)) => {
+                            endpoint.connect_with_connector_lazy(connector.clone())
+                        }
+                        _ => endpoint.connect_lazy(),
+                    };
                     channels.insert(url.to_string(), c.clone());
                     c
                 }
@@ -195,6 +216,22 @@ pub fn classify(status: &tonic::Status) -> PeerFailure {
             status.message(),
         ))
     }
+}
+
+/// `status`'s message followed by its chain of causes (`: `-separated), so a TLS failure
+/// says why (`... received fatal alert: UnknownCA`) instead of tonic's bare "transport error".
+pub fn describe(status: &tonic::Status) -> String {
+    let mut text = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// Whether `status` carries one of etcd's own error texts (an answer, not a transport fault).

@@ -30,7 +30,7 @@ fn members(endpoints: &str) -> BTreeMap<u64, (String, bool)> {
 
 /// Runs a membership command, retrying while the leader reports an unhealthy cluster (etcd
 /// counts a peer as connected only after 5 s of contact).
-fn member_cmd(endpoints: &str, args: &[&str]) -> CtlOutput {
+pub(crate) fn member_cmd(endpoints: &str, args: &[&str]) -> CtlOutput {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let out = etcdctl(endpoints, args);

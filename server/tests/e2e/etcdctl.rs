@@ -73,11 +73,16 @@ fn fresh_member_starts_at_revision_one_with_an_empty_keyspace() {
 #[test]
 fn put_and_get_single_prefix_and_historical() {
     let (_guard, keel) = member(&[]);
-    let r0 = revision(&keel);
+    put_and_get_body(&keel);
+}
 
-    assert_lines(&ctl(&keel, &["put", "foo", "bar"]), &["OK"]);
-    assert_lines(&ctl(&keel, &["get", "foo"]), &["foo", "bar"]);
-    let got = ctl(&keel, &["get", "foo", "-w", "json"]).json();
+/// The body of [`put_and_get_single_prefix_and_historical`] on any ready single member (also run over TLS by `tls.rs`).
+pub(crate) fn put_and_get_body(keel: &Member) {
+    let r0 = revision(keel);
+
+    assert_lines(&ctl(keel, &["put", "foo", "bar"]), &["OK"]);
+    assert_lines(&ctl(keel, &["get", "foo"]), &["foo", "bar"]);
+    let got = ctl(keel, &["get", "foo", "-w", "json"]).json();
     assert_eq!(got["header"]["revision"], r0 + 1, "{got}");
     assert_eq!(
         got["kvs"],
@@ -88,8 +93,8 @@ fn put_and_get_single_prefix_and_historical() {
     assert_eq!(got.get("more"), None, "{got}");
 
     // Overwrite: create_revision stays, mod_revision and version move.
-    assert_lines(&ctl(&keel, &["put", "foo", "baz"]), &["OK"]);
-    let got = ctl(&keel, &["get", "foo", "-w", "json"]).json();
+    assert_lines(&ctl(keel, &["put", "foo", "baz"]), &["OK"]);
+    let got = ctl(keel, &["get", "foo", "-w", "json"]).json();
     assert_eq!(got["header"]["revision"], r0 + 2, "{got}");
     assert_eq!(
         got["kvs"],
@@ -97,21 +102,17 @@ fn put_and_get_single_prefix_and_historical() {
         "{got}"
     );
 
-    assert_lines(&ctl(&keel, &["put", "foo1", "x"]), &["OK"]); // r0 + 3
-    assert_lines(&ctl(&keel, &["put", "foo2", "y"]), &["OK"]); // r0 + 4
-    assert_lines(&ctl(&keel, &["put", "fop", "z"]), &["OK"]); // r0 + 5
+    assert_lines(&ctl(keel, &["put", "foo1", "x"]), &["OK"]); // r0 + 3
+    assert_lines(&ctl(keel, &["put", "foo2", "y"]), &["OK"]); // r0 + 4
+    assert_lines(&ctl(keel, &["put", "fop", "z"]), &["OK"]); // r0 + 5
 
     // --prefix returns keys in byte order and leaves out "fop".
     assert_lines(
-        &ctl(&keel, &["get", "foo", "--prefix"]),
+        &ctl(keel, &["get", "foo", "--prefix"]),
         &["foo", "baz", "foo1", "x", "foo2", "y"],
     );
     // --limit: count is the size of the whole range, more says it was cut.
-    let got = ctl(
-        &keel,
-        &["get", "foo", "--prefix", "--limit=2", "-w", "json"],
-    )
-    .json();
+    let got = ctl(keel, &["get", "foo", "--prefix", "--limit=2", "-w", "json"]).json();
     assert_eq!(
         got["kvs"],
         json!([
@@ -125,30 +126,26 @@ fn put_and_get_single_prefix_and_historical() {
 
     // Historical reads see the store as of that revision.
     let at = |rev: i64| format!("--rev={rev}");
-    assert_lines(&ctl(&keel, &["get", "foo", &at(r0 + 1)]), &["foo", "bar"]);
+    assert_lines(&ctl(keel, &["get", "foo", &at(r0 + 1)]), &["foo", "bar"]);
     assert_lines(
-        &ctl(&keel, &["get", "foo", "--prefix", &at(r0 + 3)]),
+        &ctl(keel, &["get", "foo", "--prefix", &at(r0 + 3)]),
         &["foo", "baz", "foo1", "x"],
     );
-    let got = ctl(
-        &keel,
-        &["get", "foo", "--prefix", &at(r0 + 3), "-w", "json"],
-    )
-    .json();
+    let got = ctl(keel, &["get", "foo", "--prefix", &at(r0 + 3), "-w", "json"]).json();
     assert_eq!(
         got["header"]["revision"],
         r0 + 5,
         "header is the current revision: {got}"
     );
     assert_eq!(got["count"], 2, "{got}");
-    ctl(&keel, &["get", "foo", &at(r0 + 100)]).fails_with(FUTURE_REV);
+    ctl(keel, &["get", "foo", &at(r0 + 100)]).fails_with(FUTURE_REV);
 
     // --prev-kv returns the pair the put replaced.
     assert_lines(
-        &ctl(&keel, &["put", "foo", "qux", "--prev-kv"]),
+        &ctl(keel, &["put", "foo", "qux", "--prev-kv"]),
         &["OK", "foo", "baz"],
     );
-    let got = ctl(&keel, &["get", "missing", "-w", "json"]).json();
+    let got = ctl(keel, &["get", "missing", "-w", "json"]).json();
     assert_eq!(got["header"]["revision"], r0 + 6, "{got}");
     assert_eq!(got.get("kvs"), None, "{got}");
 }

@@ -65,15 +65,20 @@ fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duratio
 #[test]
 fn grant_attach_timetolive_list_and_revoke() {
     let (_guard, keel) = member(&[]);
-    let (id, ttl) = grant(&keel, 60);
+    lease_body(&keel);
+}
+
+/// The body of [`grant_attach_timetolive_list_and_revoke`] on any ready single member (also run over TLS by `tls.rs`).
+pub(crate) fn lease_body(keel: &Member) {
+    let (id, ttl) = grant(keel, 60);
     assert_eq!(ttl, 60);
     assert!(id > 0, "a generated lease ID is positive: {id}");
     let lease_flag = format!("--lease={}", hex(id));
-    ctl(&keel, &["put", "a", "1", &lease_flag]).ok();
-    ctl(&keel, &["put", "b", "2", &lease_flag]).ok();
-    ctl(&keel, &["put", "c", "3"]).ok();
+    ctl(keel, &["put", "a", "1", &lease_flag]).ok();
+    ctl(keel, &["put", "b", "2", &lease_flag]).ok();
+    ctl(keel, &["put", "c", "3"]).ok();
 
-    let t = time_to_live(&keel, id);
+    let t = time_to_live(keel, id);
     assert_eq!(t["granted-ttl"], 60, "{t}");
     let left = t["ttl"].as_i64().unwrap();
     assert!((57..=60).contains(&left), "remaining TTL {left}");
@@ -83,27 +88,27 @@ fn grant_attach_timetolive_list_and_revoke() {
         "{t}"
     );
 
-    let list = ctl(&keel, &["lease", "list"]);
+    let list = ctl(keel, &["lease", "list"]);
     assert_eq!(
         list.ok().lines(),
         vec!["found 1 leases".to_string(), hex(id)]
     );
 
     let before = etcdctl::revision(&keel.endpoint());
-    let out = ctl(&keel, &["lease", "revoke", &hex(id)]);
+    let out = ctl(keel, &["lease", "revoke", &hex(id)]);
     assert_eq!(out.ok().lines(), vec![format!("lease {} revoked", hex(id))]);
     assert_eq!(
         etcdctl::revision(&keel.endpoint()),
         before + 1,
         "both keys go in one revision"
     );
-    assert_eq!(keys(&keel), vec!["c"]);
-    let gone = ctl(&keel, &["lease", "timetolive", &hex(id)]);
+    assert_eq!(keys(keel), vec!["c"]);
+    let gone = ctl(keel, &["lease", "timetolive", &hex(id)]);
     assert_eq!(
         gone.ok().lines(),
         vec![format!("lease {} already expired", hex(id))]
     );
-    ctl(&keel, &["lease", "revoke", &hex(id)])
+    ctl(keel, &["lease", "revoke", &hex(id)])
         .fails_with("Error: failed to revoke lease (etcdserver: requested lease not found)");
 }
 

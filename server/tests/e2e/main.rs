@@ -25,6 +25,7 @@ mod qos;
 mod shutdown;
 mod snapshot;
 mod startup;
+mod tls;
 mod watch;
 
 use std::path::PathBuf;

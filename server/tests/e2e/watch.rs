@@ -222,6 +222,11 @@ fn etcdctl_watch_prefix_sees_a_txn_and_a_compacted_start_is_canceled() {
 #[test]
 fn grpc_watch_follows_etcd_semantics_on_one_stream() {
     let (_guard, keel) = member(&[]);
+    grpc_watch_body(&keel);
+}
+
+/// The body of [`grpc_watch_follows_etcd_semantics_on_one_stream`] on any ready single member (also run over TLS by `tls.rs`).
+pub(crate) fn grpc_watch_body(keel: &Member) {
     let ep = keel.endpoint();
     runtime().block_on(async {
         let mut kv = kv(&ep).await;
