@@ -59,7 +59,7 @@ impl Kv for KvService {
         let user = admit::user(&ai);
         let req = request.into_inner();
         kv_validate::check_range(&req)?;
-        let _permit = admit::range(&self.node, &req, user.as_deref()).await?;
+        let _permit = admit::range(&self.node, &req, user).await?;
         // The `linearizable_read_stale` failpoint skips ReadIndex: a deliberately broken
         // member that serves linearizable reads from its local state (chaos --inject).
         if !req.serializable && !crate::failpoint::hit("linearizable_read_stale") {
@@ -84,7 +84,7 @@ impl Kv for KvService {
         let user = admit::user(&ai);
         let req = request.into_inner();
         kv_validate::check_put(&req)?;
-        let _permit = admit::put(&self.node, &req, user.as_deref()).await?;
+        let _permit = admit::put(&self.node, &req, user).await?;
         self.node.check_quota(quota::cost_put(&req)).await?;
         match self.write(&ai, Rq::Put(req)).await? {
             (rev, Some(Rs::Put(mut r))) => {
@@ -103,7 +103,7 @@ impl Kv for KvService {
         let user = admit::user(&ai);
         let req = request.into_inner();
         kv_validate::check_delete_range(&req)?;
-        let _permit = admit::delete_range(&self.node, &req, user.as_deref()).await?;
+        let _permit = admit::delete_range(&self.node, &req, user).await?;
         match self.write(&ai, Rq::DeleteRange(req)).await? {
             (rev, Some(Rs::DeleteRange(mut r))) => {
                 r.header = Some(self.node.header(rev));
@@ -118,7 +118,7 @@ impl Kv for KvService {
         let user = admit::user(&ai);
         let req = request.into_inner();
         kv_validate::check_txn(&req, self.node.config.max_txn_ops as usize)?;
-        let _permit = admit::txn(&self.node, &req, user.as_deref()).await?;
+        let _permit = admit::txn(&self.node, &req, user).await?;
         self.node.check_quota(quota::cost_txn(&req)).await?;
         match self.write(&ai, Rq::Txn(req)).await? {
             (rev, Some(Rs::Txn(mut r))) => {
@@ -140,7 +140,7 @@ impl Kv for KvService {
         check::rpc(&self.node.auth.read(), &ai, Rpc::Compact)?;
         let req = request.into_inner();
         kv_validate::check_compaction(&req)?;
-        let _permit = admit::keyless(&self.node, Method::Compact, user.as_deref()).await?;
+        let _permit = admit::keyless(&self.node, Method::Compact, user).await?;
         let (physical, revision) = (req.physical, req.revision);
         match self.write(&ai, Rq::Compaction(req)).await? {
             (rev, Some(Rs::Compaction(mut r))) => {

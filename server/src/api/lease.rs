@@ -88,7 +88,7 @@ impl Lease for LeaseService {
         let ai = auth_info(&self.node, &request).await?;
         let user = admit::user(&ai);
         let req = request.into_inner();
-        let _permit = admit::keyless(&self.node, Method::LeaseGrant, user.as_deref()).await?;
+        let _permit = admit::keyless(&self.node, Method::LeaseGrant, user).await?;
         let ttl = grant_ttl(&self.node, req.ttl)?;
         self.node.check_quota(quota::LEASE_OVERHEAD).await?;
         let chosen = req.id != NO_LEASE;
@@ -126,7 +126,7 @@ impl Lease for LeaseService {
         let ai = auth_info(&self.node, &request).await?;
         let user = admit::user(&ai);
         let req = request.into_inner();
-        let _permit = admit::keyless(&self.node, Method::LeaseRevoke, user.as_deref()).await?;
+        let _permit = admit::keyless(&self.node, Method::LeaseRevoke, user).await?;
         let resp = self.node.propose_as(&ai, Rq::LeaseRevoke(req)).await?;
         let Some(Rs::LeaseRevoke(mut r)) = resp.response else {
             return Err(unexpected());
@@ -196,7 +196,7 @@ impl Lease for LeaseService {
         let ai = auth_info(&self.node, &request).await?;
         let user = admit::user(&ai);
         let req = request.into_inner();
-        let _permit = admit::keyless(&self.node, Method::LeaseTimeToLive, user.as_deref()).await?;
+        let _permit = admit::keyless(&self.node, Method::LeaseTimeToLive, user).await?;
         check::lease_time_to_live(&self.node.auth.read(), &ai, &req, &|id| {
             self.node.lessor.info(id, true).map(|i| i.keys)
         })?;
@@ -212,7 +212,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
         let ai = auth_info(&self.node, &request).await?;
         let user = admit::user(&ai);
-        let _permit = admit::keyless(&self.node, Method::LeaseLeases, user.as_deref()).await?;
+        let _permit = admit::keyless(&self.node, Method::LeaseLeases, user).await?;
         let ids = self.node.lessor.ids();
         let auth = self.node.auth.read();
         if auth.is_enabled() {
