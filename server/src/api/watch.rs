@@ -46,27 +46,54 @@ impl WatchService {
 pub type WatchResponseStream =
     Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
 
+/// The cancel reason of a create refused by auth, whatever the auth error (no or a bad
+/// token, no READ on the range): etcd's `isWatchPermitted` answers every refusal with
+/// `rpctypes.ErrGRPCPermissionDenied.Error()`, the Go text of the gRPC status.
+pub const WATCH_DENIED: &str =
+    "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
+
+/// Why a watch create was refused.
+enum Refusal {
+    /// QoS refused it (`etcdserver: too many requests`).
+    Qos(EtcdError),
+    /// Auth refused it (no or a bad token, no READ on the range).
+    Auth,
+}
+
+impl Refusal {
+    /// The cancel reason etcd sends for this refusal.
+    fn reason(&self) -> String {
+        match self {
+            Refusal::Qos(e) => e.to_string(),
+            Refusal::Auth => WATCH_DENIED.to_string(),
+        }
+    }
+}
+
 /// Whether the caller may create the watch in `request`: QoS admits it (a rate governs
 /// creates; the permit is not held for the watch's life), then READ on its range (etcd
-/// `isWatchPermitted`, judged for each create with the stream's identity). `Err` holds the
-/// reason a refused create is canceled with (`etcdserver: too many requests`, a permission
-/// error's text).
+/// `isWatchPermitted`, judged for each create with the stream's identity). `Err` says why
+/// ([`Refusal::reason`] is the cancel reason).
 async fn may_create(
     node: &Node,
     identity: &RequestIdentity,
     request: &WatchRequest,
-) -> Result<(), EtcdError> {
+) -> Result<(), Refusal> {
     let Some(RequestUnion::CreateRequest(create)) = &request.request_union else {
         return Ok(());
     };
-    let ai = identity.resolve(node).await?;
+    let ai = identity.resolve(node).await.map_err(|_| Refusal::Auth)?;
     let info = RequestInfo::new(Method::Watch)
         .keys(&create.key, &create.range_end)
         .user(super::admit::user(&ai));
     // Dropped at once: a rate governs creates, the slot is not held for the watch's life.
-    drop(node.qos.admit(&info).map_err(EtcdError::from)?);
+    drop(
+        node.qos
+            .admit(&info)
+            .map_err(|e| Refusal::Qos(EtcdError::from(e)))?,
+    );
     if node.auth.is_enabled() {
-        check::watch_create(&node.auth.read(), &ai, create)?;
+        check::watch_create(&node.auth.read(), &ai, create).map_err(|_| Refusal::Auth)?;
     }
     Ok(())
 }
@@ -90,7 +117,7 @@ async fn serve_requests(
                 Ok(Some(request)) => match may_create(&node, &identity, &request).await {
                     Ok(()) => session.handle(request),
                     // Created + canceled with the reason; the stream stays open (etcd).
-                    Err(e) => session.reject(&e.to_string()),
+                    Err(refusal) => session.reject(&refusal.reason()),
                 },
                 // Half-close: no more requests, but events keep flowing (etcd).
                 Ok(None) => open = false,

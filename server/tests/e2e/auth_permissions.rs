@@ -30,6 +30,9 @@ use crate::member;
 const OK: &str = "ok";
 const EMPTY: &str = "etcdserver: user name is empty";
 const DENIED: &str = "etcdserver: permission denied";
+/// A refused watch create's cancel reason (etcd: every auth refusal, as the Go status text).
+const WATCH_DENIED: &str =
+    "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
 /// Past the permission check: the RPC's own answer (an unknown member, a bad URL...).
 const PASSED: &str = "passed";
 
@@ -48,8 +51,8 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("txn compare secret", EMPTY, DENIED, OK),
     ("txn nested put secret", EMPTY, DENIED, OK),
     ("txn put k/c", EMPTY, OK, OK),
-    ("watch k/a", EMPTY, OK, OK),
-    ("watch secret", EMPTY, DENIED, OK),
+    ("watch k/a", WATCH_DENIED, OK, OK),
+    ("watch secret", WATCH_DENIED, WATCH_DENIED, OK),
     ("lease-grant", EMPTY, OK, OK),
     ("lease-revoke on-secret", EMPTY, DENIED, OK),
     ("lease-revoke on-k", EMPTY, OK, OK),
