@@ -7,11 +7,11 @@ use keel_proto::authpb::{Role, User};
 use keel_proto::etcdserverpb::AlarmType;
 use keel_proto::leasepb::Lease;
 use openraft::StoredMembership;
-use prost::Message;
 use tokio::sync::OwnedRwLockReadGuard;
 
 use super::BackupError;
 use crate::alarm::Alarms;
+use crate::auth::AuthStore;
 use crate::backend::{Backend, schema};
 use crate::cindex;
 use crate::etcd_db::writer::Written;
@@ -117,8 +117,7 @@ impl Capture {
             downgrade: None,
         })?;
         w.put_alarms(&Alarms::load(t)?.get(AlarmType::None))?;
-        // Hook for the auth component (issue 12): whatever the backend schema's auth keys
-        // hold is written as etcd's auth buckets, bytes as stored.
+        // The auth store as applied, as etcd's auth buckets.
         if let Some((auth, users, roles)) = auth(t)? {
             w.put_auth(&auth, users, roles)?;
         }
@@ -211,28 +210,12 @@ fn auth(t: &sled::Tree) -> Result<Option<(AuthMeta, Vec<User>, Vec<Role>)>, Back
     if t.scan_prefix([schema::AUTH_PREFIX]).next().is_none() {
         return Ok(None);
     }
-    let enabled = t
-        .get(schema::AUTH_ENABLED)?
-        .is_some_and(|v| v.as_ref() == [1]);
-    let revision = match t.get(schema::AUTH_REVISION)? {
-        Some(v) if v.len() == 8 => u64::from_be_bytes(v.as_ref().try_into().expect("8 bytes")),
-        _ => 1,
+    let store = AuthStore::load(t)?;
+    let meta = AuthMeta {
+        enabled: store.is_enabled(),
+        revision: store.revision(),
     };
-    fn decode_all<M: Message + Default>(
-        t: &sled::Tree,
-        prefix: &[u8],
-    ) -> Result<Vec<M>, BackupError> {
-        t.scan_prefix(prefix)
-            .map(|kv| {
-                let (k, v) = kv?;
-                M::decode(v.as_ref()).map_err(|error| BackupError::Auth {
-                    key: k.escape_ascii().to_string(),
-                    error,
-                })
-            })
-            .collect()
-    }
-    let users = decode_all(t, schema::AUTH_USER_PREFIX)?;
-    let roles = decode_all(t, schema::AUTH_ROLE_PREFIX)?;
-    Ok(Some((AuthMeta { enabled, revision }, users, roles)))
+    let users = store.users().values().cloned().collect();
+    let roles = store.roles().values().cloned().collect();
+    Ok(Some((meta, users, roles)))
 }

@@ -56,14 +56,9 @@ pub enum BackupError {
     /// The stored raft membership does not decode.
     #[error("raft membership: {0}")]
     Membership(bincode::Error),
-    /// An auth record does not decode.
-    #[error("auth record {key}: {error}")]
-    Auth {
-        /// The sled key, escaped.
-        key: String,
-        /// What prost said.
-        error: prost::DecodeError,
-    },
+    /// The auth records do not decode.
+    #[error(transparent)]
+    Auth(#[from] crate::auth::storage::StorageError),
     /// The file system failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
