@@ -2,9 +2,9 @@
 //!
 //! The module tree is the architecture (`docs/architecture.md`, `../shared/DESIGN.md`). From
 //! the top: `api` → `node` (wires a member) → `config` → `cluster` → `apply` → `auth` →
-//! `membership` → `lease` → `watch` → `raft` → `cindex` → `mvcc` → `backend` → `wal` → `tls`; a module
-//! uses only the modules after it (`scripts/layers.sh` checks), plus the shared `error` and
-//! `failpoint`.
+//! `membership` → `lease` → `watch` → `raft` → `cindex` → `mvcc` → `backend` → `wal` → `tls` →
+//! `metrics`; a module uses only the modules after it (`scripts/layers.sh` checks), plus the
+//! shared `error` and `failpoint`. `logging` sits with `main.rs` at the top.
 
 pub mod alarm;
 pub mod api;
@@ -19,7 +19,9 @@ pub mod error;
 pub mod etcd_db;
 pub mod failpoint;
 pub mod lease;
+pub mod logging;
 pub mod membership;
+pub mod metrics;
 pub mod mvcc;
 pub mod node;
 pub mod qos;

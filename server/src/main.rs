@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use keel_server::config::{Config, bind_addr, is_https, listener_tls, split_urls};
+use keel_server::tls::server::with_http1;
 use keel_server::{api, node::Node};
 use tokio::sync::watch;
 
@@ -24,15 +25,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new(format!("{},openraft=warn", config.log_level))
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    if let Err(e) = keel_server::logging::init(&config.log_level, &config.operator) {
+        eprintln!("keel: {e}");
+        return ExitCode::from(2);
+    }
+    for warning in config.operator.warnings() {
+        tracing::warn!("{warning}");
+    }
+    if config.operator.extensive_metrics() {
+        keel_server::metrics::grpc::enable_handling_histogram();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -60,6 +62,12 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         .map(|u| bind_addr(u))
         .collect::<Result<Vec<_>, _>>()
         .map_err(anyhow::Error::msg)?;
+    let metrics_urls = split_urls(&config.operator.listen_metrics_urls);
+    let metrics_addrs = metrics_urls
+        .iter()
+        .map(|u| bind_addr(u))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
     let peer_addrs = peer_urls
         .iter()
         .map(|u| bind_addr(u))
@@ -75,11 +83,19 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     for addr in client_addrs {
         client_listeners.push((addr, api::bind(addr).await?));
     }
+    let mut metrics_listeners = Vec::new();
+    for addr in metrics_addrs {
+        metrics_listeners.push((addr, api::bind(addr).await?));
+    }
 
     // TLS (docs/security.md): auto TLS writes its pairs into the data dir, so only now.
     config.prepare_auto_tls()?;
-    let client_tls = match client_urls.iter().any(|u| is_https(u)) {
-        true => Some(listener_tls(&config.client_tls()?)?),
+    // The client and metrics URLs also serve HTTP/1.1 (etcd's HTTP endpoints).
+    let client_tls = match client_urls.iter().chain(&metrics_urls).any(|u| is_https(u)) {
+        true => {
+            let tls: std::sync::Arc<rustls::ServerConfig> = listener_tls(&config.client_tls()?)?;
+            Some(with_http1(&tls))
+        }
         false => None,
     };
     let peer_tls = match peer_urls.iter().any(|u| is_https(u)) {
@@ -94,6 +110,8 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         data_dir = %node.data_dir().display(),
         "keel member started"
     );
+
+    api::http::metrics::spawn_leader_watch(&node);
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -113,6 +131,16 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         let tls = client_tls.clone().filter(|_| is_https(url));
         tracing::info!(%addr, tls = tls.is_some(), "serving etcd v3 API");
         servers.spawn(api::serve_client_listener(
+            node.clone(),
+            listener,
+            tls,
+            stopped(stop_rx.clone()),
+        ));
+    }
+    for (url, (addr, listener)) in metrics_urls.iter().zip(metrics_listeners) {
+        let tls = client_tls.clone().filter(|_| is_https(url));
+        tracing::info!(%addr, tls = tls.is_some(), "serving /metrics and /health");
+        servers.spawn(api::serve_metrics_listener(
             node.clone(),
             listener,
             tls,

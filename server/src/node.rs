@@ -392,7 +392,16 @@ impl Node {
         }
         let proposer = self.proposer.get().ok_or(EtcdError::Stopped)?;
         self.qos.load().set_queued(proposer.queued());
-        proposer.propose(req).await
+        let result = proposer.propose(req).await;
+        if result.as_ref().is_err_and(is_proposal_failure) {
+            crate::metrics::server().proposals_failed.inc();
+        }
+        result
+    }
+
+    /// Requests waiting in the proposer (`etcd_server_proposals_pending`).
+    pub fn proposals_pending(&self) -> u64 {
+        self.proposer.get().map_or(0, Proposer::queued)
     }
 
     /// Proposes one log entry as is (a request or a batch), forwarding it to the leader when
@@ -680,6 +689,20 @@ impl Node {
         let _ = self.raft.shutdown().await;
         let _ = self.backend.flush_async().await;
     }
+}
+
+/// Whether `e` means the proposal did not make it through raft (etcd's
+/// `proposals_failed_total`: no leader, timed out, stopped, internal failure), as opposed to
+/// an answer of apply (a compare that failed, a lease not found, ...).
+fn is_proposal_failure(e: &EtcdError) -> bool {
+    matches!(
+        *e,
+        EtcdError::NoLeader
+            | EtcdError::Timeout
+            | EtcdError::TimeoutDueToLeaderFail
+            | EtcdError::Stopped
+            | EtcdError::Internal(_)
+    )
 }
 
 /// The lease loop's [`runner::Proposer`]: proposes through the node without keeping it

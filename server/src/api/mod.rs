@@ -1,5 +1,6 @@
-//! gRPC front ends: the etcd v3 services on the client URLs and Keel's peer protocol on the
-//! peer URLs.
+//! Front ends: the etcd v3 gRPC services and etcd's HTTP endpoints ([`http`]) on the client
+//! URLs, the metrics and health endpoints on `--listen-metrics-urls`, and Keel's peer
+//! protocol on the peer URLs.
 //!
 //! Request size: gRPC accepts messages up to `--max-request-bytes` plus etcd's 512 KiB
 //! framing allowance; the raft request itself is then checked against
@@ -10,6 +11,7 @@ mod admit;
 mod auth;
 mod cluster;
 pub mod credentials;
+pub mod http;
 mod kv;
 pub mod kv_validate;
 mod lease;
@@ -34,6 +36,7 @@ use keel_proto::v3electionpb::election_server::ElectionServer;
 use keel_proto::v3lockpb::lock_server::LockServer;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tonic::service::Routes;
 use tonic::transport::Server;
 use tonic::transport::server::{Connected, TcpIncoming};
 
@@ -50,7 +53,10 @@ use crate::config::GRPC_OVERHEAD_BYTES;
 use crate::node::Node;
 
 /// Serves the etcd v3 API on the connections of `incoming` (plain TCP, [`plain`], or TLS,
-/// `tls::server::incoming`) until `shutdown` resolves.
+/// `tls::server::incoming`) until `shutdown` resolves, with etcd's HTTP endpoints on the
+/// same connections (HTTP/1.1 and HTTP/2, [`http::client_routes`]) and every RPC counted in
+/// the gRPC metrics ([`http::GrpcMetricsLayer`]). Keepalive and stream limits follow
+/// `--grpc-keepalive-interval`, `--grpc-keepalive-timeout`, `--max-concurrent-streams`.
 ///
 /// Errors: the transport fails.
 pub async fn serve_clients<I, IO, IE>(
@@ -64,7 +70,8 @@ where
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let max = node.config.max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
-    Server::builder()
+    let ops = &node.config.operator;
+    let routes = Routes::from(http::client_routes(node.clone()))
         .add_service(KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max))
         .add_service(
             MaintenanceServer::new(MaintenanceService::new(node.clone()))
@@ -82,9 +89,47 @@ where
         .add_service(QosServer::new(QosService::new(node.clone())).max_decoding_message_size(max))
         .add_service(AuthServer::new(AuthService::new(node.clone())).max_decoding_message_size(max))
         .add_service(LockServer::new(unimplemented::NotYet))
-        .add_service(ElectionServer::new(unimplemented::NotYet))
+        .add_service(ElectionServer::new(unimplemented::NotYet));
+    Server::builder()
+        .accept_http1(true)
+        .http2_keepalive_interval(ops.keepalive_interval())
+        .http2_keepalive_timeout(ops.keepalive_timeout())
+        .max_concurrent_streams(ops.max_concurrent_streams)
+        .layer(http::GrpcMetricsLayer)
+        .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
+    Ok(())
+}
+
+/// Serves `/metrics` and the health endpoints ([`http::metrics_routes`]) on `listener`
+/// (a `--listen-metrics-urls` URL; TLS with `tls`, the client side's configuration, for
+/// `https://`), HTTP/1.1 and HTTP/2, until `shutdown` resolves.
+///
+/// Errors: the transport fails.
+pub async fn serve_metrics_listener(
+    node: Arc<Node>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let routes = Routes::from(http::metrics_routes(node));
+    let mut server = Server::builder().accept_http1(true);
+    match tls {
+        Some(config) => {
+            let incoming = crate::tls::server::incoming(listener, config, "metrics");
+            server
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?
+        }
+        None => {
+            server
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(plain(listener), shutdown)
+                .await?
+        }
+    }
     Ok(())
 }
 

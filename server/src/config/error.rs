@@ -87,4 +87,18 @@ pub enum ConfigError {
         /// `host:port` of the URL.
         host: String,
     },
+    /// An etcd flag Keel does not implement (`config::operator`).
+    #[error("etcd flag {0} is not supported by Keel (docs/compat.md lists what is)")]
+    UnsupportedEtcdFlag(String),
+    /// A flag value Keel cannot honour (`--strict-reconfig-check=false`, a `--log-outputs`
+    /// target it cannot open, ...).
+    #[error("invalid value {value:?} for flag --{flag}: {reason}")]
+    FlagValue {
+        /// The flag, without `--`.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
 }

@@ -12,6 +12,7 @@
 pub mod auth_token;
 mod duration;
 mod error;
+pub mod operator;
 mod qos;
 mod settings;
 mod tls;
@@ -23,6 +24,7 @@ use serde::Deserialize;
 
 pub use duration::{GoDuration, GoDurationError};
 pub use error::ConfigError;
+pub use operator::OperatorFlags;
 pub use tls::{SecurityFlags, is_https, listener_tls};
 
 use crate::raft::dial_override;
@@ -163,6 +165,10 @@ pub struct Config {
     #[command(flatten)]
     #[serde(flatten)]
     pub security: SecurityFlags,
+    /// Metrics, logging, keepalive and raft toggles (docs/operations.md).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub operator: OperatorFlags,
 }
 
 impl Default for Config {
@@ -177,7 +183,17 @@ impl Config {
     /// Errors: an unreadable or invalid YAML file (message names the file), or a check of
     /// [`Config::normalize`].
     pub fn load() -> Result<Config, ConfigError> {
-        let cli = Config::parse();
+        let cli = match Config::try_parse() {
+            Ok(cli) => cli,
+            Err(e) if e.kind() == clap::error::ErrorKind::UnknownArgument => {
+                let args: Vec<String> = std::env::args().collect();
+                match operator::unsupported_etcd_flag(&args) {
+                    Some(flag) => return Err(ConfigError::UnsupportedEtcdFlag(flag)),
+                    None => e.exit(),
+                }
+            }
+            Err(e) => e.exit(),
+        };
         let mut cfg = match &cli.config_file {
             None => cli,
             Some(path) => Config::from_yaml_file(path)?,
@@ -212,6 +228,7 @@ impl Config {
         self.qos_thresholds()?;
         self.qos_file_rules()?;
         self.check_security()?;
+        self.operator.check()?;
         if self.election_timeout < 5 * self.heartbeat_interval {
             return Err(ConfigError::ElectionTimeout {
                 election: self.election_timeout,

@@ -275,7 +275,9 @@ impl MvccStore {
             // Before the removals reach sled, so a reader that misses a record knows why.
             self.compact_floor.fetch_max(floor, Ordering::AcqRel);
         }
+        let started = std::time::Instant::now();
         std::mem::take(&mut group.batch).commit(&self.tree)?;
+        crate::metrics::disk().observe_backend_commit(started.elapsed());
         if let Some(view) = group.view.take() {
             self.publish(view);
         }

@@ -58,6 +58,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     async fn new_client(&mut self, target: NodeId, node: &MemberNode) -> PeerConnection {
         PeerConnection {
             target,
+            label: format!("{target:x}"),
             url: node.peer_url().cloned().unwrap_or_default(),
             peers: self.peers.clone(),
         }
@@ -67,6 +68,8 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 /// The connection to one member's (first) peer URL.
 pub struct PeerConnection {
     target: NodeId,
+    /// The target's member ID in hex: the `To`/`From` label of the peer metrics.
+    label: String,
     url: String,
     peers: Arc<Peers>,
 }
@@ -102,13 +105,17 @@ impl PeerConnection {
             .peers
             .client(&self.url)
             .map_err(|e| Unreachable::new(&e))?;
+        let sent = data.len();
         let mut request = tonic::Request::new(RaftPayload { data });
         request.set_timeout(option.hard_ttl());
+        let started = std::time::Instant::now();
         let result = match rpc {
             Rpc::Append => client.append_entries(request).await,
             Rpc::Vote => client.vote(request).await,
             Rpc::Snapshot => client.install_snapshot(request).await,
         };
+        let received = result.as_ref().ok().map(|r| r.get_ref().data.len());
+        crate::metrics::network().record_rpc(&self.label, sent, received, started.elapsed());
         let payload = match result {
             Ok(r) => r.into_inner(),
             Err(status) => {

@@ -110,6 +110,9 @@ async fn run(mut rx: mpsc::Receiver<Pending>, propose: ProposeFn) {
 }
 
 async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
+    crate::metrics::keel()
+        .proposal_batch_requests
+        .observe(batch.len() as f64);
     if batch.len() == 1 {
         let p = batch.pop().expect("one request");
         let _ = p.reply.send(propose(p.request).await);

@@ -353,6 +353,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         // One sled batch for everything openraft handed over (see mvcc/staged.rs).
         self.applier.flush()?;
+        crate::metrics::keel()
+            .apply_group_entries
+            .observe(responses.len() as f64);
         drop(exclusive);
         Ok(responses)
     }

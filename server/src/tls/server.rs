@@ -60,6 +60,16 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// `config` that also offers HTTP/1.1 by ALPN (after `h2`): the client and metrics URLs
+/// serve etcd's HTTP endpoints to HTTP/1.1 clients too; the peer URLs stay HTTP/2 only.
+pub fn with_http1(config: &ServerConfig) -> Arc<ServerConfig> {
+    let mut config = config.clone();
+    if !config.alpn_protocols.iter().any(|p| p == b"http/1.1") {
+        config.alpn_protocols.push(b"http/1.1".to_vec());
+    }
+    Arc::new(config)
+}
+
 /// TLS connections accepted on `listener` (TCP_NODELAY set), as a stream for tonic's
 /// `serve_with_incoming*`. Connections whose handshake fails are logged (naming `side`,
 /// "client" or "peer") and dropped. The accept task ends when the stream is dropped.

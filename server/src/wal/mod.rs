@@ -115,6 +115,7 @@ struct Stats {
 
 impl Stats {
     fn record_sync(&self, took: Duration) {
+        crate::metrics::disk().observe_wal_fsync(took);
         self.sync_rounds.fetch_add(1, Ordering::Relaxed);
         self.sync_nanos.fetch_add(
             u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),

@@ -1,0 +1,114 @@
+//! HTTP next to gRPC: the routes etcd serves on its client URLs (`/metrics`, `/health`,
+//! `/livez`, `/readyz` and their subpaths, `/version`) and on `--listen-metrics-urls`
+//! (the same without `/version`).
+//!
+//! The client URLs serve both on one port, as etcd does: tonic's server accepts HTTP/1.1
+//! next to HTTP/2 (TLS offers both by ALPN), gRPC services are routed by their
+//! `/<package.Service>/` prefix and these routes by path. A request that matches nothing is
+//! answered by [`fallback`]: gRPC's `UNIMPLEMENTED` to a gRPC client, Go's `404 page not
+//! found` to anyone else. docs/operations.md lists the endpoints.
+
+pub mod grpc_metrics;
+pub mod health;
+pub mod metrics;
+pub mod version;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::Response;
+use axum::routing::get;
+
+pub use grpc_metrics::GrpcMetricsLayer;
+pub use health::Check;
+pub use version::VersionInfo;
+
+use crate::node::Node;
+
+type Shared = State<Arc<Node>>;
+
+/// The routes of the client URLs: health, metrics and `/version`.
+pub fn client_routes(node: Arc<Node>) -> Router {
+    with_health(Router::new())
+        .route("/version", get(version))
+        .fallback(fallback)
+        .with_state(node)
+}
+
+/// The routes of `--listen-metrics-urls`: `/metrics` and the health endpoints.
+pub fn metrics_routes(node: Arc<Node>) -> Router {
+    with_health(Router::new())
+        .fallback(fallback)
+        .with_state(node)
+}
+
+/// The probe roots and their checks.
+const LIVEZ_READYZ: [(&str, &[Check]); 2] =
+    [("/livez", health::LIVEZ), ("/readyz", health::READYZ)];
+
+/// `router` with `/metrics`, `/health`, `/livez`, `/readyz` and the probes' subpaths.
+fn with_health(mut router: Router<Arc<Node>>) -> Router<Arc<Node>> {
+    router = router
+        .route(
+            "/metrics",
+            get(|State(node): Shared| async move { metrics::scrape(&node) }),
+        )
+        .route(
+            "/health",
+            get(|State(node): Shared, RawQuery(q): RawQuery| async move {
+                health::health(&node, q.as_deref()).await
+            }),
+        );
+    for (root, checks) in LIVEZ_READYZ {
+        router = router.route(
+            root,
+            get(
+                move |State(node): Shared, RawQuery(q): RawQuery| async move {
+                    health::probe(&node, checks, q.as_deref()).await
+                },
+            ),
+        );
+        for check in checks {
+            let one: &'static [Check] = std::slice::from_ref(check);
+            router = router.route(
+                &format!("{root}/{}", check.name()),
+                get(
+                    move |State(node): Shared, RawQuery(q): RawQuery| async move {
+                        let verbose =
+                            health::query_has(q.as_deref(), "verbose").then_some("verbose");
+                        health::probe(&node, one, verbose).await
+                    },
+                ),
+            );
+        }
+    }
+    router
+}
+
+/// `/version`: etcd's JSON plus Keel's versions ([`VersionInfo`]).
+async fn version(State(node): Shared) -> Response {
+    let body = serde_json::to_string(&VersionInfo::of(&node)).unwrap_or_default();
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .unwrap_or_default()
+}
+
+/// No route: `UNIMPLEMENTED` for gRPC (what tonic answers for an unknown service), else
+/// Go's `404 page not found`.
+async fn fallback(headers: HeaderMap) -> Response {
+    let grpc = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if grpc {
+        let (parts, ()) = tonic::Status::unimplemented("")
+            .into_http::<()>()
+            .into_parts();
+        return Response::from_parts(parts, Body::empty());
+    }
+    health::text(StatusCode::NOT_FOUND, "404 page not found\n".to_string())
+}

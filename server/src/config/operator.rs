@@ -1,0 +1,273 @@
+//! The flags operators use around a member ([`OperatorFlags`]): the metrics listener and
+//! level, logging, gRPC keepalive and stream limits, and etcd's raft toggles Keel accepts
+//! for compatibility; plus the check that names etcd flags Keel does not implement
+//! ([`unsupported_etcd_flag`]). docs/operations.md lists them; docs/compat.md the
+//! differences.
+
+use clap::{ArgAction, Args};
+use serde::Deserialize;
+
+use super::{Config, ConfigError, GoDuration, bind_addr, split_urls};
+
+/// Operator flags, etcd's names and defaults (`etcd --help`, "Member", "Logging",
+/// "Profiling and Monitoring").
+#[derive(Args, Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case", default)]
+pub struct OperatorFlags {
+    /// List of URLs to listen on for the metrics and health endpoints (`/metrics`,
+    /// `/health`, `/livez`, `/readyz`), comma-separated.
+    #[arg(long, default_value = "")]
+    pub listen_metrics_urls: String,
+    /// Set level of detail for exported metrics: `basic`, or `extensive` to add the
+    /// `grpc_server_handling_seconds` histograms.
+    #[arg(long, default_value = "basic", value_parser = ["basic", "extensive"])]
+    pub metrics: String,
+    /// Logger: `zap` (etcd's structured logger; Keel logs with tracing in the same shape).
+    #[arg(long, default_value = "zap", value_parser = ["zap"])]
+    pub logger: String,
+    /// Where to write logs: `default` (stderr), `stderr`, `stdout`, or file paths,
+    /// comma-separated.
+    #[arg(long, default_value = "default")]
+    pub log_outputs: String,
+    /// Log format: `json` (etcd's default) or `console`.
+    #[arg(long, default_value = "json", value_parser = ["json", "console"])]
+    pub log_format: String,
+    /// Enable runtime profiling data via HTTP server (Go's pprof). Not supported by Keel:
+    /// accepted with a warning (docs/compat.md).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_value_t = false, default_missing_value = "true")]
+    pub enable_pprof: bool,
+    /// Minimum duration interval that a client should wait before pinging the server
+    /// (accepted; Keel does not police client pings, docs/compat.md).
+    #[arg(long, default_value = "5s")]
+    pub grpc_keepalive_min_time: GoDuration,
+    /// Frequency duration of server-to-client ping to check if a connection is alive
+    /// (0 to disable).
+    #[arg(long, default_value = "2h")]
+    pub grpc_keepalive_interval: GoDuration,
+    /// Additional duration of wait before closing a non-responsive connection (0 to
+    /// disable).
+    #[arg(long, default_value = "20s")]
+    pub grpc_keepalive_timeout: GoDuration,
+    /// Maximum concurrent streams that each client can open at a time.
+    #[arg(long, default_value_t = u32::MAX)]
+    pub max_concurrent_streams: u32,
+    /// Reject reconfiguration requests that would cause quorum loss. Keel always checks:
+    /// `false` is accepted with a warning (docs/compat.md).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_value_t = true, default_missing_value = "true")]
+    pub strict_reconfig_check: bool,
+    /// Enable the raft pre-vote algorithm to prevent disruption when a partitioned member
+    /// rejoins. Keel's raft (openraft) always protects the leader with its leader lease
+    /// (a vote is refused while a leader is heard); it cannot be turned off
+    /// (docs/compat.md).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_value_t = true, default_missing_value = "true")]
+    pub pre_vote: bool,
+}
+
+impl Default for OperatorFlags {
+    fn default() -> OperatorFlags {
+        Config::default().operator
+    }
+}
+
+impl OperatorFlags {
+    /// Start-up checks: every `--listen-metrics-urls` URL resolves to an address to bind,
+    /// every `--log-outputs` target is one Keel can write to.
+    ///
+    /// Errors: the URL's resolve error; `FlagValue` for `systemd/journal` (not supported).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        for url in split_urls(&self.listen_metrics_urls) {
+            bind_addr(&url)?;
+        }
+        for output in split_urls(&self.log_outputs) {
+            if output == "systemd/journal" {
+                return Err(ConfigError::FlagValue {
+                    flag: "log-outputs",
+                    value: output,
+                    reason: "systemd/journal is not supported; use stderr (journald reads a unit's stderr)".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// What an operator should know about the flags given: etcd flags Keel accepts but
+    /// cannot act on (logged at start-up).
+    pub fn warnings(&self) -> Vec<&'static str> {
+        let mut w = Vec::new();
+        if self.enable_pprof {
+            w.push("--enable-pprof: Go's pprof endpoints are not supported by Keel; ignored (docs/compat.md)");
+        }
+        if !self.strict_reconfig_check {
+            w.push("--strict-reconfig-check=false: Keel always rejects reconfigurations that would lose quorum");
+        }
+        if !self.pre_vote {
+            w.push("--pre-vote=false: Keel's raft always refuses votes while it hears from a leader (leader lease); it cannot be turned off");
+        }
+        w
+    }
+
+    /// Whether `--metrics extensive` is set.
+    pub fn extensive_metrics(&self) -> bool {
+        self.metrics == "extensive"
+    }
+
+    /// The server's HTTP/2 ping interval (`None`: off).
+    pub fn keepalive_interval(&self) -> Option<std::time::Duration> {
+        Some(self.grpc_keepalive_interval.0).filter(|d| !d.is_zero())
+    }
+
+    /// How long the server waits for a ping's answer (`None`: hyper's default).
+    pub fn keepalive_timeout(&self) -> Option<std::time::Duration> {
+        Some(self.grpc_keepalive_timeout.0).filter(|d| !d.is_zero())
+    }
+}
+
+/// etcd flags that Keel does not implement. A command line that uses one fails with a
+/// message naming it, instead of clap's generic "unexpected argument".
+const UNSUPPORTED_ETCD_FLAGS: &[&str] = &[
+    "discovery",
+    "discovery-srv",
+    "discovery-srv-name",
+    "discovery-fallback",
+    "discovery-proxy",
+    "discovery-token",
+    "discovery-endpoints",
+    "enable-v2",
+    "enable-grpc-gateway",
+    "proxy",
+    "proxy-failure-wait",
+    "proxy-refresh-interval",
+    "proxy-dial-timeout",
+    "proxy-write-timeout",
+    "proxy-read-timeout",
+    "force-new-cluster",
+    "unsafe-no-fsync",
+    "max-snapshots",
+    "max-wals",
+    "auto-compaction-mode",
+    "auto-compaction-retention",
+    "initial-election-tick-advance",
+    "listen-client-http-urls",
+    "enable-log-rotation",
+    "log-rotation-config-json",
+    "socket-reuse-port",
+    "socket-reuse-address",
+    "cors",
+    "host-whitelist",
+    "self-signed-cert-validity",
+    "client-cert-file",
+    "client-key-file",
+    "peer-crl-file",
+    "peer-cert-allowed-hostname",
+    "client-cert-allowed-hostname",
+    "experimental-initial-corrupt-check",
+    "experimental-corrupt-check-time",
+    "experimental-compact-hash-check-enabled",
+    "experimental-compaction-batch-limit",
+    "experimental-enable-distributed-tracing",
+    "experimental-enable-lease-checkpoint",
+    "experimental-memory-mlock",
+    "experimental-txn-mode-write-with-shared-buffer",
+    "experimental-warning-apply-duration",
+    "experimental-bootstrap-defrag-threshold-megabytes",
+    "experimental-stop-grpc-service-on-defrag",
+    "feature-gates",
+];
+
+/// The first argument of `args` (a command line, program name first) that is an etcd flag
+/// Keel does not implement (`--discovery=x` or `--discovery x`), as `--name`.
+pub fn unsupported_etcd_flag<S: AsRef<str>>(args: &[S]) -> Option<String> {
+    args.iter().skip(1).find_map(|arg| {
+        let name = arg.as_ref().strip_prefix("--")?;
+        let name = name.split_once('=').map_or(name, |(n, _)| n);
+        UNSUPPORTED_ETCD_FLAGS
+            .contains(&name)
+            .then(|| format!("--{name}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[test]
+    fn defaults_match_etcd() {
+        let f = Config::default().operator;
+        assert_eq!(f.listen_metrics_urls, "");
+        assert_eq!(
+            (f.metrics.as_str(), f.extensive_metrics()),
+            ("basic", false)
+        );
+        assert_eq!(
+            (
+                f.logger.as_str(),
+                f.log_outputs.as_str(),
+                f.log_format.as_str()
+            ),
+            ("zap", "default", "json")
+        );
+        assert_eq!(f.grpc_keepalive_min_time.0.as_secs(), 5);
+        assert_eq!(f.keepalive_interval().unwrap().as_secs(), 7200);
+        assert_eq!(f.keepalive_timeout().unwrap().as_secs(), 20);
+        assert_eq!(f.max_concurrent_streams, u32::MAX);
+        assert!(f.strict_reconfig_check && f.pre_vote && !f.enable_pprof);
+    }
+
+    #[test]
+    fn flags_parse_in_gos_forms() {
+        let c = Config::parse_from([
+            "keel",
+            "--metrics",
+            "extensive",
+            "--listen-metrics-urls",
+            "http://127.0.0.1:2381",
+            "--grpc-keepalive-interval",
+            "0s",
+            "--pre-vote=false",
+            "--enable-pprof",
+            "--log-format",
+            "console",
+        ]);
+        let f = &c.operator;
+        assert!(f.extensive_metrics());
+        assert_eq!(f.listen_metrics_urls, "http://127.0.0.1:2381");
+        assert_eq!(f.keepalive_interval(), None);
+        assert!(!f.pre_vote && f.enable_pprof);
+        assert_eq!(f.log_format, "console");
+        assert!(Config::try_parse_from(["keel", "--metrics", "all"]).is_err());
+        assert_eq!(f.warnings().len(), 2, "pprof and pre-vote");
+        assert!(f.check().is_ok());
+        let mut bad = f.clone();
+        bad.log_outputs = "stderr,systemd/journal".into();
+        assert!(
+            bad.check()
+                .unwrap_err()
+                .to_string()
+                .contains("--log-outputs")
+        );
+        bad.log_outputs = "stderr".into();
+        bad.listen_metrics_urls = "http://127.0.0.1".into();
+        assert!(bad.check().is_err(), "a URL without a port");
+    }
+
+    #[test]
+    fn an_unsupported_etcd_flag_is_named() {
+        assert_eq!(
+            unsupported_etcd_flag(&["keel", "--name", "a", "--discovery=https://x"]),
+            Some("--discovery".to_string())
+        );
+        assert_eq!(
+            unsupported_etcd_flag(&["keel", "--force-new-cluster"]),
+            Some("--force-new-cluster".to_string())
+        );
+        assert_eq!(
+            unsupported_etcd_flag(&["keel", "--name", "discovery"]),
+            None
+        );
+    }
+}
