@@ -16,6 +16,7 @@ mod cluster_five;
 mod cluster_membership;
 mod crash_recovery;
 mod etcdctl;
+mod http;
 mod keelutl;
 mod lease_etcdctl;
 mod lease_leader_kill;

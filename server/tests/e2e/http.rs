@@ -1,0 +1,293 @@
+//! The HTTP surface (issue 14): `/metrics`, `/health`, `/livez`, `/readyz`, `/version` on
+//! the client URL (the same port as gRPC) and on `--listen-metrics-urls`, asked with raw
+//! HTTP/1.1 requests as `curl` sends them. The values are live: the puts served, the
+//! leader, the alarms, a member that lost its leader.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use keel_proto::etcdserverpb::alarm_request::AlarmAction;
+use keel_proto::etcdserverpb::{AlarmRequest, AlarmType};
+use keel_testkit::etcdctl::etcdctl;
+use keel_testkit::grpc;
+use keel_testkit::ports::free_port;
+
+use crate::{cluster, member};
+
+/// A response: status code, lower-cased headers, body.
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+/// `method path` on `addr` (`127.0.0.1:port`) over HTTP/1.1, read to the end.
+fn request(addr: &str, method: &str, path: &str) -> Reply {
+    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: curl/8\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a complete response");
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let headers = head.to_ascii_lowercase();
+    let body = if headers.contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn get(addr: &str, path: &str) -> Reply {
+    request(addr, "GET", path)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+    out
+}
+
+/// The value of the sample `series` (the full name with labels, as printed) in a metrics
+/// text.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn raise(endpoint: &str, alarm: AlarmType) {
+    let endpoint = endpoint.to_string();
+    grpc::block_on_thread(async move {
+        grpc::maintenance(&endpoint)
+            .await
+            .alarm(AlarmRequest {
+                action: AlarmAction::Activate as i32,
+                member_id: 7,
+                alarm: alarm as i32,
+            })
+            .await
+            .map(|_| ())
+    })
+    .unwrap()
+    .unwrap_or_else(|s| panic!("raise {alarm:?}: {s:?}"));
+}
+
+const PUT_OK: &str = r#"grpc_server_handled_total{grpc_code="OK",grpc_method="Put",grpc_service="etcdserverpb.KV",grpc_type="unary"}"#;
+const RANGE_OUT_OF_RANGE: &str = r#"grpc_server_handled_total{grpc_code="OutOfRange",grpc_method="Range",grpc_service="etcdserverpb.KV",grpc_type="unary"}"#;
+
+/// One member with `--listen-metrics-urls` and `--metrics extensive`: etcd's metrics with
+/// the live values of the puts it served, on both URLs; the endpoints answer as etcd 3.6's.
+#[test]
+fn metrics_and_probes_answer_on_the_client_and_metrics_urls() {
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let metrics_url = format!("http://{metrics_addr}");
+    let (_guard, keel) = member(&[
+        "--listen-metrics-urls",
+        &metrics_url,
+        "--metrics",
+        "extensive",
+    ]);
+    let ep = keel.endpoint();
+    for i in 0..3 {
+        etcdctl(&ep, &["put", &format!("k{i}"), "v"]).ok();
+    }
+    // A future revision: an error answered in the response headers (trailers-only).
+    let out = etcdctl(&ep, &["get", "k0", "--rev", "99"]);
+    assert_ne!(out.code, Some(0));
+
+    let m = get(&ep, "/metrics");
+    assert_eq!(m.status, 200);
+    assert!(
+        m.headers
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{}",
+        m.headers
+    );
+    let text = &m.body;
+    assert_eq!(sample(text, "etcd_server_has_leader"), Some(1.0));
+    assert_eq!(sample(text, "etcd_server_is_leader"), Some(1.0));
+    assert_eq!(sample(text, "etcd_server_is_learner"), Some(0.0));
+    assert_eq!(
+        sample(text, "etcd_server_leader_changes_seen_total"),
+        Some(1.0)
+    );
+    assert_eq!(sample(text, PUT_OK), Some(3.0), "the three puts");
+    assert_eq!(
+        sample(text, RANGE_OUT_OF_RANGE),
+        Some(1.0),
+        "the future revision"
+    );
+    assert_eq!(
+        sample(
+            text,
+            r#"grpc_server_started_total{grpc_method="Put",grpc_service="etcdserverpb.KV",grpc_type="unary"}"#
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        sample(
+            text,
+            r#"grpc_server_handling_seconds_count{grpc_method="Put",grpc_service="etcdserverpb.KV",grpc_type="unary"}"#
+        ),
+        Some(3.0),
+        "--metrics extensive"
+    );
+    assert_eq!(sample(text, "etcd_debugging_mvcc_keys_total"), Some(3.0));
+    assert_eq!(
+        sample(text, "etcd_server_quota_backend_bytes"),
+        Some(2147483648.0)
+    );
+    assert_eq!(
+        sample(text, r#"etcd_server_version{server_version="3.6.0"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(text, r#"etcd_cluster_version{cluster_version="3.6"}"#),
+        Some(1.0)
+    );
+    let applied = sample(text, "etcd_server_proposals_applied_total").unwrap();
+    assert!(applied >= 4.0, "3 puts and the leader's entries: {applied}");
+    assert!(sample(text, "etcd_server_proposals_committed_total").unwrap() >= applied);
+    assert!(sample(text, "etcd_disk_wal_fsync_duration_seconds_count").unwrap() >= 3.0);
+    assert!(sample(text, "etcd_disk_backend_commit_duration_seconds_count").unwrap() >= 3.0);
+    assert!(
+        sample(
+            text,
+            r#"etcd_disk_wal_fsync_duration_seconds_bucket{le="8.192"}"#
+        )
+        .is_some()
+    );
+    assert!(sample(text, "etcd_mvcc_db_total_size_in_bytes").unwrap() > 0.0);
+    assert!(sample(text, "process_resident_memory_bytes").unwrap() > 1e6);
+    assert!(sample(text, "keel_apply_group_entries_count").unwrap() >= 3.0);
+
+    // The metrics URL: the same registry, health too, but no /version.
+    let mm = get(&metrics_addr, "/metrics");
+    assert_eq!(mm.status, 200);
+    assert_eq!(sample(&mm.body, "etcd_server_has_leader"), Some(1.0));
+    assert_eq!(sample(&mm.body, PUT_OK), Some(3.0));
+    assert_eq!(get(&metrics_addr, "/health").status, 200);
+    assert_eq!(get(&metrics_addr, "/version").status, 404);
+
+    let h = get(&ep, "/health");
+    assert_eq!(
+        (h.status, h.body.as_str()),
+        (200, r#"{"health":"true","reason":""}"#)
+    );
+    let v = get(&ep, "/version");
+    let version: serde_json::Value = serde_json::from_str(&v.body).unwrap();
+    assert_eq!(version["etcdserver"], "3.6.0");
+    assert_eq!(version["etcdcluster"], "3.6.0");
+    assert_eq!(version["keelserver"], env!("CARGO_PKG_VERSION"));
+    assert!(version["keelcluster"].as_str().unwrap().ends_with(".0"));
+    assert_eq!(get(&ep, "/livez").body, "ok\n");
+    assert_eq!(
+        get(&ep, "/readyz?verbose").body,
+        "[+]data_corruption ok\n[+]serializable_read ok\n[+]linearizable_read ok\n[+]non_learner ok\nok\n"
+    );
+    assert_eq!(
+        get(
+            &ep,
+            "/readyz?verbose&exclude=linearizable_read&exclude=non_learner"
+        )
+        .body,
+        "[+]data_corruption ok\n[+]serializable_read ok\nok\n"
+    );
+    assert_eq!(
+        get(&ep, "/readyz/non_learner?verbose").body,
+        "[+]non_learner ok\nok\n"
+    );
+    assert_eq!(request(&ep, "POST", "/health").status, 405);
+    let missing = get(&ep, "/nope");
+    assert_eq!(
+        (missing.status, missing.body.as_str()),
+        (404, "404 page not found\n")
+    );
+
+    // Alarms turn /health and /readyz unhealthy with etcd's reasons.
+    raise(&ep, AlarmType::Nospace);
+    let h = get(&ep, "/health");
+    assert_eq!(
+        (h.status, h.body.as_str()),
+        (503, "{\"health\":\"false\",\"reason\":\"ALARM NOSPACE\"}\n")
+    );
+    assert_eq!(get(&ep, "/health?exclude=NOSPACE").status, 200);
+    raise(&ep, AlarmType::Corrupt);
+    let h = get(&ep, "/health?exclude=NOSPACE");
+    assert_eq!(
+        h.body,
+        "{\"health\":\"false\",\"reason\":\"ALARM CORRUPT\"}\n"
+    );
+    let r = get(&ep, "/readyz");
+    assert_eq!(r.status, 503);
+    assert!(
+        r.body.starts_with(
+            "[-]data_corruption failed: alarm activated: CORRUPT\n[+]serializable_read ok\n"
+        ),
+        "{}",
+        r.body
+    );
+    assert_eq!(get(&ep, "/readyz?exclude=data_corruption").status, 200);
+    assert_eq!(get(&ep, "/livez").status, 200, "alive all the same");
+}
+
+/// A member whose leader and one other member stopped: `/health` answers 503 `RAFT NO
+/// LEADER` (200 with `?serializable=true`), `etcd_server_has_leader` is 0, and `/livez` still
+/// passes.
+#[test]
+fn health_reports_raft_no_leader_on_a_member_without_quorum() {
+    let (_alone, mut cluster) = cluster(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(20));
+    let survivor = (leader + 1) % 3;
+    let ep = cluster.members[survivor].endpoint();
+    assert_eq!(get(&ep, "/health").status, 200);
+    for i in 0..3 {
+        if i != survivor {
+            cluster.members[i].terminate();
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let h = loop {
+        // Until the member's election timer fires it still names the old leader, and the
+        // read fails instead (`RANGE ERROR:etcdserver: no leader`), as etcd's would.
+        let h = get(&ep, "/health");
+        if h.body.contains("RAFT NO LEADER") || Instant::now() > deadline {
+            break h;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        (h.status, h.body.as_str()),
+        (
+            503,
+            "{\"health\":\"false\",\"reason\":\"RAFT NO LEADER\"}\n"
+        )
+    );
+    assert_eq!(
+        sample(&get(&ep, "/metrics").body, "etcd_server_has_leader"),
+        Some(0.0)
+    );
+    assert_eq!(get(&ep, "/health?serializable=true").status, 200);
+    assert_eq!(get(&ep, "/livez").status, 200);
+    assert_eq!(get(&ep, "/readyz?exclude=linearizable_read").status, 200);
+}
