@@ -15,6 +15,7 @@ mod cluster_failover;
 mod cluster_five;
 mod cluster_membership;
 mod crash_recovery;
+mod deploy;
 mod etcdctl;
 mod http;
 mod keelutl;
