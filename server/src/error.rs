@@ -27,6 +27,10 @@ pub enum EtcdError {
     /// A request etcd rejects with `InvalidArgument` and a message of its own.
     #[error("{0}")]
     InvalidArgument(String),
+    /// A request refused with `FailedPrecondition` and a message of Keel's own (the cluster
+    /// version gate, `version::gates`).
+    #[error("{0}")]
+    FailedPrecondition(String),
 }
 
 /// The catalogue entries Keel returns today, under the names the server code uses.
@@ -113,6 +117,7 @@ impl EtcdError {
             EtcdError::Rpc(e) => e.code(),
             EtcdError::Internal(_) => Code::Internal,
             EtcdError::InvalidArgument(_) => Code::InvalidArgument,
+            EtcdError::FailedPrecondition(_) => Code::FailedPrecondition,
         }
     }
 
@@ -125,6 +130,8 @@ impl EtcdError {
             EtcdError::Rpc(e)
         } else if code == Code::InvalidArgument as i32 {
             EtcdError::InvalidArgument(message.to_string())
+        } else if code == Code::FailedPrecondition as i32 {
+            EtcdError::FailedPrecondition(message.to_string())
         } else {
             EtcdError::Internal(message.to_string())
         }
@@ -139,6 +146,9 @@ impl fmt::Debug for EtcdError {
             EtcdError::Rpc(e) => fmt::Debug::fmt(e, f),
             EtcdError::Internal(s) => f.debug_tuple("Internal").field(s).finish(),
             EtcdError::InvalidArgument(s) => f.debug_tuple("InvalidArgument").field(s).finish(),
+            EtcdError::FailedPrecondition(s) => {
+                f.debug_tuple("FailedPrecondition").field(s).finish()
+            }
         }
     }
 }

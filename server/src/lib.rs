@@ -27,5 +27,6 @@ pub mod node;
 pub mod qos;
 pub mod raft;
 pub mod tls;
+pub mod version;
 pub mod wal;
 pub mod watch;

@@ -34,6 +34,7 @@ use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, into_result};
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, StateMachine};
+use crate::version::{ClusterVersion, Version, gates};
 use crate::wal::{Wal, WalOptions};
 use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 
@@ -45,6 +46,10 @@ pub const FORWARD_LOG_INDEX: &str = "keel-log-index";
 /// most once a second): a 2 GiB store that takes 2 s to scan is measured every 20 s, so the
 /// scan costs at most a tenth of one core.
 const IN_USE_SCAN_SHARE: u32 = 10;
+
+/// How often the leader re-decides the cluster version (etcd polls every 4 s; Keel reads the
+/// replicated attributes, which costs nothing, so it looks more often).
+const VERSION_MONITOR_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Pause before re-sending a proposal that could not reach the leader.
 const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -78,6 +83,8 @@ pub struct Node {
     pub auth: Arc<AuthState>,
     /// The raised alarms, as applied on this member.
     pub alarms: Arc<Alarms>,
+    /// The cluster version, as applied on this member (docs/upgrades.md).
+    pub cluster_version: Arc<ClusterVersion>,
     /// The locks an export of the applied state takes (`Maintenance.Snapshot`).
     pub export_locks: ExportLocks,
     backend: Backend,
@@ -121,6 +128,16 @@ impl Node {
         let backend = Backend::open(&db_dir)
             .with_context(|| format!("cannot open store in {}", db_dir.display()))?;
         let tree = backend.tree().clone();
+        // Before anything reads the store: refuse a newer data dir, migrate an older one.
+        tokio::task::block_in_place(|| {
+            crate::version::check_and_migrate(
+                &backend.local()?,
+                &tree,
+                crate::version::server_version(),
+            )
+            .map_err(anyhow::Error::from)
+        })
+        .with_context(|| format!("cannot open store in {}", db_dir.display()))?;
 
         // Member and cluster IDs: derived from the flags (`new`), asked from the cluster
         // (`existing`), or as stored by an earlier start.
@@ -155,6 +172,7 @@ impl Node {
         let auth = applier.auth().clone();
         let shared: Arc<SharedStore> = applier.shared_store().clone();
         let alarms = applier.alarms().clone();
+        let cluster_version = applier.cluster_version().clone();
         let watch = WatchHub::new(
             Arc::new(StoreHistory(shared.clone())),
             WatchConfig::from_config(&config),
@@ -228,6 +246,7 @@ impl Node {
             qos,
             auth,
             alarms,
+            cluster_version,
             export_locks,
             db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
             // Measured by the first refresh, right after start (a scan of the whole tree).
@@ -247,6 +266,7 @@ impl Node {
             })
         })));
         node.clone().spawn_publish();
+        node.spawn_version_monitor();
         if let Some(rules) = qos_file {
             node.clone().spawn_qos_config(rules);
         }
@@ -270,6 +290,7 @@ impl Node {
                 member_id: self.id,
                 name: self.config.name.clone(),
                 client_urls: split_urls(&self.config.advertise_client_urls),
+                server_version: crate::version::SERVER_VERSION_FULL.to_string(),
             };
             for _ in 0..600 {
                 if self.attributes.get(self.id).as_ref() == Some(&attrs) {
@@ -390,6 +411,9 @@ impl Node {
         if req.encoded_len() > self.config.max_request_bytes as usize {
             return Err(EtcdError::RequestTooLarge);
         }
+        if let Some(r) = &req.request {
+            self.check_gate(r).await?;
+        }
         let proposer = self.proposer.get().ok_or(EtcdError::Stopped)?;
         self.qos.load().set_queued(proposer.queued());
         let result = proposer.propose(req).await;
@@ -452,6 +476,70 @@ impl Node {
                 Err(RaftError::Fatal(_)) => return Err(EtcdError::Stopped),
             }
         }
+    }
+
+    /// The cluster version in force on this member (`/version`'s `keelcluster`, metrics):
+    /// the applied one, 0.1 until the leader's first decision.
+    pub fn cluster_version(&self) -> Version {
+        self.cluster_version.get()
+    }
+
+    /// Refuses `request` if the cluster version does not allow it (`version::gates`; apply
+    /// checks again). Before the leader's first decision (a new cluster's first seconds),
+    /// waits for it up to the request timeout rather than refuse on a version not yet known.
+    ///
+    /// Errors: `FailedPrecondition` with `cluster version X is too low for ...`.
+    async fn check_gate(&self, request: &raft_request::Request) -> Result<(), EtcdError> {
+        if gates::check(self.cluster_version.get(), request).is_ok() {
+            return Ok(());
+        }
+        if self.cluster_version.decided().is_none() {
+            let mut rx = self.cluster_version.subscribe();
+            let _ =
+                tokio::time::timeout(self.request_timeout(), rx.wait_for(|v| v.is_some())).await;
+        }
+        gates::check(self.cluster_version.get(), request).map_err(EtcdError::from)
+    }
+
+    /// On the leader, decides the cluster version from the members' published server
+    /// versions every [`VERSION_MONITOR_INTERVAL`] and proposes a change (etcd's
+    /// `monitorClusterVersions`).
+    fn spawn_version_monitor(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(VERSION_MONITOR_INTERVAL).await;
+                let Some(node) = weak.upgrade() else { return };
+                let metrics = node.raft.metrics().borrow().clone();
+                if metrics.current_leader != Some(node.id) {
+                    continue;
+                }
+                let members = metrics
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(id, _)| {
+                        node.attributes
+                            .get(*id)
+                            .map(|a| crate::version::published(&a.server_version))
+                    })
+                    .collect::<Vec<_>>();
+                let Some(v) = crate::version::decide(node.cluster_version.decided(), members, None)
+                else {
+                    continue;
+                };
+                let set = keelpb::ClusterVersionSet {
+                    version: v.to_string(),
+                };
+                match node
+                    .propose(raft_request::Request::ClusterVersionSet(set))
+                    .await
+                {
+                    Ok(_) => tracing::info!(cluster_version = %v, "proposed the cluster version"),
+                    Err(e) => tracing::debug!("proposing cluster version {v}: {e}"),
+                }
+            }
+        });
     }
 
     /// Waits until this member can serve a linearizable read (Raft thesis §6.4 ReadIndex,

@@ -48,6 +48,7 @@ use crate::mvcc::{MvccError, MvccStore, SharedStore};
 use crate::qos::{Admission, RuleError, RuleSet};
 use crate::raft::state_machine::AppliedState;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
+use crate::version::{ClusterVersion, ClusterVersionError, Version, gates};
 use crate::watch::WatchHub;
 
 mod auth;
@@ -56,6 +57,8 @@ mod qos_rules;
 mod tests;
 #[cfg(test)]
 mod tests_auth;
+#[cfg(test)]
+mod tests_version;
 
 /// The applied state could not be loaded from the store: fatal, the member does not start.
 /// (Not `keelpb::ApplyError`, the etcd error a response carries. Messages carry their cause;
@@ -89,6 +92,9 @@ pub enum ApplyError {
     /// The alarm keys are unreadable.
     #[error(transparent)]
     Alarm(#[from] AlarmError),
+    /// The stored cluster version is unreadable.
+    #[error(transparent)]
+    ClusterVersion(#[from] ClusterVersionError),
 }
 
 /// Applies committed entries to the store. Owned by the raft state machine: exactly one
@@ -111,6 +117,8 @@ pub struct Applier {
     qos: qos_rules::QosRules,
     /// Users, roles, permissions and tokens: changed only here, read by the API.
     auth: Arc<AuthState>,
+    /// The applied cluster version: gates every request (`version::gates`).
+    cluster_version: Arc<ClusterVersion>,
 }
 
 impl Applier {
@@ -142,6 +150,7 @@ impl Applier {
         // No tokens until the member hands over its provider (`set_token_provider`).
         let auth = Arc::new(AuthState::new(AuthStore::load(&tree)?, TokenProvider::Nop));
         let alarms = Arc::new(Alarms::load(&tree)?);
+        let cluster_version = Arc::new(ClusterVersion::load(&tree)?);
         Ok(Applier {
             tree,
             shared: Arc::new(SharedStore::new(store.clone())),
@@ -154,7 +163,13 @@ impl Applier {
             watch: None,
             qos,
             auth,
+            cluster_version,
         })
+    }
+
+    /// The cluster version this applier keeps in step with the log.
+    pub fn cluster_version(&self) -> &Arc<ClusterVersion> {
+        &self.cluster_version
     }
 
     /// Puts the applied QoS rules in force in `admission`, now and after every rule change,
@@ -412,10 +427,16 @@ impl Applier {
         let alarms = self.alarms.clone();
         let mut lease_outcome: Option<ApplyOutcome> = None;
         let mut qos_rules: Option<RuleSet> = None;
-        // An active alarm refuses writes before they touch anything (etcd's capped and
+        let mut cluster_version: Option<Version> = None;
+        // A request the applied cluster version does not allow is refused first: the value
+        // is replicated, so an entry proposed while the version was changing is refused (or
+        // applied) alike on every member. Then, an active alarm refuses writes before they touch anything (etcd's capped and
         // corrupt appliers, which wrap the auth applier); the alarm set is replicated, so
         // every member refuses alike. Then the permission check of the entry's header.
-        let refused = req.and_then(|r| alarms.refusal(r));
+        let gated = req.and_then(|r| gates::check(self.cluster_version.get(), r).err());
+        let refused = gated
+            .map(EtcdError::from)
+            .or_else(|| req.and_then(|r| alarms.refusal(r)));
         let outcome: Result<Option<Rs>, EtcdError> = if let Some(e) = refused {
             Err(e)
         } else if let Some(e) = denied {
@@ -436,6 +457,15 @@ impl Applier {
                     Ok(None)
                 }
                 Some(Rq::Alarm(a)) => Ok(Some(Rs::Alarm(alarms.apply(w.batch_mut(), a)))),
+                Some(Rq::ClusterVersionSet(c)) => c
+                    .version
+                    .parse::<Version>()
+                    .map_err(|e| EtcdError::InvalidArgument(e.to_string()))
+                    .map(|v| {
+                        ClusterVersion::stage(w.batch_mut(), v);
+                        cluster_version = Some(v);
+                        None
+                    }),
                 Some(
                     r @ (Rq::LeaseGrant(_)
                     | Rq::LeaseRevoke(_)
@@ -474,6 +504,10 @@ impl Applier {
                 lessor.publish(lease_outcome, &committed.events);
                 if let Some(rules) = qos_rules {
                     self.qos.publish(rules);
+                }
+                if let Some(v) = cluster_version {
+                    tracing::info!(cluster_version = %v, index, "cluster version set");
+                    self.cluster_version.publish(v);
                 }
                 let revision = committed.revision;
                 if let Some(Rq::MemberAttributes(a)) = req {
@@ -577,6 +611,9 @@ impl AppliedState for Applier {
         self.auth
             .replace(AuthStore::load(&self.tree).map_err(io::Error::other)?);
         self.alarms.reload(&self.tree).map_err(io::Error::other)?;
+        self.cluster_version
+            .reload(&self.tree)
+            .map_err(io::Error::other)?;
         // A snapshot may move the applied state anywhere (usually ahead): not an advance.
         self.ci = ci;
         self.membership = membership;

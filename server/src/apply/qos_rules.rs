@@ -112,6 +112,8 @@ mod tests {
     }
 
     fn open(tree: &sled::Tree) -> (Applier, Arc<Admission>) {
+        // Auth and QoS entries need cluster version 0.2 (version::gates).
+        crate::version::store_for_test(tree, crate::version::Version::V0_2);
         let store = Arc::new(MvccStore::open(tree.clone()).unwrap());
         let mut a = Applier::open(tree.clone(), store, Arc::new(Attributes::default())).unwrap();
         let admission = Arc::new(Admission::new(

@@ -213,6 +213,8 @@ fn an_alarm_gates_later_requests_and_is_stored_with_the_consistent_index() {
         })),
     };
     let tree = temp_tree();
+    // Alarms need cluster version 0.2 (version::gates).
+    crate::version::store_for_test(&tree, crate::version::Version::V0_2);
     let mut a = open(&tree);
     let requests = vec![
         put("a"),
@@ -542,6 +544,7 @@ mod invariants {
                     member_id: 1,
                     name: "m1".into(),
                     client_urls: vec!["http://127.0.0.1:2379".into()],
+                    ..Default::default()
                 }),
             ),
             normal(
@@ -557,6 +560,12 @@ mod invariants {
             },
             normal(
                 8,
+                raft_request::Request::ClusterVersionSet(keel_proto::keelpb::ClusterVersionSet {
+                    version: "0.2".into(),
+                }),
+            ),
+            normal(
+                9,
                 raft_request::Request::Alarm(keel_proto::etcdserverpb::AlarmRequest {
                     action: 1,
                     member_id: 1,
@@ -587,6 +596,7 @@ mod invariants {
             "Some(RaftMembership)",
             "Some(MemberAttributes)",
             "Some(Alarm)",
+            "Some(ClusterVersion)",
         ];
         assert_eq!(owners, want.iter().map(|s| s.to_string()).collect());
     }

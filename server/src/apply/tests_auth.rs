@@ -24,6 +24,8 @@ use crate::raft::types::{Entry, Request};
 use raft_request::Request as Rq;
 
 fn open(tree: &sled::Tree) -> Applier {
+    // Auth and QoS entries need cluster version 0.2 (version::gates).
+    crate::version::store_for_test(tree, crate::version::Version::V0_2);
     let store = Arc::new(MvccStore::open(tree.clone()).expect("mvcc"));
     Applier::open(tree.clone(), store, Arc::new(Attributes::default())).expect("applier")
 }

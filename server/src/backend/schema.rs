@@ -33,12 +33,14 @@
 //! | `a/role/` + role name (UTF-8) | auth | prost `authpb.Role` (permissions sorted by key, then range end) |
 //! | `q/rules` | qos (staged by apply) | the QoS rule set, `qos::RuleSet::encode` (canonical JSON `{"format":1,"version":V,"rules":[...]}`); absent = no rules, version 0 |
 //! | `x/alarm/` + member ID (u64 BE) + alarm type (i32 BE) | alarm | empty: that member raised that alarm (etcd's `alarm` bucket) |
+//! | `s/cluster_version` | version (staged by apply) | the cluster version, `major.minor` UTF-8; absent = not decided (0.1) |
 //!
 //! Keys of [`LOCAL_TREE`]:
 //!
 //! | key | owner | value |
 //! |---|---|---|
 //! | `member_id` | cluster bootstrap | this member's ID, u64 BE |
+//! | `storage_version` | version | the data dir's schema release, `major.minor` UTF-8; absent in a dir with state = 0.1 |
 //!
 //! MVCC record values are the bytes etcd stores in its `key` bucket (gogo-proto and prost
 //! both write set fields in field order), so `HashKV` hashes the same bytes as etcd.
@@ -92,8 +94,13 @@ pub const QOS_RULES: &[u8] = b"q/rules";
 /// BE; empty value).
 pub const ALARM_PREFIX: &[u8] = b"x/alarm/";
 
+/// The cluster version (`version::ClusterVersion`), written by apply.
+pub const CLUSTER_VERSION: &[u8] = b"s/cluster_version";
+
 /// In [`LOCAL_TREE`]: this member's ID.
 pub const MEMBER_ID: &[u8] = b"member_id";
+/// In [`LOCAL_TREE`]: the data dir's storage version (`version::check_and_migrate`).
+pub const STORAGE_VERSION: &[u8] = b"storage_version";
 
 /// The part of the schema a key of [`MEMBER_TREE`] belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +125,8 @@ pub enum Owner {
     Qos,
     /// A raised alarm.
     Alarm,
+    /// The cluster version.
+    ClusterVersion,
 }
 
 /// Which part of the schema `key` (of [`MEMBER_TREE`]) belongs to; `None` for a key the
@@ -131,6 +140,7 @@ pub fn owner(key: &[u8]) -> Option<Owner> {
         k if k == RAFT_MEMBERSHIP => Some(Owner::RaftMembership),
         k if k.starts_with(MEMBER_ATTRIBUTES_PREFIX) => Some(Owner::MemberAttributes),
         k if k == CLUSTER_ID => Some(Owner::ClusterId),
+        k if k == CLUSTER_VERSION => Some(Owner::ClusterVersion),
         [AUTH_PREFIX, ..] => Some(Owner::Auth),
         k if k == QOS_RULES => Some(Owner::Qos),
         k if k.starts_with(ALARM_PREFIX) => Some(Owner::Alarm),
@@ -157,6 +167,8 @@ mod tests {
     fn names_are_frozen() {
         assert_eq!((MEMBER_TREE, LOCAL_TREE), ("keel", "local"));
         assert_eq!(MEMBER_ID, b"member_id");
+        assert_eq!(STORAGE_VERSION, b"storage_version");
+        assert_eq!(CLUSTER_VERSION, b"s/cluster_version");
         assert_eq!(
             [
                 RECORD_PREFIX,
@@ -185,7 +197,7 @@ mod tests {
 
     #[test]
     fn every_key_has_one_owner() {
-        let cases: [(&[u8], Option<Owner>); 17] = [
+        let cases: [(&[u8], Option<Owner>); 18] = [
             (
                 b"k\0\0\0\0\0\0\0\x02\0\0\0\0\0\0\0\0",
                 Some(Owner::MvccRecord),
@@ -198,6 +210,7 @@ mod tests {
             (b"s/membership", Some(Owner::RaftMembership)),
             (b"s/attr/\0\0\0\0\0\0\0\x01", Some(Owner::MemberAttributes)),
             (b"s/cluster_id", Some(Owner::ClusterId)),
+            (b"s/cluster_version", Some(Owner::ClusterVersion)),
             (b"c/other", None),
             (b"a/revision", Some(Owner::Auth)),
             (b"a/user/alice", Some(Owner::Auth)),

@@ -177,6 +177,7 @@ mod tests {
             member_id: 1,
             name: "alpha".into(),
             client_urls: vec!["http://a:2".into()],
+            ..Default::default()
         });
         let list = member_list(&m, &attrs);
         assert_eq!(list.len(), 2);
