@@ -17,6 +17,8 @@ mod lease_leader;
 mod maintenance;
 mod peer;
 mod qos;
+pub mod range_stream;
+pub mod require_leader;
 mod unimplemented;
 mod watch;
 
@@ -65,6 +67,9 @@ where
 {
     let max = node.config.max_request_bytes as usize + GRPC_OVERHEAD_BYTES;
     Server::builder()
+        .layer(tonic::service::InterceptorLayer::new(
+            require_leader::interceptor(node.cluster.clone()),
+        ))
         .add_service(KvServer::new(KvService::new(node.clone())).max_decoding_message_size(max))
         .add_service(
             MaintenanceServer::new(MaintenanceService::new(node.clone()))
