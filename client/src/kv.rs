@@ -6,6 +6,8 @@ use keel_proto::etcdserverpb::{
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse, request_op,
 };
 
+use tonic::Status;
+
 use crate::client::Client;
 use crate::error::ClientError;
 
@@ -69,6 +71,34 @@ impl Client {
         .await
     }
 
+    /// etcd 3.7 `RangeStream`, merged: the same `RangeResponse` as [`Client::range`], read
+    /// as chunks at one pinned revision, so neither the member nor one gRPC message has to
+    /// hold a large range whole (use it for big lists). Members without RangeStream (etcd
+    /// ≤ 3.6, older Keel) answer `Unimplemented` and get a unary `Range` instead, as
+    /// kube-apiserver falls back; so do a custom sort order and revision filters, which
+    /// RangeStream refuses. Each chunk must arrive within the request timeout; a transient
+    /// failure restarts the whole read on another member.
+    pub async fn range_stream(&self, req: RangeRequest) -> Result<RangeResponse, ClientError> {
+        let timeout = self.options().request_timeout;
+        let merged = self
+            .call(true, |ch| {
+                let mut request = self.request(req.clone());
+                // The per-chunk deadline below bounds the call instead of one overall one.
+                request.metadata_mut().remove("grpc-timeout");
+                async move {
+                    match read_chunks(ch, request, timeout).await {
+                        Err(s) if s.code() == tonic::Code::Unimplemented => Ok(None),
+                        other => other.map(Some),
+                    }
+                }
+            })
+            .await?;
+        match merged {
+            Some(resp) => Ok(resp),
+            None => self.range(req).await,
+        }
+    }
+
     /// Deletes one key (etcd `DeleteRange` with an empty `range_end`); `deleted` is 0 or 1.
     pub async fn delete(
         &self,
@@ -119,5 +149,41 @@ impl Client {
             KvClient::new(ch).compact(r).await
         })
         .await
+    }
+}
+
+/// `proto.Merge` of one RangeStream chunk into `out`: kvs append; a set header, `more` or
+/// `count` replaces the one before (they are on the final chunk only).
+fn merge(out: &mut RangeResponse, chunk: RangeResponse) {
+    out.kvs.extend(chunk.kvs);
+    if chunk.header.is_some() {
+        out.header = chunk.header;
+    }
+    out.more |= chunk.more;
+    if chunk.count != 0 {
+        out.count = chunk.count;
+    }
+}
+
+/// Reads one RangeStream call to its end and merges its chunks; each chunk within `timeout`.
+async fn read_chunks(
+    ch: tonic::transport::Channel,
+    request: tonic::Request<RangeRequest>,
+    timeout: std::time::Duration,
+) -> Result<RangeResponse, Status> {
+    let mut chunks = KvClient::new(ch)
+        .max_decoding_message_size(usize::MAX)
+        .range_stream(request)
+        .await?
+        .into_inner();
+    let mut out = RangeResponse::default();
+    loop {
+        let chunk = tokio::time::timeout(timeout, chunks.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("RangeStream chunk timed out"))??;
+        match chunk {
+            Some(c) => merge(&mut out, c.range_response.unwrap_or_default()),
+            None => return Ok(out),
+        }
     }
 }

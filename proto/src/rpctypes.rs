@@ -41,6 +41,14 @@ pub const WATCH_EMPTY_RANGE: &str = "mvcc: watcher range is empty";
 /// client-chosen `watch_id` is already in use on the stream (`server/storage/mvcc/watcher.go`).
 pub const WATCH_DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
 
+/// etcd `rpctypes.MetadataRequireLeaderKey`: the gRPC metadata key clientv3's
+/// `WithRequireLeader` sets (kube-apiserver sets it on every watch).
+pub const METADATA_REQUIRE_LEADER_KEY: &str = "hasleader";
+
+/// etcd `rpctypes.MetadataHasLeader`: the value of [`METADATA_REQUIRE_LEADER_KEY`] that asks
+/// the member to refuse the request with `etcdserver: no leader` while it has no leader.
+pub const METADATA_HAS_LEADER: &str = "true";
+
 /// Declares [`RpcError`] from one table, so each entry's name, etcd constant, code and text
 /// are written exactly once.
 macro_rules! catalogue {

@@ -271,6 +271,9 @@ impl Node {
             node.clone().spawn_qos_config(rules);
         }
         tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node.cluster)));
+        tokio::spawn(crate::cluster::leadership::monitor(Arc::downgrade(
+            &node.cluster,
+        )));
         node.clone().spawn_db_size_refresh();
         node.spawn_token_sweep();
         tokio::spawn(runner::run(

@@ -1,4 +1,5 @@
-//! The etcd `KV` service: Range, Put, DeleteRange, Txn, Compact (etcd rpc.proto `service KV`).
+//! The etcd `KV` service: Range, Put, DeleteRange, Txn, Compact (etcd rpc.proto `service KV`),
+//! and etcd 3.7's RangeStream ([`super::range_stream`]).
 //!
 //! Requests are validated with etcd's rules before anything is proposed
 //! ([`super::kv_validate`]); writes go through the raft log ([`Node::propose`]); reads are
@@ -51,6 +52,13 @@ fn unexpected() -> Status {
 
 #[tonic::async_trait]
 impl Kv for KvService {
+    async fn range_stream(
+        &self,
+        request: Request<RangeRequest>,
+    ) -> Result<Response<super::range_stream::RangeStreamBody>, Status> {
+        super::range_stream::serve(self.node.clone(), request).await
+    }
+
     async fn range(
         &self,
         request: Request<RangeRequest>,

@@ -19,6 +19,8 @@ mod lease_leader;
 mod maintenance;
 mod peer;
 mod qos;
+pub mod range_stream;
+pub mod require_leader;
 mod unimplemented;
 mod watch;
 
@@ -95,7 +97,11 @@ where
         .http2_keepalive_interval(ops.keepalive_interval())
         .http2_keepalive_timeout(ops.keepalive_timeout())
         .max_concurrent_streams(ops.max_concurrent_streams)
+        // Outermost first: the metrics also count what require-leader refuses.
         .layer(http::GrpcMetricsLayer)
+        .layer(tonic::service::InterceptorLayer::new(
+            require_leader::interceptor(node.cluster.clone()),
+        ))
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;

@@ -5,7 +5,9 @@
 //! member's [`crate::watch::WatchHub`]. A task reads the client's requests and ticks the
 //! progress timer; gRPC pulls responses from the output as flow control allows. When the
 //! client half-closes, events keep flowing (as in etcd); when the call ends, the output is
-//! dropped, the task is aborted and the stream's watchers are removed.
+//! dropped, the task is aborted and the stream's watchers are removed. A stream opened with
+//! `hasleader: true` ends with `etcdserver: no leader` after three leaderless election
+//! timeouts ([`super::require_leader`]).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -138,6 +140,7 @@ impl Watch for WatchService {
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<WatchResponseStream>, Status> {
         let identity = RequestIdentity::of(&request)?;
+        let require_leader = super::require_leader::requested(request.metadata());
         let inbound = request.into_inner();
         let hub = self.node.watch.clone();
         let seed = self.streams.fetch_add(1, Ordering::Relaxed);
@@ -158,6 +161,11 @@ impl Watch for WatchService {
             resp.header = Some(node.header(revision));
             Ok(resp)
         });
+        if require_leader {
+            let lost = self.node.cluster.leader_loss.subscribe();
+            let responses = super::require_leader::until_leader_lost(responses, lost);
+            return Ok(Response::new(Box::pin(responses)));
+        }
         Ok(Response::new(Box::pin(responses)))
     }
 }

@@ -7,7 +7,8 @@
 //! - [`reconfig`] (+ [`members`]) — MemberAdd/Remove/Update/Promote with etcd's checks;
 //! - [`transfer`] — `MoveLeader`;
 //! - [`removal`] — ClusterInfo for peers and stopping after this member was removed;
-//! - [`watchdog`] — an election backstop for members openraft holds back.
+//! - [`watchdog`] — an election backstop for members openraft holds back;
+//! - [`leadership`] — whether this member has a leader (require-leader requests).
 //!
 //! Peer connections are raft's transport (`raft::peers`, `raft::dial_override`). [`Cluster`]
 //! bundles the handles and per-member state these need; the node owns one, and nothing here
@@ -15,6 +16,7 @@
 
 pub mod batch;
 pub mod bootstrap;
+pub mod leadership;
 pub mod members;
 pub mod read_index;
 pub mod reconfig;
@@ -61,6 +63,8 @@ pub struct Cluster {
     pub reads: ReadPath,
     /// When a leader was last heard from (for the election backstop).
     pub leader_contact: watchdog::LeaderContact,
+    /// Raised after etcd's 3 leaderless election timeouts: require-leader streams end.
+    pub leader_loss: leadership::LeaderLoss,
     /// Serializes membership changes on the leader.
     reconfig: tokio::sync::Mutex<()>,
 }
@@ -95,6 +99,7 @@ impl Cluster {
             timing,
             gate,
             leader_contact: watchdog::LeaderContact::default(),
+            leader_loss: leadership::LeaderLoss::default(),
             reconfig: tokio::sync::Mutex::new(()),
         }
     }
@@ -124,6 +129,16 @@ impl Cluster {
             .membership_config
             .membership()
             .clone()
+    }
+
+    /// Whether this member has a leader now, as etcd's require-leader check sees it
+    /// ([`leadership::has_leader`]).
+    pub fn has_leader(&self) -> bool {
+        leadership::has_leader(
+            &self.raft.metrics().borrow(),
+            self.id,
+            self.timing.election_timeout,
+        )
     }
 
     /// Whether this member is raft leader now.

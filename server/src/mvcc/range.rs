@@ -175,6 +175,37 @@ impl ReadView<'_> {
     }
 }
 
+impl ReadView<'_> {
+    /// One chunk of a `RangeStream` (etcd 3.7): up to `limit` (≥ 1) keys of `req`'s range
+    /// visible at `req.revision`, in key order, values dropped with `keys_only`; the rest of
+    /// `req` (sorting, filters, `limit`, `count_only`) is the caller's. Unlike
+    /// [`ReadView::range`] it neither counts the range nor walks past the chunk, so a
+    /// stream over N keys costs O(N) in all. Returns the kvs and whether keys remain after
+    /// the last one.
+    ///
+    /// Errors: as [`ReadView::range`] for the revision.
+    pub fn chunk(
+        &self,
+        req: &RangeRequest,
+        limit: usize,
+    ) -> Result<(Vec<KeyValue>, bool), EtcdError> {
+        let rev = self.resolve(req.revision)?;
+        let range = KeyRange::from_request(&req.key, &req.range_end);
+        let limit = limit.max(1);
+        let mut hits: Vec<Hit<'_>> = self.hits(&range, rev).take(limit + 1).collect();
+        let rest = hits.len() > limit;
+        hits.truncate(limit);
+        let kvs = if req.keys_only {
+            hits.iter().map(Hit::kv_without_value).collect()
+        } else {
+            hits.iter()
+                .map(|h| self.read(h, rev))
+                .collect::<Result<_, _>>()?
+        };
+        Ok((kvs, rest))
+    }
+}
+
 /// etcd's `pruneKVs` with the request's min/max mod/create revision bounds (0 = unset).
 fn passes_filters(req: &RangeRequest, r: &RevInfo) -> bool {
     !(req.max_mod_revision != 0 && r.main > req.max_mod_revision

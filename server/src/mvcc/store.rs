@@ -210,6 +210,19 @@ impl MvccStore {
         self.read_view(&view).range(req)
     }
 
+    /// One chunk of a `RangeStream` at the current view (`ReadView::chunk`):
+    /// up to `limit` kvs of `req`'s range at `req.revision`, and whether keys remain.
+    ///
+    /// Errors: as [`MvccStore::range`].
+    pub fn range_chunk(
+        &self,
+        req: &RangeRequest,
+        limit: usize,
+    ) -> Result<(Vec<KeyValue>, bool), EtcdError> {
+        let view = self.view();
+        self.read_view(&view).chunk(req, limit)
+    }
+
     /// etcd `HashKV` at `revision` (0 = current). See [`HashKv`] for what is hashed.
     ///
     /// Errors: `FutureRev`, `Compacted` (revision below the compact revision, or compacted

@@ -269,9 +269,7 @@ impl WatchHub {
     /// Answers a deferred `WatchProgressRequest` once every watcher of `outbox` is synced.
     pub(super) fn answer_pending_progress(rev: i64, outbox: &Outbox) {
         if outbox.take_progress_if_synced() {
-            let resp = bare_response(INVALID_WATCH_ID, rev);
-            let bytes = resp.encoded_len();
-            let _ = outbox.try_push(INVALID_WATCH_ID, Item::Control(resp), bytes, false);
+            let _ = outbox.push_progress(bare_response(INVALID_WATCH_ID, rev));
         }
     }
 

@@ -205,6 +205,26 @@ impl Outbox {
         Self::enqueue(&mut inner, Item::Control(response), None, bytes);
     }
 
+    /// Queues the answer to a `WatchProgressRequest` (watch ID -1). It counts against the
+    /// per-watcher bound of ID -1 only, not the stream's byte bound: it is a few bytes, and
+    /// it is due exactly when a catch-up may have filled the stream, where dropping it would
+    /// leave the request unanswered for good. Refused only when `--watch-buffer-len`
+    /// answers are already queued unread.
+    pub fn push_progress(&self, response: WatchResponse) -> Result<(), Refused> {
+        let bytes = response.encoded_len();
+        let mut inner = self.lock();
+        if inner.closed {
+            return Err(Refused::Closed);
+        }
+        let id = response.watch_id;
+        if inner.pending.get(&id).copied().unwrap_or(0) >= self.buffer_len {
+            return Err(Refused::Full);
+        }
+        *inner.pending.entry(id).or_insert(0) += 1;
+        Self::enqueue(&mut inner, Item::Control(response), Some(id), bytes);
+        Ok(())
+    }
+
     /// Queues an item that counts against `watch_id`'s bound, if it fits. A refusal marks
     /// the outbox starved when `wake_on_room` (the watcher will be caught up once room
     /// frees up); progress notifications pass `false` and are simply dropped, as in etcd.
@@ -376,6 +396,35 @@ mod tests {
         assert!(signal.take(), "a pop after a refusal wakes the sync thread");
         assert!(o.has_room(1));
         assert_eq!(o.queued(), (2, 20));
+    }
+
+    #[test]
+    fn a_progress_answer_passes_a_full_stream_but_not_its_own_bound() {
+        let o = Outbox::new(&config(2, 100), Arc::new(SyncSignal::default()));
+        assert!(o.try_push(1, events_item(1, 5), 1000, true).is_ok());
+        assert_eq!(
+            o.try_push(2, events_item(2, 5), 1, true),
+            Err(Refused::Full)
+        );
+        let answer = || bare_response(-1, 9);
+        assert!(
+            o.push_progress(answer()).is_ok(),
+            "the byte bound does not apply"
+        );
+        assert!(o.push_progress(answer()).is_ok());
+        assert_eq!(
+            o.push_progress(answer()),
+            Err(Refused::Full),
+            "2 unread answers"
+        );
+        pop(&o);
+        match pop(&o) {
+            Some(Item::Control(r)) => assert_eq!(r.watch_id, -1),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(o.push_progress(answer()).is_ok(), "room again after a pop");
+        o.close();
+        assert_eq!(o.push_progress(answer()), Err(Refused::Closed));
     }
 
     #[test]
