@@ -230,6 +230,11 @@ pub struct Keel {
     pub lease_heap_bytes: IntGauge,
     /// `keel_watch_watchers{group}`: watchers on this member (`synced`, `unsynced`).
     pub watchers: IntGaugeVec,
+    /// `keel_server_version{server_version}` = 1: this binary's Keel version.
+    pub server_version: IntGaugeVec,
+    /// `keel_cluster_version{cluster_version}` = 1: the replicated Keel cluster version
+    /// (`major.minor`, docs/upgrades.md).
+    pub cluster_version: IntGaugeVec,
     /// `keel_qos_requests_total{rule,outcome}`: QoS admissions per rule; outcome `allowed`,
     /// `refused_rate`, `refused_in_flight`, `refused_overload`. Requests no rule governs use
     /// rule `""`.
@@ -262,6 +267,16 @@ static KEEL: LazyLock<Keel> = LazyLock::new(|| Keel {
     lease_heap_bytes: gauge(
         "keel_lease_heap_bytes",
         "Bytes held by the leader's lease heaps (0 on followers).",
+    ),
+    server_version: gauge_vec(
+        "keel_server_version",
+        "Which Keel version is running. 1 for 'server_version' label with current version.",
+        &["server_version"],
+    ),
+    cluster_version: gauge_vec(
+        "keel_cluster_version",
+        "The Keel cluster version. 1 for 'cluster_version' label with current cluster version.",
+        &["cluster_version"],
     ),
     watchers: gauge_vec(
         "keel_watch_watchers",

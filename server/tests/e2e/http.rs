@@ -185,6 +185,11 @@ fn metrics_and_probes_answer_on_the_client_and_metrics_urls() {
     let mm = get(&metrics_addr, "/metrics");
     assert_eq!(mm.status, 200);
     assert_eq!(sample(&mm.body, "etcd_server_has_leader"), Some(1.0));
+    let keel_server = format!(
+        "keel_server_version{{server_version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(sample(&mm.body, &keel_server), Some(1.0));
     assert_eq!(sample(&mm.body, PUT_OK), Some(3.0));
     assert_eq!(get(&metrics_addr, "/health").status, 200);
     assert_eq!(get(&metrics_addr, "/version").status, 404);
@@ -194,12 +199,21 @@ fn metrics_and_probes_answer_on_the_client_and_metrics_urls() {
         (h.status, h.body.as_str()),
         (200, r#"{"health":"true","reason":""}"#)
     );
-    let v = get(&ep, "/version");
-    let version: serde_json::Value = serde_json::from_str(&v.body).unwrap();
+    // The leader decides the cluster version within seconds of start: poll, bounded.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let version = loop {
+        let v = get(&ep, "/version");
+        let version: serde_json::Value = serde_json::from_str(&v.body).unwrap();
+        if version["keelcluster"] != "0.1.0" || std::time::Instant::now() > deadline {
+            break version;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     assert_eq!(version["etcdserver"], "3.6.0");
     assert_eq!(version["etcdcluster"], "3.6.0");
     assert_eq!(version["keelserver"], env!("CARGO_PKG_VERSION"));
-    assert!(version["keelcluster"].as_str().unwrap().ends_with(".0"));
+    let ours = env!("CARGO_PKG_VERSION").rsplit_once('.').unwrap().0;
+    assert_eq!(version["keelcluster"], format!("{ours}.0"));
     assert_eq!(get(&ep, "/livez").body, "ok\n");
     assert_eq!(
         get(&ep, "/readyz?verbose").body,

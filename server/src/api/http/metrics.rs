@@ -42,6 +42,8 @@ pub fn refresh(node: &Node) {
     set_only(&s.server_id, &format!("{:x}", node.id));
 
     let k = metrics::keel();
+    set_only(&k.server_version, &versions.keel_server);
+    set_only(&k.cluster_version, &node.cluster_version().to_string());
     let leases = node.lessor.stats();
     k.leases.set(as_i64(leases.leases as u64));
     k.lease_heap_entries

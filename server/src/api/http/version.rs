@@ -13,9 +13,9 @@ use crate::node::Node;
 /// - `keelserver`: this binary's version.
 /// - `keelcluster`: the Keel version the whole cluster runs at, `major.minor.0`.
 ///
-/// Until members agree on a replicated cluster version (issue 16), both cluster versions are
-/// this member's own version cut to `major.minor.0` (what a cluster of equal members
-/// reports); [`VersionInfo::of`] is the one place to feed the replicated one in.
+/// `keelcluster` is the replicated cluster version ([`Node::cluster_version`], the lowest
+/// server version of all members, decided by the leader through raft: docs/upgrades.md);
+/// `etcdcluster` is the etcd API every Keel release so far implements.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct VersionInfo {
     /// The etcd API version of this member.
@@ -34,14 +34,13 @@ pub struct VersionInfo {
 
 impl VersionInfo {
     /// The versions `node` reports now.
-    pub fn of(_node: &Node) -> VersionInfo {
+    pub fn of(node: &Node) -> VersionInfo {
         let etcd = keel_proto::ETCD_API_VERSION;
-        let keel = env!("CARGO_PKG_VERSION");
         VersionInfo {
             etcd_server: etcd.to_string(),
             etcd_cluster: minor_zero(etcd),
-            keel_server: keel.to_string(),
-            keel_cluster: minor_zero(keel),
+            keel_server: env!("CARGO_PKG_VERSION").to_string(),
+            keel_cluster: minor_zero(&node.cluster_version().to_string()),
         }
     }
 
