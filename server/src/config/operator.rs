@@ -29,8 +29,9 @@ pub struct OperatorFlags {
     /// comma-separated.
     #[arg(long, default_value = "default")]
     pub log_outputs: String,
-    /// Log format: `json` (etcd's default) or `console`.
-    #[arg(long, default_value = "json", value_parser = ["json", "console"])]
+    /// Log format: `json` or `console`. Keel's default is `console` (etcd's is `json`:
+    /// docs/compat.md), the format Keel always logged in and its tests read.
+    #[arg(long, default_value = "console", value_parser = ["json", "console"])]
     pub log_format: String,
     /// Enable runtime profiling data via HTTP server (Go's pprof). Not supported by Keel:
     /// accepted with a warning (docs/compat.md).
@@ -209,7 +210,7 @@ mod tests {
                 f.log_outputs.as_str(),
                 f.log_format.as_str()
             ),
-            ("zap", "default", "json")
+            ("zap", "default", "console")
         );
         assert_eq!(f.grpc_keepalive_min_time.0.as_secs(), 5);
         assert_eq!(f.keepalive_interval().unwrap().as_secs(), 7200);
@@ -231,14 +232,14 @@ mod tests {
             "--pre-vote=false",
             "--enable-pprof",
             "--log-format",
-            "console",
+            "json",
         ]);
         let f = &c.operator;
         assert!(f.extensive_metrics());
         assert_eq!(f.listen_metrics_urls, "http://127.0.0.1:2381");
         assert_eq!(f.keepalive_interval(), None);
         assert!(!f.pre_vote && f.enable_pprof);
-        assert_eq!(f.log_format, "console");
+        assert_eq!(f.log_format, "json");
         assert!(Config::try_parse_from(["keel", "--metrics", "all"]).is_err());
         assert_eq!(f.warnings().len(), 2, "pprof and pre-vote");
         assert!(f.check().is_ok());

@@ -171,3 +171,57 @@ fn the_systemd_unit_and_the_procfile_run_commands_keel_accepts() {
     client_urls.dedup();
     assert_eq!(client_urls.len(), 3, "distinct client URLs");
 }
+
+/// Every metric the Grafana dashboard (`docs/deploy/grafana/keel.json`) queries is one Keel
+/// exports (its `# TYPE` line in the registry's text, histogram series by their base name).
+#[test]
+fn the_grafana_dashboard_queries_only_exported_metrics() {
+    let dashboard: serde_json::Value = serde_json::from_str(&deploy("grafana/keel.json")).unwrap();
+    // Labelled families appear once they have a series: one RPC served, one sent to a peer,
+    // the QoS series every scrape sets.
+    keel_server::metrics::keel()
+        .qos_requests
+        .with_label_values(&["", "refused_overload"]);
+    keel_server::metrics::grpc::enable_handling_histogram();
+    keel_server::metrics::grpc::Call::start("/etcdserverpb.KV/Range")
+        .unwrap()
+        .finish(0);
+    keel_server::metrics::network().record_rpc(
+        "2",
+        10,
+        Some(5),
+        std::time::Duration::from_millis(1),
+    );
+    let text = keel_server::metrics::encode();
+    let exported: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 10);
+    let mut checked = 0;
+    for panel in panels {
+        let expr = panel["targets"][0]["expr"].as_str().unwrap();
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            let known_prefix = ["etcd_", "grpc_", "keel_", "process_"]
+                .iter()
+                .any(|p| word.starts_with(p));
+            let label = ["grpc_type", "grpc_service", "grpc_method", "grpc_code"].contains(&word);
+            if !known_prefix || label {
+                continue;
+            }
+            let base = ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| word.strip_suffix(s))
+                .unwrap_or(word);
+            assert!(
+                exported.contains(&word) || exported.contains(&base),
+                "panel {:?} queries {word}, which Keel does not export",
+                panel["title"]
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= panels.len(), "every panel names a metric");
+}

@@ -24,17 +24,30 @@ struct Reply {
 
 /// `method path` on `addr` (`127.0.0.1:port`) over HTTP/1.1, read to the end.
 fn request(addr: &str, method: &str, path: &str) -> Reply {
-    let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
+    exchange(stream, addr, method, path)
+}
+
+/// One HTTP/1.1 request on `stream` (plain or TLS), read until the server closes.
+fn exchange(mut stream: impl Read + Write, addr: &str, method: &str, path: &str) -> Reply {
     write!(
         stream,
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: curl/8\r\nAccept: */*\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
+    stream.flush().unwrap();
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
+    let mut buf = [0u8; 16 * 1024];
+    // A TLS peer may close without close_notify: what was read counts.
+    while let Ok(n) = stream.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
     let raw = String::from_utf8_lossy(&raw).to_string();
     let (head, body) = raw.split_once("\r\n\r\n").expect("a complete response");
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
@@ -304,4 +317,71 @@ fn health_reports_raft_no_leader_on_a_member_without_quorum() {
     assert_eq!(get(&ep, "/health?serializable=true").status, 200);
     assert_eq!(get(&ep, "/livez").status, 200);
     assert_eq!(get(&ep, "/readyz?exclude=linearizable_read").status, 200);
+}
+
+/// An `https://` client URL serves the HTTP endpoints to an HTTP/1.1 client: TLS offers
+/// `http/1.1` by ALPN next to `h2` (which gRPC keeps using).
+#[test]
+fn the_endpoints_answer_http1_over_tls() {
+    let _guard = keel_testkit::schedule::shared();
+    let certs = tempfile::tempdir().unwrap();
+    let ca = keel_testkit::tls::TestCa::new(certs.path(), "ca");
+    let mut server = ca.server("server", "server");
+    server.client_cert_auth = false;
+    let ports = keel_testkit::ports::free_ports(2);
+    let spec = keel_testkit::MemberSpec::single("default", ports[0], ports[1]).client_tls(server);
+    let mut keel = keel_testkit::Member::new(&crate::keel_bin(), spec);
+    keel.restart();
+    let addr = format!("127.0.0.1:{}", ports[0]);
+
+    let (alpn, _) = tls_get(&addr, &ca.ca_file(), &[b"http/1.1", b"h2"], "/health");
+    assert_eq!(alpn.as_deref(), Some(&b"h2"[..]), "the server prefers h2");
+    let (alpn, reply) = tls_get(&addr, &ca.ca_file(), &[b"http/1.1"], "/health");
+    assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+    assert_eq!(
+        (reply.status, reply.body.as_str()),
+        (200, r#"{"health":"true","reason":""}"#)
+    );
+    let (_, reply) = tls_get(&addr, &ca.ca_file(), &[b"http/1.1"], "/metrics");
+    assert_eq!(sample(&reply.body, "etcd_server_has_leader"), Some(1.0));
+}
+
+/// `GET path` over TLS to `addr`, trusting `ca` and offering `alpn`; the protocol the server
+/// chose and, for `http/1.1`, its answer (a status of 0 otherwise).
+fn tls_get(
+    addr: &str,
+    ca: &std::path::Path,
+    alpn: &[&[u8]],
+    path: &str,
+) -> (Option<Vec<u8>>, Reply) {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    while tls.conn.is_handshaking() {
+        tls.conn.complete_io(&mut tls.sock).expect("TLS handshake");
+    }
+    let chosen = tls.conn.alpn_protocol().map(<[u8]>::to_vec);
+    if chosen.as_deref() != Some(b"http/1.1") {
+        let none = Reply {
+            status: 0,
+            headers: String::new(),
+            body: String::new(),
+        };
+        return (chosen, none);
+    }
+    (chosen, exchange(tls, addr, "GET", path))
 }

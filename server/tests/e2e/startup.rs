@@ -72,3 +72,26 @@ fn busy_port_fails_before_the_data_dir_is_created() {
     );
     assert!(!data.exists(), "no data dir after a failed start");
 }
+
+/// An etcd flag Keel does not implement stops the start with a message naming it (exit 2,
+/// no data dir); any other unknown flag gets clap's message naming it.
+#[test]
+fn an_unsupported_etcd_flag_is_named_and_nothing_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let run = |flag: &str| {
+        let mut cmd = std::process::Command::new(keel_bin());
+        cmd.arg("--data-dir").arg(&data).arg(flag);
+        run_bounded(&mut cmd, "", Duration::from_secs(20))
+    };
+    let out = run("--discovery=https://discovery.etcd.io/x");
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert_eq!(
+        out.stderr.trim_end(),
+        "keel: etcd flag --discovery is not supported by Keel (docs/compat.md lists what is)"
+    );
+    let out = run("--no-such-flag");
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(out.stderr.contains("--no-such-flag"), "{}", out.stderr);
+    assert!(!data.exists(), "no data dir after a refused start");
+}
