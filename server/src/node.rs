@@ -51,6 +51,9 @@ const IN_USE_SCAN_SHARE: u32 = 10;
 /// replicated attributes, which costs nothing, so it looks more often).
 const VERSION_MONITOR_INTERVAL: Duration = Duration::from_millis(500);
 
+/// How long a gated request waits for the leader's first cluster-version decision.
+const UNDECIDED_VERSION_WAIT: Duration = Duration::from_secs(2);
+
 /// Pause before re-sending a proposal that could not reach the leader.
 const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
@@ -476,8 +479,9 @@ impl Node {
     }
 
     /// Refuses `request` if the cluster version does not allow it (`version::gates`; apply
-    /// checks again). Before the leader's first decision (a new cluster's first seconds),
-    /// waits for it up to the request timeout rather than refuse on a version not yet known.
+    /// checks again). Before the leader's first decision (a new cluster's first second),
+    /// waits up to [`UNDECIDED_VERSION_WAIT`] for it rather than refuse on a version not yet
+    /// known (a cluster led by a 0.1.0 member never decides: then the refusal is 0.1's).
     ///
     /// Errors: `FailedPrecondition` with `cluster version X is too low for ...`.
     async fn check_gate(&self, request: &raft_request::Request) -> Result<(), EtcdError> {
@@ -486,8 +490,8 @@ impl Node {
         }
         if self.cluster_version.decided().is_none() {
             let mut rx = self.cluster_version.subscribe();
-            let _ =
-                tokio::time::timeout(self.request_timeout(), rx.wait_for(|v| v.is_some())).await;
+            let wait = self.request_timeout().min(UNDECIDED_VERSION_WAIT);
+            let _ = tokio::time::timeout(wait, rx.wait_for(|v| v.is_some())).await;
         }
         gates::check(self.cluster_version.get(), request).map_err(EtcdError::from)
     }
