@@ -51,6 +51,10 @@ const IN_USE_SCAN_SHARE: u32 = 10;
 /// replicated attributes, which costs nothing, so it looks more often).
 const VERSION_MONITOR_INTERVAL: Duration = Duration::from_millis(500);
 
+/// How often a member publishes its attributes again while the cluster version is below its
+/// server version (a rolling upgrade).
+const REPUBLISH_INTERVAL: Duration = Duration::from_secs(2);
+
 /// How long a gated request waits for the leader's first cluster-version decision.
 const UNDECIDED_VERSION_WAIT: Duration = Duration::from_secs(2);
 
@@ -288,29 +292,56 @@ impl Node {
     /// Publishes this member's name and client URLs through raft (etcd's `publish`), once a
     /// leader exists, unless the store already has the same attributes.
     fn spawn_publish(self: Arc<Self>) {
+        let attrs = keelpb::MemberAttributes {
+            member_id: self.id,
+            name: self.config.name.clone(),
+            client_urls: split_urls(&self.config.advertise_client_urls),
+            server_version: crate::version::SERVER_VERSION_FULL.to_string(),
+        };
+        let weak = Arc::downgrade(&self);
+        drop(self);
         tokio::spawn(async move {
-            let attrs = keelpb::MemberAttributes {
-                member_id: self.id,
-                name: self.config.name.clone(),
-                client_urls: split_urls(&self.config.advertise_client_urls),
-                server_version: crate::version::SERVER_VERSION_FULL.to_string(),
-            };
-            for _ in 0..600 {
-                if self.attributes.get(self.id).as_ref() == Some(&attrs) {
+            let mut failures = 0u32;
+            loop {
+                let Some(node) = weak.upgrade() else { return };
+                let stored = node.attributes.get(node.id).as_ref() == Some(&attrs);
+                // While the cluster version is below this binary's, publish again now and
+                // then: a member that ran an older release applied the others' attributes
+                // without their version (0.1.0 drops the field), and must learn it again
+                // before it can lead the decision.
+                let behind = node.cluster_version.get() < crate::version::server_version();
+                if stored && !behind {
                     return;
                 }
-                match self
-                    .propose(raft_request::Request::MemberAttributes(attrs.clone()))
+                // Bounded: a proposal made during a brief leadership right after start may
+                // wait for a commit that never comes; the loop then checks what applied.
+                let proposal = node.propose(raft_request::Request::MemberAttributes(attrs.clone()));
+                match tokio::time::timeout(node.request_timeout(), proposal)
                     .await
+                    .unwrap_or(Err(EtcdError::Timeout))
                 {
-                    Ok(_) => return,
+                    Ok(_) => {
+                        if !stored {
+                            tracing::info!(server_version = %attrs.server_version, "published member attributes");
+                        }
+                        failures = 0;
+                    }
                     Err(e) => {
+                        failures += 1;
                         tracing::debug!("publishing member attributes: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        if failures == 600 {
+                            tracing::warn!("could not publish member attributes");
+                        }
                     }
                 }
+                drop(node);
+                let pause = if failures > 0 {
+                    Duration::from_millis(100)
+                } else {
+                    REPUBLISH_INTERVAL
+                };
+                tokio::time::sleep(pause).await;
             }
-            tracing::warn!("could not publish member attributes");
         });
     }
 
@@ -509,6 +540,11 @@ impl Node {
                 if metrics.current_leader != Some(node.id) {
                     continue;
                 }
+                // Decide on the applied state of the whole committed log: a leader that just
+                // restarted may not have applied the last version or attributes yet.
+                if node.read_barrier().await.is_err() {
+                    continue;
+                }
                 let members = metrics
                     .membership_config
                     .membership()
@@ -526,9 +562,11 @@ impl Node {
                 let set = keelpb::ClusterVersionSet {
                     version: v.to_string(),
                 };
-                match node
-                    .propose(raft_request::Request::ClusterVersionSet(set))
+                let proposal = node.propose(raft_request::Request::ClusterVersionSet(set));
+                // Bounded, as publishing: a lost leadership must not stall the monitor.
+                match tokio::time::timeout(node.request_timeout(), proposal)
                     .await
+                    .unwrap_or(Err(EtcdError::Timeout))
                 {
                     Ok(_) => tracing::info!(cluster_version = %v, "proposed the cluster version"),
                     Err(e) => tracing::debug!("proposing cluster version {v}: {e}"),
