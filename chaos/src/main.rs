@@ -12,6 +12,7 @@ use keel_chaos::run::cluster::ClusterSpec;
 use keel_chaos::run::faults::{FaultKind, FaultPlan};
 use keel_chaos::run::ports::PortRange;
 use keel_chaos::run::summary::{RunHeader, render};
+use keel_chaos::run::upgrade::UpgradePlan;
 use keel_chaos::run::workload::WorkloadSpec;
 use keel_chaos::run::{Inject, RunSpec, default_run_dir, run};
 
@@ -94,6 +95,25 @@ struct Cli {
     /// Wall-clock budget of the linearizability search per key.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     check_budget: Duration,
+    #[command(subcommand)]
+    scenario: Option<Scenario>,
+}
+
+/// A scenario instead of the plain chaos run (the options above still apply; give them
+/// before the scenario's name).
+#[derive(clap::Subcommand, Debug)]
+enum Scenario {
+    /// Rolling upgrade (docs/upgrades.md): start on `--from`, swap each member to `--to`
+    /// (SIGTERM, swap, restart) during the workload, check the cluster version stays low
+    /// while mixed and rises after the last member, then the usual checkers.
+    Upgrade {
+        /// The old release's `keel` (scripts/build-release.sh builds and caches it).
+        #[arg(long)]
+        from: PathBuf,
+        /// The new release's `keel`.
+        #[arg(long)]
+        to: PathBuf,
+    },
 }
 
 fn parse_nodes(s: &str) -> Result<usize, String> {
@@ -136,7 +156,34 @@ fn main() -> ExitCode {
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
-    let binary = keel_binary(&cli)?;
+    let upgrade = match &cli.scenario {
+        Some(Scenario::Upgrade { from, to }) => {
+            for b in [from, to] {
+                anyhow::ensure!(b.is_file(), "keel binary {} not found", b.display());
+            }
+            // The scenario stops and starts members itself: process faults would race it.
+            let racing = [
+                FaultKind::Kill,
+                FaultKind::Pause,
+                FaultKind::Member,
+                FaultKind::Failpoint,
+            ];
+            anyhow::ensure!(
+                !cli.faults.iter().any(|k| racing.contains(k)),
+                "upgrade takes network and admin faults only (partition, latency, transfer, \
+                 compact): pass e.g. --faults partition or --faults none"
+            );
+            Some(UpgradePlan {
+                from: from.clone(),
+                to: to.clone(),
+            })
+        }
+        None => None,
+    };
+    let binary = match &upgrade {
+        Some(plan) => plan.from.clone(),
+        None => keel_binary(&cli)?,
+    };
     anyhow::ensure!(
         cli.fault_min <= cli.fault_max,
         "--fault-min exceeds --fault-max"
@@ -214,6 +261,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             linearizability_budget: cli.check_budget,
             ..CheckOptions::default()
         },
+        upgrade,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

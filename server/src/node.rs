@@ -51,6 +51,13 @@ const IN_USE_SCAN_SHARE: u32 = 10;
 /// replicated attributes, which costs nothing, so it looks more often).
 const VERSION_MONITOR_INTERVAL: Duration = Duration::from_millis(500);
 
+/// How often a member publishes its attributes again while the cluster version is below its
+/// server version (a rolling upgrade).
+const REPUBLISH_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How long a gated request waits for the leader's first cluster-version decision.
+const UNDECIDED_VERSION_WAIT: Duration = Duration::from_secs(2);
+
 /// Pause before re-sending a proposal that could not reach the leader.
 const FORWARD_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
@@ -288,29 +295,56 @@ impl Node {
     /// Publishes this member's name and client URLs through raft (etcd's `publish`), once a
     /// leader exists, unless the store already has the same attributes.
     fn spawn_publish(self: Arc<Self>) {
+        let attrs = keelpb::MemberAttributes {
+            member_id: self.id,
+            name: self.config.name.clone(),
+            client_urls: split_urls(&self.config.advertise_client_urls),
+            server_version: crate::version::SERVER_VERSION_FULL.to_string(),
+        };
+        let weak = Arc::downgrade(&self);
+        drop(self);
         tokio::spawn(async move {
-            let attrs = keelpb::MemberAttributes {
-                member_id: self.id,
-                name: self.config.name.clone(),
-                client_urls: split_urls(&self.config.advertise_client_urls),
-                server_version: crate::version::SERVER_VERSION_FULL.to_string(),
-            };
-            for _ in 0..600 {
-                if self.attributes.get(self.id).as_ref() == Some(&attrs) {
+            let mut failures = 0u32;
+            loop {
+                let Some(node) = weak.upgrade() else { return };
+                let stored = node.attributes.get(node.id).as_ref() == Some(&attrs);
+                // While the cluster version is below this binary's, publish again now and
+                // then: a member that ran an older release applied the others' attributes
+                // without their version (0.1.0 drops the field), and must learn it again
+                // before it can lead the decision.
+                let behind = node.cluster_version.get() < crate::version::server_version();
+                if stored && !behind {
                     return;
                 }
-                match self
-                    .propose(raft_request::Request::MemberAttributes(attrs.clone()))
+                // Bounded: a proposal made during a brief leadership right after start may
+                // wait for a commit that never comes; the loop then checks what applied.
+                let proposal = node.propose(raft_request::Request::MemberAttributes(attrs.clone()));
+                match tokio::time::timeout(node.request_timeout(), proposal)
                     .await
+                    .unwrap_or(Err(EtcdError::Timeout))
                 {
-                    Ok(_) => return,
+                    Ok(_) => {
+                        if !stored {
+                            tracing::info!(server_version = %attrs.server_version, "published member attributes");
+                        }
+                        failures = 0;
+                    }
                     Err(e) => {
+                        failures += 1;
                         tracing::debug!("publishing member attributes: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        if failures == 600 {
+                            tracing::warn!("could not publish member attributes");
+                        }
                     }
                 }
+                drop(node);
+                let pause = if failures > 0 {
+                    Duration::from_millis(100)
+                } else {
+                    REPUBLISH_INTERVAL
+                };
+                tokio::time::sleep(pause).await;
             }
-            tracing::warn!("could not publish member attributes");
         });
     }
 
@@ -488,8 +522,9 @@ impl Node {
     }
 
     /// Refuses `request` if the cluster version does not allow it (`version::gates`; apply
-    /// checks again). Before the leader's first decision (a new cluster's first seconds),
-    /// waits for it up to the request timeout rather than refuse on a version not yet known.
+    /// checks again). Before the leader's first decision (a new cluster's first second),
+    /// waits up to [`UNDECIDED_VERSION_WAIT`] for it rather than refuse on a version not yet
+    /// known (a cluster led by a 0.1.0 member never decides: then the refusal is 0.1's).
     ///
     /// Errors: `FailedPrecondition` with `cluster version X is too low for ...`.
     async fn check_gate(&self, request: &raft_request::Request) -> Result<(), EtcdError> {
@@ -498,8 +533,8 @@ impl Node {
         }
         if self.cluster_version.decided().is_none() {
             let mut rx = self.cluster_version.subscribe();
-            let _ =
-                tokio::time::timeout(self.request_timeout(), rx.wait_for(|v| v.is_some())).await;
+            let wait = self.request_timeout().min(UNDECIDED_VERSION_WAIT);
+            let _ = tokio::time::timeout(wait, rx.wait_for(|v| v.is_some())).await;
         }
         gates::check(self.cluster_version.get(), request).map_err(EtcdError::from)
     }
@@ -515,6 +550,11 @@ impl Node {
                 let Some(node) = weak.upgrade() else { return };
                 let metrics = node.raft.metrics().borrow().clone();
                 if metrics.current_leader != Some(node.id) {
+                    continue;
+                }
+                // Decide on the applied state of the whole committed log: a leader that just
+                // restarted may not have applied the last version or attributes yet.
+                if node.read_barrier().await.is_err() {
                     continue;
                 }
                 let members = metrics
@@ -534,9 +574,11 @@ impl Node {
                 let set = keelpb::ClusterVersionSet {
                     version: v.to_string(),
                 };
-                match node
-                    .propose(raft_request::Request::ClusterVersionSet(set))
+                let proposal = node.propose(raft_request::Request::ClusterVersionSet(set));
+                // Bounded, as publishing: a lost leadership must not stall the monitor.
+                match tokio::time::timeout(node.request_timeout(), proposal)
                     .await
+                    .unwrap_or(Err(EtcdError::Timeout))
                 {
                     Ok(_) => tracing::info!(cluster_version = %v, "proposed the cluster version"),
                     Err(e) => tracing::debug!("proposing cluster version {v}: {e}"),

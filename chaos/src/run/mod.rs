@@ -12,6 +12,7 @@ pub mod process;
 pub mod proxy;
 pub mod rpc;
 pub mod summary;
+pub mod upgrade;
 pub mod watcher;
 pub mod workload;
 
@@ -26,6 +27,7 @@ use crate::check::{CheckOptions, CheckReport, check_history};
 use crate::history::History;
 use cluster::{Cluster, ClusterSpec};
 use faults::{FaultPlan, FaultRecord};
+use upgrade::UpgradePlan;
 use watcher::WatcherState;
 use workload::{OpLog, WorkloadSpec};
 
@@ -49,6 +51,9 @@ pub struct RunSpec {
     /// How long the workload and the faults run.
     pub duration: Duration,
     pub check: CheckOptions,
+    /// A rolling upgrade during the workload (`keel-chaos upgrade`); the cluster starts on
+    /// its `from` binary.
+    pub upgrade: Option<UpgradePlan>,
 }
 
 /// What a run produced.
@@ -127,10 +132,26 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         fault_stop.clone(),
     ));
 
+    let upgrade_task = spec
+        .upgrade
+        .clone()
+        .map(|plan| tokio::spawn(upgrade::run_upgrade(cluster.clone(), plan, t0, until)));
+
     let mut errors = Vec::new();
     for c in clients {
         if let Err(e) = c.await {
             errors.push(format!("workload client panicked: {e}"));
+        }
+    }
+    if let Some(task) = upgrade_task {
+        match task.await {
+            Ok(report) => {
+                for step in &report.steps {
+                    eprintln!("chaos: upgrade: {step}");
+                }
+                errors.extend(report.errors.into_iter().map(|e| format!("upgrade: {e}")));
+            }
+            Err(e) => errors.push(format!("upgrade scenario panicked: {e}")),
         }
     }
     let workload_time = t0.elapsed();

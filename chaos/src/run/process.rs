@@ -113,6 +113,13 @@ impl MemberProcess {
         }
     }
 
+    /// Runs `binary` from the next start on (a rolling upgrade or downgrade swaps it while
+    /// the member is stopped).
+    pub fn set_binary(&mut self, binary: PathBuf) {
+        self.note(&format!("binary is now {}", binary.display()));
+        self.binary = binary;
+    }
+
     /// SIGSTOP (the process keeps its sockets but answers nothing).
     pub fn pause(&mut self) {
         if let Some(pid) = self.child.as_ref().and_then(Child::id) {

@@ -462,8 +462,12 @@ impl Applier {
                     .parse::<Version>()
                     .map_err(|e| EtcdError::InvalidArgument(e.to_string()))
                     .map(|v| {
-                        ClusterVersion::stage(w.batch_mut(), v);
-                        cluster_version = Some(v);
+                        // Only ever raised (a stale leader's lower value changes nothing);
+                        // every member holds the same value here, so all skip alike.
+                        if self.cluster_version.decided().is_none_or(|c| v >= c) {
+                            ClusterVersion::stage(w.batch_mut(), v);
+                            cluster_version = Some(v);
+                        }
                         None
                     }),
                 Some(

@@ -97,11 +97,14 @@ fn gated_entries_wait_for_the_cluster_version_entry() {
         "3 invalid version \"zwei\": want major.minor or major.minor.patch"
     );
     assert_eq!(a.cluster_version().get(), Version::V0_2);
+    // A lower value (a leader that decided on stale state) never lowers it.
+    assert_eq!(apply(&mut a, 9, set("0.1")), "ok");
+    assert_eq!(a.cluster_version().get(), Version::V0_2);
     // The value is stored with the consistent index: a restart keeps it.
     drop(a);
     let a = open(&tree);
     assert_eq!(a.cluster_version().decided(), Some(Version::V0_2));
-    assert_eq!(a.last_applied().map(|l| l.index), Some(8));
+    assert_eq!(a.last_applied().map(|l| l.index), Some(9));
 }
 
 /// An entry proposed while the version was still 0.1 but committed after the raise applies

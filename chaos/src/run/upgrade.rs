@@ -1,0 +1,232 @@
+//! The upgrade-compat scenario (`keel-chaos upgrade --from OLD --to NEW`, issue 16,
+//! docs/upgrades.md): the cluster starts on the old binary; while the workload runs, each
+//! member in turn is stopped (SIGTERM), swapped to the new binary and restarted. Between the
+//! rolls the scenario checks the cluster version through the version gate: while any member
+//! runs the old release, a 0.2-only request (`Auth.UserAdd`) is refused with the reason
+//! (`cluster version 0.1 is too low for ...`) and changes nothing; within
+//! [`RISE_TIMEOUT`] after the last roll it is allowed, and `UserAdd` works. The run's usual
+//! checkers (linearizability, watch guarantees, convergence, HashKV) judge the history of the
+//! whole rolling upgrade.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_proto::etcdserverpb::auth_client::AuthClient;
+use keel_proto::etcdserverpb::{AuthStatusRequest, AuthUserAddRequest, AuthUserListRequest};
+use tokio::time::Instant;
+
+use super::cluster::Cluster;
+use super::rpc;
+
+/// How long the cluster version may take to rise after the last member runs the new binary.
+pub const RISE_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long one probe may take: bcrypt, plus up to 2 s a member waits for a cluster version
+/// nobody decided yet (a cluster led by an old member).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(8);
+/// How long a rolled member may take to serve again.
+const MEMBER_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The user the probes try to add while the cluster is mixed (it must never appear).
+pub const MIXED_PROBE_USER: &str = "chaos-upgrade-mixed";
+/// The user added once the upgrade finished.
+pub const UPGRADED_USER: &str = "chaos-upgrade-done";
+
+/// A rolling upgrade: every member goes from `from` to `to`, in member order.
+#[derive(Clone, Debug)]
+pub struct UpgradePlan {
+    /// The binary the cluster starts on.
+    pub from: PathBuf,
+    /// The binary each member is swapped to.
+    pub to: PathBuf,
+}
+
+/// What the scenario saw: one line per step, and the problems (empty: all checks passed).
+#[derive(Debug, Default)]
+pub struct UpgradeReport {
+    pub steps: Vec<String>,
+    pub errors: Vec<String>,
+    /// Seconds from the last member's restart until the cluster version allowed 0.2 requests.
+    pub rise_secs: Option<f64>,
+}
+
+/// The gate's answer to a 0.2-only request at one member.
+#[derive(Debug, PartialEq, Eq)]
+enum Gate {
+    /// Allowed (the cluster version is 0.2 or later).
+    Open,
+    /// Refused by the cluster-version gate (the message).
+    TooLow(String),
+    /// Refused otherwise (an old member without the service, an unreachable member, ...).
+    Other(String),
+}
+
+/// Runs `f` within [`PROBE_TIMEOUT`].
+async fn probe<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::time::timeout(PROBE_TIMEOUT, f)
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within {PROBE_TIMEOUT:?}"))?
+}
+
+async fn probe_auth_status(url: &str) -> Gate {
+    let r = probe(async {
+        let ch = rpc::connect(url, rpc::ADMIN_TIMEOUT).await?;
+        Ok(AuthClient::new(ch).auth_status(AuthStatusRequest {}).await)
+    })
+    .await;
+    classify(r.map_err(|e| e.to_string()))
+}
+
+async fn user_add(url: &str, name: &str) -> Gate {
+    let r = probe(async {
+        let ch = rpc::connect(url, rpc::ADMIN_TIMEOUT).await?;
+        Ok(AuthClient::new(ch)
+            .user_add(AuthUserAddRequest {
+                name: name.into(),
+                password: "chaos".into(),
+                ..Default::default()
+            })
+            .await)
+    })
+    .await;
+    classify(r.map_err(|e| e.to_string()))
+}
+
+fn classify<T>(r: Result<Result<T, tonic::Status>, String>) -> Gate {
+    match r {
+        Ok(Ok(_)) => Gate::Open,
+        Ok(Err(s))
+            if s.code() == tonic::Code::FailedPrecondition
+                && s.message().contains("is too low for") =>
+        {
+            Gate::TooLow(s.message().to_string())
+        }
+        Ok(Err(s)) => Gate::Other(format!("{:?}: {}", s.code(), s.message())),
+        Err(e) => Gate::Other(e),
+    }
+}
+
+async fn users(url: &str) -> anyhow::Result<Vec<String>> {
+    rpc::bounded(async {
+        let ch = rpc::connect(url, rpc::ADMIN_TIMEOUT).await?;
+        Ok(AuthClient::new(ch)
+            .user_list(AuthUserListRequest {})
+            .await?
+            .into_inner()
+            .users)
+    })
+    .await
+}
+
+/// Rolls every member from `plan.from` to `plan.to`, one at a time, at evenly spaced times
+/// between `t0` and `until`, checking the version gate before and after each roll.
+pub async fn run_upgrade(
+    cluster: Arc<Cluster>,
+    plan: UpgradePlan,
+    t0: Instant,
+    until: Instant,
+) -> UpgradeReport {
+    let mut report = UpgradeReport::default();
+    let n = cluster.len();
+    let step = (until - t0) / (n as u32 + 1);
+    let mut last_roll = Instant::now();
+    for i in 0..n {
+        tokio::time::sleep_until(t0 + step * (i as u32 + 1)).await;
+        // While mixed (or all old), a 0.2-only request is refused on every upgraded member
+        // with the reason; old members refuse it their own way.
+        for (j, m) in cluster.members.iter().enumerate().take(i) {
+            match user_add(&m.client_url, MIXED_PROBE_USER).await {
+                Gate::TooLow(msg) => report
+                    .steps
+                    .push(format!("{} (new) refuses UserAdd: {msg}", m.name)),
+                other => report.errors.push(format!(
+                    "{} upgraded, {} of {n} members old: UserAdd answered {other:?}, want the \
+                     cluster-version refusal",
+                    cluster.members[j].name,
+                    n - i
+                )),
+            }
+        }
+        let m = &cluster.members[i];
+        {
+            let mut p = m.process.lock().await;
+            p.stop().await;
+            p.set_binary(plan.to.clone());
+        }
+        if let Err(e) = cluster.start_member(i, &[]).await {
+            report
+                .errors
+                .push(format!("restart {} on the new binary: {e:#}", m.name));
+            return report;
+        }
+        if let Err(e) = wait_member_ready(&m.client_url).await {
+            report
+                .errors
+                .push(format!("{} on the new binary: {e:#}", m.name));
+        }
+        last_roll = Instant::now();
+        report.steps.push(format!(
+            "{} rolled to {} at {:.1}s",
+            m.name,
+            plan.to.display(),
+            (last_roll - t0).as_secs_f64()
+        ));
+    }
+    // Every member runs the new binary: the cluster version rises within RISE_TIMEOUT.
+    let deadline = last_roll + RISE_TIMEOUT;
+    let mut open = vec![false; n];
+    while Instant::now() < deadline && open.iter().any(|o| !o) {
+        for (k, m) in cluster.members.iter().enumerate() {
+            if !open[k] {
+                open[k] = probe_auth_status(&m.client_url).await == Gate::Open;
+            }
+        }
+        if open.iter().any(|o| !o) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    if open.iter().all(|o| *o) {
+        let secs = (Instant::now() - last_roll).as_secs_f64();
+        report.rise_secs = Some(secs);
+        report.steps.push(format!(
+            "cluster version allows 0.2 requests on every member {secs:.1}s after the last roll"
+        ));
+    } else {
+        report.errors.push(format!(
+            "cluster version did not rise within {RISE_TIMEOUT:?} of the last roll (members \
+             open: {open:?})"
+        ));
+        return report;
+    }
+    let url = &cluster.members[0].client_url;
+    match user_add(url, UPGRADED_USER).await {
+        Gate::Open => report.steps.push(format!("UserAdd {UPGRADED_USER} works")),
+        other => report
+            .errors
+            .push(format!("UserAdd after the upgrade answered {other:?}")),
+    }
+    match users(url).await {
+        Ok(list) if list == [UPGRADED_USER] => report
+            .steps
+            .push("the refused mixed-cluster UserAdds changed nothing".into()),
+        Ok(list) => report.errors.push(format!(
+            "users after the upgrade are {list:?}, want [{UPGRADED_USER:?}]"
+        )),
+        Err(e) => report.errors.push(format!("UserList: {e:#}")),
+    }
+    report
+}
+
+async fn wait_member_ready(url: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + MEMBER_READY_TIMEOUT;
+    loop {
+        match rpc::status(url).await {
+            Ok(s) if s.leader != 0 => return Ok(()),
+            r => {
+                if Instant::now() >= deadline {
+                    anyhow::bail!("not ready within {MEMBER_READY_TIMEOUT:?}: {r:?}");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
