@@ -81,6 +81,17 @@ fn outcome<M: Message>(r: Result<tonic::Response<M>, Status>) -> String {
     }
 }
 
+/// The [`outcome`] of a server stream's first message.
+async fn first_message<M: Message + Default>(
+    r: Result<tonic::Response<tonic::Streaming<M>>, Status>,
+) -> String {
+    let first = match r {
+        Ok(r) => r.into_inner().message().await,
+        Err(s) => Err(s),
+    };
+    outcome(first.map(|m| tonic::Response::new(m.expect("a first message"))))
+}
+
 /// Runs the same calls against `endpoint` and returns `(call, shape)` for each.
 async fn shapes(endpoint: &str) -> Vec<(&'static str, String)> {
     let ch: Channel = grpc::channel(endpoint, Duration::from_secs(10))
@@ -110,28 +121,17 @@ async fn shapes(endpoint: &str) -> Vec<(&'static str, String)> {
             ..put("a")
         })
     );
-    call!(
-        "Range",
-        kv.range(RangeRequest {
-            key: b"a".to_vec(),
-            ..Default::default()
-        })
-    );
-    call!(
-        "Range missing",
-        kv.range(RangeRequest {
-            key: b"zz".to_vec(),
-            ..Default::default()
-        })
-    );
+    let range = |k: &str| RangeRequest {
+        key: k.into(),
+        ..Default::default()
+    };
+    call!("Range", kv.range(range("a")));
+    call!("Range missing", kv.range(range("zz")));
     call!(
         "Txn",
         kv.txn(TxnRequest {
             success: vec![RequestOp {
-                request: Some(request_op::Request::RequestRange(RangeRequest {
-                    key: b"a".to_vec(),
-                    ..Default::default()
-                })),
+                request: Some(request_op::Request::RequestRange(range("a"))),
             }],
             ..Default::default()
         })
@@ -171,15 +171,7 @@ async fn shapes(endpoint: &str) -> Vec<(&'static str, String)> {
     let ka = lease
         .lease_keep_alive(futures::stream::iter([LeaseKeepAliveRequest { id: 7 }]))
         .await;
-    let first = match ka {
-        Ok(r) => r
-            .into_inner()
-            .message()
-            .await
-            .map(|m| tonic::Response::new(m.unwrap())),
-        Err(s) => Err(s),
-    };
-    out.push(("LeaseKeepAlive", outcome(first)));
+    out.push(("LeaseKeepAlive", first_message(ka).await));
     call!(
         "LeaseRevoke",
         lease.lease_revoke(LeaseRevokeRequest { id: 7 })
@@ -244,15 +236,8 @@ async fn shapes(endpoint: &str) -> Vec<(&'static str, String)> {
         "MoveLeader unknown",
         maint.move_leader(MoveLeaderRequest { target_id: 12345 })
     );
-    let snap = match maint.snapshot(SnapshotRequest {}).await {
-        Ok(r) => r
-            .into_inner()
-            .message()
-            .await
-            .map(|m| tonic::Response::new(m.unwrap())),
-        Err(s) => Err(s),
-    };
-    out.push(("Snapshot first chunk", outcome(snap)));
+    let snap = maint.snapshot(SnapshotRequest {}).await;
+    out.push(("Snapshot first chunk", first_message(snap).await));
 
     let user = |n: &str| AuthUserAddRequest {
         name: n.into(),
