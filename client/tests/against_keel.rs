@@ -226,3 +226,44 @@ async fn tls_files_connect_to_a_member_with_client_cert_auth() {
         put.header.expect("header").revision
     );
 }
+
+#[tokio::test]
+async fn range_stream_merges_to_what_range_returns() {
+    use keel_client::etcdserverpb::RangeRequest;
+    use keel_client::etcdserverpb::range_request::SortOrder;
+    let (_keel, endpoint) = start_keel();
+    let c = Client::connect(&[&endpoint], ClientOptions::default())
+        .await
+        .expect("connect");
+    for i in 0..300 {
+        c.put(format!("rs/{i:04}"), vec![b'v'; 200])
+            .await
+            .expect("put");
+    }
+    let all = RangeRequest {
+        key: b"rs/".to_vec(),
+        range_end: b"rs0".to_vec(),
+        ..Default::default()
+    };
+    let streamed = c.range_stream(all.clone()).await.expect("range_stream");
+    assert_eq!(streamed.kvs.len(), 300);
+    assert_eq!(streamed, c.range(all.clone()).await.expect("range"));
+    let limited = RangeRequest {
+        limit: 42,
+        ..all.clone()
+    };
+    let streamed = c.range_stream(limited.clone()).await.expect("range_stream");
+    assert_eq!(
+        (streamed.kvs.len(), streamed.more, streamed.count),
+        (42, true, 300)
+    );
+    assert_eq!(streamed, c.range(limited).await.expect("range"));
+    // RangeStream refuses a custom order (Unimplemented): the client falls back to Range.
+    let descending = RangeRequest {
+        sort_order: SortOrder::Descend as i32,
+        ..all
+    };
+    let got = c.range_stream(descending.clone()).await.expect("fallback");
+    assert_eq!(got.kvs[0].key, b"rs/0299");
+    assert_eq!(got, c.range(descending).await.expect("range"));
+}

@@ -45,9 +45,9 @@ impl Cluster for ClusterService {
         if request.get_ref().linearizable {
             self.node.read_barrier().await?;
         }
-        let revision = self.node.store.get().current_revision();
         Ok(Response::new(MemberListResponse {
-            header: Some(self.node.header(revision)),
+            // etcd's Cluster headers carry no revision (`ClusterServer.header`).
+            header: Some(self.node.header(0)),
             members: self.members(),
         }))
     }

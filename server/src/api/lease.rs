@@ -140,6 +140,7 @@ impl Lease for LeaseService {
         request: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<KeepAliveStream>, Status> {
         let identity = RequestIdentity::of(&request)?;
+        let require_leader = super::require_leader::requested(request.metadata());
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_BUFFER);
         let node = self.node.clone();
@@ -186,7 +187,14 @@ impl Lease for LeaseService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let replies = ReceiverStream::new(rx);
+        if require_leader {
+            // etcd cancels every require-leader stream after 3 leaderless election timeouts.
+            let lost = self.node.cluster.leader_loss.subscribe();
+            let replies = super::require_leader::until_leader_lost(replies, lost);
+            return Ok(Response::new(Box::pin(replies)));
+        }
+        Ok(Response::new(Box::pin(replies)))
     }
 
     async fn lease_time_to_live(

@@ -200,7 +200,7 @@ impl Maintenance for MaintenanceService {
 
     /// etcd `Snapshot`: the applied state at one revision as a bbolt database in etcd's
     /// schema, in 32 KiB blobs, then the sha256 of the file (etcd `v3rpc/maintenance.go`);
-    /// writes go on while it is written. Every message carries the header of that revision.
+    /// writes go on while it is written. Like etcd 3.4's, the messages carry no header.
     async fn snapshot(
         &self,
         request: Request<SnapshotRequest>,
@@ -240,11 +240,7 @@ impl Maintenance for MaintenanceService {
             let _hold = (permit, file);
             for chunk in chunks {
                 let msg = chunk
-                    .map(|c| {
-                        let mut resp = SnapshotResponse::from(c);
-                        resp.header = Some(header);
-                        resp
-                    })
+                    .map(SnapshotResponse::from)
                     .map_err(|e| internal("read", &e));
                 let failed = msg.is_err();
                 // The client went away: stop reading; the file goes with `_hold`.
@@ -264,8 +260,7 @@ impl Maintenance for MaintenanceService {
     ) -> Result<Response<MoveLeaderResponse>, Status> {
         authorize(&self.node, &request, Rpc::MoveLeader).await?;
         transfer::move_leader(&self.node.cluster, request.into_inner().target_id).await?;
-        Ok(Response::new(MoveLeaderResponse {
-            header: Some(self.node.header(self.node.store.get().current_revision())),
-        }))
+        // etcd answers an empty MoveLeaderResponse (no header).
+        Ok(Response::new(MoveLeaderResponse { header: None }))
     }
 }

@@ -409,8 +409,10 @@ async fn change(
     }
 }
 
+/// The header of a Cluster RPC: cluster ID, member ID and raft term, no revision (etcd
+/// `ClusterServer.header`; checked by e2e `response_shapes`).
 fn header(cluster: &Cluster) -> keel_proto::etcdserverpb::ResponseHeader {
-    cluster.header(cluster.store.get().current_revision())
+    cluster.header(0)
 }
 
 /// The etcd member list of this member's current (effective) membership.

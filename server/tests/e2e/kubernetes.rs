@@ -1,15 +1,17 @@
 //! What kube-apiserver relies on (docs/kubernetes.md), end to end against real `keel`
-//! processes: require-leader requests and watches on a member cut off from its quorum
+//! processes: require-leader requests, watches and keep-alives on a member cut off from its quorum
 //! (etcd `v3rpc/interceptor.go`), and progress requests answered only once every watcher of
 //! the stream is synced (etcd ≥ 3.5.13 `RequestProgressAll`).
 
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::kv_client::KvClient;
+use keel_proto::etcdserverpb::lease_client::LeaseClient;
 use keel_proto::etcdserverpb::watch_client::WatchClient;
 use keel_proto::etcdserverpb::watch_request::RequestUnion;
 use keel_proto::etcdserverpb::{
-    PutRequest, RangeRequest, WatchCreateRequest, WatchProgressRequest, WatchRequest, WatchResponse,
+    LeaseGrantRequest, LeaseKeepAliveRequest, PutRequest, RangeRequest, WatchCreateRequest,
+    WatchProgressRequest, WatchRequest, WatchResponse,
 };
 use keel_testkit::grpc::{self, runtime};
 use tokio::sync::mpsc;
@@ -127,6 +129,23 @@ fn isolated_member_refuses_require_leader(keep_leader: bool) {
             .await;
             assert!(conn.next(Duration::from_secs(10)).await.unwrap().created);
         }
+
+        // A require-leader keep-alive stream, answered while there is a leader.
+        let mut lease = LeaseClient::new(grpc::stream_channel(&ep).await);
+        let id = lease
+            .lease_grant(LeaseGrantRequest { ttl: 600, id: 0 })
+            .await
+            .unwrap()
+            .into_inner()
+            .id;
+        let (ka_tx, ka_rx) = mpsc::channel(4);
+        ka_tx.send(LeaseKeepAliveRequest { id }).await.unwrap();
+        let mut keep_alive = lease
+            .lease_keep_alive(with_leader(ReceiverStream::new(ka_rx), true))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(keep_alive.message().await.unwrap().unwrap().id, id);
 
         for (i, m) in cluster.members.iter_mut().enumerate() {
             if i != keep {

@@ -26,6 +26,7 @@ mod maintenance;
 mod peer_dial_override;
 mod qos;
 mod range_stream;
+mod response_shapes;
 mod shutdown;
 mod snapshot;
 mod startup;
