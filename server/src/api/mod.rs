@@ -9,15 +9,17 @@
 mod admit;
 mod auth;
 mod cluster;
+mod concurrency;
 pub mod credentials;
+mod election;
 mod kv;
 pub mod kv_validate;
 mod lease;
 mod lease_leader;
+mod lock;
 mod maintenance;
 mod peer;
 mod qos;
-mod unimplemented;
 mod watch;
 
 use std::net::SocketAddr;
@@ -39,8 +41,10 @@ use tonic::transport::server::{Connected, TcpIncoming};
 
 pub use auth::AuthService;
 pub use cluster::ClusterService;
+pub use election::ElectionService;
 pub use kv::KvService;
 pub use lease::LeaseService;
+pub use lock::LockService;
 pub use maintenance::MaintenanceService;
 pub use peer::PeerService;
 pub use qos::QosService;
@@ -81,8 +85,10 @@ where
         )
         .add_service(QosServer::new(QosService::new(node.clone())).max_decoding_message_size(max))
         .add_service(AuthServer::new(AuthService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(LockServer::new(unimplemented::NotYet))
-        .add_service(ElectionServer::new(unimplemented::NotYet))
+        .add_service(LockServer::new(LockService::new(node.clone())).max_decoding_message_size(max))
+        .add_service(
+            ElectionServer::new(ElectionService::new(node.clone())).max_decoding_message_size(max),
+        )
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())

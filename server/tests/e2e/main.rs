@@ -19,6 +19,7 @@ mod etcdctl;
 mod keelutl;
 mod lease_etcdctl;
 mod lease_leader_kill;
+mod lockelect;
 mod maintenance;
 mod peer_dial_override;
 mod qos;
