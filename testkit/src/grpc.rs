@@ -12,6 +12,8 @@ use keel_proto::etcdserverpb::watch_client::WatchClient;
 use keel_proto::etcdserverpb::{
     PutRequest, RangeRequest, RangeResponse, StatusRequest, StatusResponse,
 };
+use keel_proto::v3electionpb::election_client::ElectionClient;
+use keel_proto::v3lockpb::lock_client::LockClient;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::tls::ClientTls;
@@ -96,6 +98,18 @@ pub async fn lease(endpoint: &str, rpc_timeout: Duration) -> LeaseClient<Channel
 /// A Watch client on a [`stream_channel`] that accepts responses up to 64 MiB.
 pub async fn watch(endpoint: &str) -> WatchClient<Channel> {
     WatchClient::new(stream_channel(endpoint).await).max_decoding_message_size(64 << 20)
+}
+
+/// A Lock client on a [`stream_channel`]: no per-RPC deadline, as Lock blocks while it waits
+/// (bound the wait with a gRPC timeout on the request or `tokio::time::timeout`).
+pub async fn lock(endpoint: &str) -> LockClient<Channel> {
+    LockClient::new(stream_channel(endpoint).await)
+}
+
+/// An Election client on a [`stream_channel`]: no per-RPC deadline, as Campaign blocks and
+/// Observe streams.
+pub async fn election(endpoint: &str) -> ElectionClient<Channel> {
+    ElectionClient::new(stream_channel(endpoint).await)
 }
 
 /// Puts `key = value` and returns the revision of the write (`header.revision`).

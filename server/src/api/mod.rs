@@ -10,18 +10,20 @@
 mod admit;
 mod auth;
 mod cluster;
+mod concurrency;
 pub mod credentials;
+mod election;
 pub mod http;
 mod kv;
 pub mod kv_validate;
 mod lease;
 mod lease_leader;
+mod lock;
 mod maintenance;
 mod peer;
 mod qos;
 pub mod range_stream;
 pub mod require_leader;
-mod unimplemented;
 mod watch;
 
 use std::net::SocketAddr;
@@ -44,8 +46,10 @@ use tonic::transport::server::{Connected, TcpIncoming};
 
 pub use auth::AuthService;
 pub use cluster::ClusterService;
+pub use election::ElectionService;
 pub use kv::KvService;
 pub use lease::LeaseService;
+pub use lock::LockService;
 pub use maintenance::MaintenanceService;
 pub use peer::PeerService;
 pub use qos::QosService;
@@ -90,8 +94,10 @@ where
         )
         .add_service(QosServer::new(QosService::new(node.clone())).max_decoding_message_size(max))
         .add_service(AuthServer::new(AuthService::new(node.clone())).max_decoding_message_size(max))
-        .add_service(LockServer::new(unimplemented::NotYet))
-        .add_service(ElectionServer::new(unimplemented::NotYet));
+        .add_service(LockServer::new(LockService::new(node.clone())).max_decoding_message_size(max))
+        .add_service(
+            ElectionServer::new(ElectionService::new(node.clone())).max_decoding_message_size(max),
+        );
     Server::builder()
         .accept_http1(true)
         .http2_keepalive_interval(ops.keepalive_interval())

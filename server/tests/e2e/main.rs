@@ -22,6 +22,7 @@ mod keelutl;
 mod kubernetes;
 mod lease_etcdctl;
 mod lease_leader_kill;
+mod lockelect;
 mod maintenance;
 mod peer_dial_override;
 mod qos;

@@ -1,0 +1,164 @@
+//! [`Caller`]: KV and Lease calls made inside the member on a client's behalf, with the
+//! client's identity (etcd's `v3client`, the in-process client its Lock and Election
+//! servers use).
+//!
+//! Each call builds a `tonic::Request` from the original request's metadata (the auth
+//! token) and extensions (the TLS peer certificates, for the common name) and runs the
+//! member's own [`KvService`] or [`LeaseService`] method: no network hop, and exactly the
+//! checks a client's own call gets. The identity is resolved again for every call, as
+//! etcd reuses the caller's token: a token that expires while a Lock waits fails the next
+//! call with the auth error.
+
+use std::sync::Arc;
+
+use keel_proto::etcdserverpb::kv_server::Kv;
+use keel_proto::etcdserverpb::lease_server::Lease;
+use keel_proto::etcdserverpb::{
+    DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest, RangeRequest, RangeResponse,
+    TxnRequest, TxnResponse,
+};
+use tonic::metadata::MetadataMap;
+use tonic::{Extensions, Request, Status};
+
+use super::{NO_LEASE, SESSION_TTL};
+use crate::api::credentials::auth_info;
+use crate::api::{KvService, LeaseService, admit};
+use crate::node::Node;
+use crate::qos::{Method, RequestInfo};
+
+/// The member's KV and Lease services, called as the client of one request.
+#[derive(Clone)]
+pub struct Caller {
+    node: Arc<Node>,
+    metadata: MetadataMap,
+    extensions: Extensions,
+}
+
+impl Caller {
+    /// Calls as the client that sent `request`.
+    pub fn of<T>(node: &Arc<Node>, request: &Request<T>) -> Caller {
+        Caller {
+            node: node.clone(),
+            metadata: request.metadata().clone(),
+            extensions: request.extensions().clone(),
+        }
+    }
+
+    /// The member the calls run on.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Admits one `method` call on `[key, range_end)` (`range_end` empty: `key` alone)
+    /// through QoS (rules that name the
+    /// Lock and Election methods), as the client. The permit is dropped at once: the
+    /// internal KV calls are admitted on their own, and a waiting Lock must not hold a
+    /// slot for its whole wait.
+    ///
+    /// Errors: an identity that does not resolve (`etcdserver: invalid auth token`);
+    /// `etcdserver: too many requests`.
+    pub async fn admit(&self, method: Method, key: &[u8], range_end: &[u8]) -> Result<(), Status> {
+        let probe = self.request(());
+        let ai = auth_info(&self.node, &probe).await?;
+        let info = RequestInfo::new(method)
+            .keys(key, range_end)
+            .user(admit::user(&ai));
+        drop(admit::admit(&self.node, &info).await?);
+        Ok(())
+    }
+
+    fn request<M>(&self, message: M) -> Request<M> {
+        Request::from_parts(self.metadata.clone(), self.extensions.clone(), message)
+    }
+
+    fn kv(&self) -> KvService {
+        KvService::new(self.node.clone())
+    }
+
+    /// `KV.Txn` as the client.
+    ///
+    /// Errors: those of the client's own Txn (validation, auth, quota, raft).
+    pub async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, Status> {
+        Ok(self.kv().txn(self.request(req)).await?.into_inner())
+    }
+
+    /// `KV.Range` as the client (linearizable unless `req.serializable`).
+    ///
+    /// Errors: those of the client's own Range.
+    pub async fn range(&self, req: RangeRequest) -> Result<RangeResponse, Status> {
+        Ok(self.kv().range(self.request(req)).await?.into_inner())
+    }
+
+    /// `KV.DeleteRange` of the single `key` as the client.
+    ///
+    /// Errors: those of the client's own DeleteRange.
+    pub async fn delete(&self, key: Vec<u8>) -> Result<DeleteRangeResponse, Status> {
+        let req = DeleteRangeRequest {
+            key,
+            ..Default::default()
+        };
+        Ok(self
+            .kv()
+            .delete_range(self.request(req))
+            .await?
+            .into_inner())
+    }
+
+    /// The session lease of a Lock or Campaign: `lease` itself, or for [`NO_LEASE`] a new
+    /// [`SESSION_TTL`] lease granted as the client (etcd `concurrency.NewSession`). The
+    /// session is orphaned at once, as in etcd: nobody keeps the lease alive.
+    ///
+    /// Errors: those of the client's own LeaseGrant.
+    pub async fn session_lease(&self, lease: i64) -> Result<i64, Status> {
+        if lease != NO_LEASE {
+            return Ok(lease);
+        }
+        let grant = LeaseGrantRequest {
+            ttl: SESSION_TTL,
+            id: NO_LEASE,
+        };
+        let service = LeaseService::new(self.node.clone());
+        Ok(service
+            .lease_grant(self.request(grant))
+            .await?
+            .into_inner()
+            .id)
+    }
+
+    /// Runs `cleanup` on a new task if the returned guard is dropped while still armed: how
+    /// a Lock or Campaign that is abandoned while it waits (the client canceled, the call's
+    /// future was dropped) still removes its key, as etcd's `Unlock`/`Resign` on context
+    /// cancel do.
+    pub fn on_abandon<F, Fut>(&self, cleanup: F) -> AbandonGuard
+    where
+        F: FnOnce(Caller) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let caller = self.clone();
+        AbandonGuard {
+            cleanup: Some(Box::new(move || {
+                tokio::spawn(cleanup(caller));
+            })),
+        }
+    }
+}
+
+/// Runs its cleanup when dropped, unless [`AbandonGuard::disarm`]ed ([`Caller::on_abandon`]).
+pub struct AbandonGuard {
+    cleanup: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl AbandonGuard {
+    /// The call finished (either way) and cleaned up itself: no cleanup on drop.
+    pub fn disarm(mut self) {
+        self.cleanup = None;
+    }
+}
+
+impl Drop for AbandonGuard {
+    fn drop(&mut self) {
+        if let Some(cleanup) = self.cleanup.take() {
+            cleanup();
+        }
+    }
+}
