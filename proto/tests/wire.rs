@@ -241,3 +241,16 @@ fn key_value_decodes_from_etcd_bytes() {
         }
     );
 }
+
+#[test]
+fn range_stream_response_wraps_a_range_response_as_field_1() {
+    // etcd 3.7 `RangeStreamResponse { RangeResponse range_response = 1; }`; count is
+    // RangeResponse field 4.
+    let resp = keel_proto::etcdserverpb::RangeStreamResponse {
+        range_response: Some(keel_proto::etcdserverpb::RangeResponse {
+            count: 1,
+            ..Default::default()
+        }),
+    };
+    assert_eq!(resp.encode_to_vec(), [0x0a, 0x02, 0x20, 0x01]);
+}

@@ -109,11 +109,13 @@ async fn run(cli: Cli) -> Result<Summary, ClientError> {
             key,
             end,
             consistency,
+            stream,
         } => {
             let request = KvRequest::Range {
                 key: key.as_ref().map(|k| k.as_bytes().to_vec()),
                 end: end.as_deref().unwrap_or("").as_bytes().to_vec(),
                 serializable: serializable(*consistency),
+                stream: *stream,
             };
             (runner::run(&plan, kv(request)).await, None)
         }

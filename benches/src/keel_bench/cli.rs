@@ -125,6 +125,10 @@ pub enum Workload {
         /// l (linearizable) or s (serializable).
         #[arg(long, value_enum, default_value = "l")]
         consistency: ConsistencyArg,
+        /// Read through `KV.RangeStream` (etcd 3.7: chunks at one revision, for large
+        /// ranges), merged by keel-client; `Range` where the member lacks it.
+        #[arg(long)]
+        stream: bool,
     },
     /// Txns of `--txn-ops` puts on random keys (etcd `benchmark txn-put`).
     TxnPut {
@@ -238,12 +242,13 @@ mod tests {
             "k.pem",
             "range",
             "foo",
+            "--stream",
         ])
         .expect("parses");
         let tls = cli.global.tls().expect("TLS files");
         assert_eq!(tls.key.as_deref(), Some(std::path::Path::new("k.pem")));
         assert!(
-            matches!(cli.workload, Workload::Range { key: Some(ref k), end: None, .. } if k == "foo")
+            matches!(cli.workload, Workload::Range { key: Some(ref k), end: None, stream: true, .. } if k == "foo")
         );
         assert!(
             Cli::try_parse_from(["keel-bench", "--total", "5", "--duration", "1s", "put"]).is_err(),

@@ -18,6 +18,8 @@ pub enum KvRequest {
         key: Option<Vec<u8>>,
         end: Vec<u8>,
         serializable: bool,
+        /// Through `RangeStream` (keel-client `range_stream`).
+        stream: bool,
     },
     /// A txn of `ops` puts of random keys.
     TxnPut { ops: usize },
@@ -97,9 +99,14 @@ impl Worker for KvWorker {
                 key,
                 end,
                 serializable,
+                stream,
             } => {
                 let range = self.range_op(key.as_deref(), &end, serializable);
-                self.client.range(range).await.map(drop)
+                if stream {
+                    self.client.range_stream(range).await.map(drop)
+                } else {
+                    self.client.range(range).await.map(drop)
+                }
             }
             KvRequest::TxnPut { ops } => {
                 // Distinct keys: etcd refuses a txn that puts one key twice (DuplicateKey).
