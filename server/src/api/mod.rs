@@ -10,6 +10,7 @@ mod admit;
 mod auth;
 mod cluster;
 pub mod credentials;
+mod downgrade;
 mod kv;
 pub mod kv_validate;
 mod lease;
