@@ -26,6 +26,7 @@ mod shutdown;
 mod snapshot;
 mod startup;
 mod tls;
+mod versions;
 mod watch;
 
 use std::path::PathBuf;
