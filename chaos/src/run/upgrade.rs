@@ -156,23 +156,10 @@ pub async fn run_upgrade(
                 )),
             }
         }
-        let m = &cluster.members[i];
-        {
-            let mut p = m.process.lock().await;
-            p.stop().await;
-            p.set_binary(plan.to.clone());
-        }
-        if let Err(e) = cluster.start_member(i, &[]).await {
-            report
-                .errors
-                .push(format!("restart {} on the new binary: {e:#}", m.name));
+        if !roll(&cluster, i, &plan.to, "new", &mut report).await {
             return report;
         }
-        if let Err(e) = wait_member_ready(&m.client_url).await {
-            report
-                .errors
-                .push(format!("{} on the new binary: {e:#}", m.name));
-        }
+        let m = &cluster.members[i];
         last_roll = Instant::now();
         report.steps.push(format!(
             "{} rolled to {} at {:.1}s",
@@ -182,18 +169,7 @@ pub async fn run_upgrade(
         ));
     }
     // Every member runs the new binary: the cluster version rises within RISE_TIMEOUT.
-    let deadline = last_roll + RISE_TIMEOUT;
-    let mut open = vec![false; n];
-    while Instant::now() < deadline && open.iter().any(|o| !o) {
-        for (k, m) in cluster.members.iter().enumerate() {
-            if !open[k] {
-                open[k] = probe_auth_status(&m.client_url).await == Gate::Open;
-            }
-        }
-        if open.iter().any(|o| !o) {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
+    let open = wait_every_member(&cluster, last_roll + RISE_TIMEOUT, |g| *g == Gate::Open).await;
     if open.iter().all(|o| *o) {
         let secs = (Instant::now() - last_roll).as_secs_f64();
         report.rise_secs = Some(secs);
@@ -294,18 +270,10 @@ async fn downgrade(
         }
     }
     // The cluster version falls to the target on every member.
-    let deadline = Instant::now() + RISE_TIMEOUT;
-    let mut low = vec![false; n];
-    while Instant::now() < deadline && low.iter().any(|l| !l) {
-        for (k, m) in cluster.members.iter().enumerate() {
-            if !low[k] {
-                low[k] = matches!(probe_auth_status(&m.client_url).await, Gate::TooLow(_));
-            }
-        }
-        if low.iter().any(|l| !l) {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
+    let low = wait_every_member(cluster, Instant::now() + RISE_TIMEOUT, |g| {
+        matches!(g, Gate::TooLow(_))
+    })
+    .await;
     if low.iter().any(|l| !l) {
         report.errors.push(format!(
             "cluster version did not fall to {target} within {RISE_TIMEOUT:?} (members low: {low:?})"
@@ -317,23 +285,10 @@ async fn downgrade(
         .push(format!("cluster version fell to {target} on every member"));
     for i in 0..n {
         tokio::time::sleep_until(t0 + step * ((n + 1 + i) as u32)).await;
-        let m = &cluster.members[i];
-        {
-            let mut p = m.process.lock().await;
-            p.stop().await;
-            p.set_binary(plan.from.clone());
-        }
-        if let Err(e) = cluster.start_member(i, &[]).await {
-            report
-                .errors
-                .push(format!("restart {} on the old binary: {e:#}", m.name));
+        if !roll(cluster, i, &plan.from, "old", report).await {
             return;
         }
-        if let Err(e) = wait_member_ready(&m.client_url).await {
-            report
-                .errors
-                .push(format!("{} on the old binary: {e:#}", m.name));
-        }
+        let m = &cluster.members[i];
         report.steps.push(format!(
             "{} rolled back to {} at {:.1}s",
             m.name,
@@ -341,6 +296,56 @@ async fn downgrade(
             (Instant::now() - t0).as_secs_f64()
         ));
     }
+}
+
+/// Stops member `i` (SIGTERM), swaps it to `binary` and starts it again; `false` (with the
+/// problem in `report`) when it could not be started.
+async fn roll(
+    cluster: &Cluster,
+    i: usize,
+    binary: &std::path::Path,
+    which: &str,
+    report: &mut UpgradeReport,
+) -> bool {
+    let m = &cluster.members[i];
+    {
+        let mut p = m.process.lock().await;
+        p.stop().await;
+        p.set_binary(binary.to_path_buf());
+    }
+    if let Err(e) = cluster.start_member(i, &[]).await {
+        report
+            .errors
+            .push(format!("restart {} on the {which} binary: {e:#}", m.name));
+        return false;
+    }
+    if let Err(e) = wait_member_ready(&m.client_url).await {
+        report
+            .errors
+            .push(format!("{} on the {which} binary: {e:#}", m.name));
+    }
+    true
+}
+
+/// Probes AuthStatus on every member until each answered `want` once, or `deadline`; returns
+/// which members did.
+async fn wait_every_member(
+    cluster: &Cluster,
+    deadline: Instant,
+    want: impl Fn(&Gate) -> bool,
+) -> Vec<bool> {
+    let mut seen = vec![false; cluster.len()];
+    while Instant::now() < deadline && seen.iter().any(|s| !s) {
+        for (k, m) in cluster.members.iter().enumerate() {
+            if !seen[k] {
+                seen[k] = want(&probe_auth_status(&m.client_url).await);
+            }
+        }
+        if seen.iter().any(|s| !s) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    seen
 }
 
 async fn wait_member_ready(url: &str) -> anyhow::Result<()> {
