@@ -23,7 +23,8 @@ fi
 src="$(mktemp -d "${TMPDIR:-/tmp}/keel-release-$version.XXXXXX")"
 trap 'rm -rf "$src"' EXIT
 git -C "$repo" archive "$commit" | tar -x -C "$src"
-target="${KEEL_RELEASE_TARGET:-/work/tgt-v${version//./}}"
+# Its own target dir (KEEL_RELEASE_TARGET overrides), kept for the next release build.
+target="${KEEL_RELEASE_TARGET:-${KEEL_RELEASE_CACHE:-$HOME/.cache/keel}/target}"
 mkdir -p "$cache"
 (
   cd "$src"

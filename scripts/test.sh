@@ -209,16 +209,17 @@ if [ "$run_cargo" -eq 1 ]; then
     fi
 fi
 
-# Upgrade compatibility (docs/upgrades.md): a 3-member 0.1.0 cluster rolled to this build under
+# Upgrade compatibility (docs/upgrades.md): a 3-member 0.1.0 cluster rolled to this build and,
+# after Maintenance.Downgrade ENABLE 0.1, back to 0.1.0, under
 # the chaos workload. The 0.1.0 binary comes from ~/.cache/keel/0.1.0/keel, built once by
 # scripts/build-release.sh (a cold release build of 0fddff7: ~9 min on 2 idle cores; the run
-# itself ~1.5 min). KEEL_SKIP_UPGRADE=1 skips the phase.
+# itself ~2 min). KEEL_SKIP_UPGRADE=1 skips the phase.
 if [ "$run_cargo" -eq 1 ] && [ "${KEEL_SKIP_UPGRADE:-0}" != 1 ]; then
     phase "upgrade: keel-chaos upgrade --from 0.1.0 --to this build"
     if old_bin="$("$REPO/scripts/build-release.sh" 0fddff7 0.1.0)"; then
-        if "$TARGET_DIR/release/keel-chaos" --faults none --duration 40s --clients 4 \
-            upgrade --from "$old_bin" --to "$KEEL_BIN" 2>&1 | tee "$workdir/upgrade.log"; then
-            record ok "upgrade 0.1.0 -> this build: $(grep -c 'rolled to' "$workdir/upgrade.log") members rolled, $(grep -o 'every member [0-9.]*s after the last roll' "$workdir/upgrade.log")"
+        if "$TARGET_DIR/release/keel-chaos" --faults none --duration 60s --clients 4 \
+            upgrade --from "$old_bin" --to "$KEEL_BIN" --downgrade-to 0.1 2>&1 | tee "$workdir/upgrade.log"; then
+            record ok "upgrade 0.1.0 -> this build -> 0.1.0: $(grep -c "rolled" "$workdir/upgrade.log") rolls, $(grep -o 'every member [0-9.]*s after the last roll' "$workdir/upgrade.log")"
         else
             record FAIL "upgrade 0.1.0 -> this build (keel-chaos upgrade; report above)"
         fi

@@ -113,6 +113,10 @@ enum Scenario {
         /// The new release's `keel`.
         #[arg(long)]
         to: PathBuf,
+        /// Then downgrade back to this release line (`Maintenance.Downgrade` ENABLE, e.g.
+        /// `0.1`) and roll every member back to `--from`.
+        #[arg(long)]
+        downgrade_to: Option<String>,
     },
 }
 
@@ -157,7 +161,11 @@ fn main() -> ExitCode {
 
 fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     let upgrade = match &cli.scenario {
-        Some(Scenario::Upgrade { from, to }) => {
+        Some(Scenario::Upgrade {
+            from,
+            to,
+            downgrade_to,
+        }) => {
             for b in [from, to] {
                 anyhow::ensure!(b.is_file(), "keel binary {} not found", b.display());
             }
@@ -176,6 +184,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             Some(UpgradePlan {
                 from: from.clone(),
                 to: to.clone(),
+                downgrade: downgrade_to.clone(),
             })
         }
         None => None,

@@ -34,7 +34,7 @@ use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, into_result};
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, StateMachine};
-use crate::version::{ClusterVersion, Version, gates};
+use crate::version::{ClusterVersion, Downgrade, Version, gates};
 use crate::wal::{Wal, WalOptions};
 use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 
@@ -92,6 +92,8 @@ pub struct Node {
     pub alarms: Arc<Alarms>,
     /// The cluster version, as applied on this member (docs/upgrades.md).
     pub cluster_version: Arc<ClusterVersion>,
+    /// The downgrade job, as applied on this member (`Maintenance.Downgrade`).
+    pub downgrade: Arc<Downgrade>,
     /// The locks an export of the applied state takes (`Maintenance.Snapshot`).
     pub export_locks: ExportLocks,
     backend: Backend,
@@ -180,6 +182,7 @@ impl Node {
         let shared: Arc<SharedStore> = applier.shared_store().clone();
         let alarms = applier.alarms().clone();
         let cluster_version = applier.cluster_version().clone();
+        let downgrade = applier.downgrade().clone();
         let watch = WatchHub::new(
             Arc::new(StoreHistory(shared.clone())),
             WatchConfig::from_config(&config),
@@ -254,6 +257,7 @@ impl Node {
             auth,
             alarms,
             cluster_version,
+            downgrade,
             export_locks,
             db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
             // Measured by the first refresh, right after start (a scan of the whole tree).
@@ -567,7 +571,9 @@ impl Node {
                             .map(|a| crate::version::published(&a.server_version))
                     })
                     .collect::<Vec<_>>();
-                let Some(v) = crate::version::decide(node.cluster_version.decided(), members, None)
+                let target = node.downgrade.target();
+                let Some(v) =
+                    crate::version::decide(node.cluster_version.decided(), members, target)
                 else {
                     continue;
                 };

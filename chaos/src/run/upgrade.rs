@@ -13,7 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keel_proto::etcdserverpb::auth_client::AuthClient;
-use keel_proto::etcdserverpb::{AuthStatusRequest, AuthUserAddRequest, AuthUserListRequest};
+use keel_proto::etcdserverpb::downgrade_request::DowngradeAction;
+use keel_proto::etcdserverpb::maintenance_client::MaintenanceClient;
+use keel_proto::etcdserverpb::{
+    AuthStatusRequest, AuthUserAddRequest, AuthUserDeleteRequest, AuthUserListRequest,
+    DowngradeRequest,
+};
 use tokio::time::Instant;
 
 use super::cluster::Cluster;
@@ -38,6 +43,10 @@ pub struct UpgradePlan {
     pub from: PathBuf,
     /// The binary each member is swapped to.
     pub to: PathBuf,
+    /// Then downgrade back: delete the 0.2-only state, `Maintenance.Downgrade` ENABLE to the
+    /// old release line, wait until the cluster version fell, and roll every member back to
+    /// `from`.
+    pub downgrade: Option<String>,
 }
 
 /// What the scenario saw: one line per step, and the problems (empty: all checks passed).
@@ -127,7 +136,8 @@ pub async fn run_upgrade(
 ) -> UpgradeReport {
     let mut report = UpgradeReport::default();
     let n = cluster.len();
-    let step = (until - t0) / (n as u32 + 1);
+    let rolls = if plan.downgrade.is_some() { 2 * n } else { n };
+    let step = (until - t0) / (rolls as u32 + 1);
     let mut last_roll = Instant::now();
     for i in 0..n {
         tokio::time::sleep_until(t0 + step * (i as u32 + 1)).await;
@@ -146,23 +156,10 @@ pub async fn run_upgrade(
                 )),
             }
         }
-        let m = &cluster.members[i];
-        {
-            let mut p = m.process.lock().await;
-            p.stop().await;
-            p.set_binary(plan.to.clone());
-        }
-        if let Err(e) = cluster.start_member(i, &[]).await {
-            report
-                .errors
-                .push(format!("restart {} on the new binary: {e:#}", m.name));
+        if !roll(&cluster, i, &plan.to, "new", &mut report).await {
             return report;
         }
-        if let Err(e) = wait_member_ready(&m.client_url).await {
-            report
-                .errors
-                .push(format!("{} on the new binary: {e:#}", m.name));
-        }
+        let m = &cluster.members[i];
         last_roll = Instant::now();
         report.steps.push(format!(
             "{} rolled to {} at {:.1}s",
@@ -172,18 +169,7 @@ pub async fn run_upgrade(
         ));
     }
     // Every member runs the new binary: the cluster version rises within RISE_TIMEOUT.
-    let deadline = last_roll + RISE_TIMEOUT;
-    let mut open = vec![false; n];
-    while Instant::now() < deadline && open.iter().any(|o| !o) {
-        for (k, m) in cluster.members.iter().enumerate() {
-            if !open[k] {
-                open[k] = probe_auth_status(&m.client_url).await == Gate::Open;
-            }
-        }
-        if open.iter().any(|o| !o) {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
+    let open = wait_every_member(&cluster, last_roll + RISE_TIMEOUT, |g| *g == Gate::Open).await;
     if open.iter().all(|o| *o) {
         let secs = (Instant::now() - last_roll).as_secs_f64();
         report.rise_secs = Some(secs);
@@ -213,7 +199,153 @@ pub async fn run_upgrade(
         )),
         Err(e) => report.errors.push(format!("UserList: {e:#}")),
     }
+    if let Some(target) = &plan.downgrade {
+        downgrade(&cluster, &plan, target, t0, step, n, &mut report).await;
+    }
     report
+}
+
+/// The downgrade half: ENABLE to `target`, wait for the cluster version to fall, roll every
+/// member back to `plan.from` at `t0 + step * (n + 1 + i)`.
+async fn downgrade(
+    cluster: &Cluster,
+    plan: &UpgradePlan,
+    target: &str,
+    t0: Instant,
+    step: Duration,
+    n: usize,
+    report: &mut UpgradeReport,
+) {
+    let url = cluster.members[0].client_url.clone();
+    let downgrade = |action: DowngradeAction, version: &str| {
+        let (url, version) = (url.clone(), version.to_string());
+        async move {
+            probe(async {
+                let ch = rpc::connect(&url, rpc::ADMIN_TIMEOUT).await?;
+                Ok(MaintenanceClient::new(ch)
+                    .downgrade(DowngradeRequest {
+                        action: action as i32,
+                        version,
+                    })
+                    .await)
+            })
+            .await
+        }
+    };
+    // With a user in place ENABLE is refused (0.1.0 would not see it) ...
+    match downgrade(DowngradeAction::Enable, target).await {
+        Ok(Err(s)) if s.code() == tonic::Code::FailedPrecondition => report.steps.push(format!(
+            "Downgrade ENABLE refused while a user exists: {}",
+            s.message()
+        )),
+        other => report.errors.push(format!(
+            "Downgrade ENABLE with a user answered {other:?}, want FailedPrecondition"
+        )),
+    }
+    let deleted = probe(async {
+        let ch = rpc::connect(&url, rpc::ADMIN_TIMEOUT).await?;
+        Ok(AuthClient::new(ch)
+            .user_delete(AuthUserDeleteRequest {
+                name: UPGRADED_USER.into(),
+            })
+            .await?)
+    })
+    .await;
+    if let Err(e) = deleted {
+        report
+            .errors
+            .push(format!("UserDelete before the downgrade: {e:#}"));
+        return;
+    }
+    match downgrade(DowngradeAction::Enable, target).await {
+        Ok(Ok(r)) => report.steps.push(format!(
+            "Downgrade ENABLE {target} accepted (cluster version was {})",
+            r.into_inner().version
+        )),
+        other => {
+            report
+                .errors
+                .push(format!("Downgrade ENABLE {target} answered {other:?}"));
+            return;
+        }
+    }
+    // The cluster version falls to the target on every member.
+    let low = wait_every_member(cluster, Instant::now() + RISE_TIMEOUT, |g| {
+        matches!(g, Gate::TooLow(_))
+    })
+    .await;
+    if low.iter().any(|l| !l) {
+        report.errors.push(format!(
+            "cluster version did not fall to {target} within {RISE_TIMEOUT:?} (members low: {low:?})"
+        ));
+        return;
+    }
+    report
+        .steps
+        .push(format!("cluster version fell to {target} on every member"));
+    for i in 0..n {
+        tokio::time::sleep_until(t0 + step * ((n + 1 + i) as u32)).await;
+        if !roll(cluster, i, &plan.from, "old", report).await {
+            return;
+        }
+        let m = &cluster.members[i];
+        report.steps.push(format!(
+            "{} rolled back to {} at {:.1}s",
+            m.name,
+            plan.from.display(),
+            (Instant::now() - t0).as_secs_f64()
+        ));
+    }
+}
+
+/// Stops member `i` (SIGTERM), swaps it to `binary` and starts it again; `false` (with the
+/// problem in `report`) when it could not be started.
+async fn roll(
+    cluster: &Cluster,
+    i: usize,
+    binary: &std::path::Path,
+    which: &str,
+    report: &mut UpgradeReport,
+) -> bool {
+    let m = &cluster.members[i];
+    {
+        let mut p = m.process.lock().await;
+        p.stop().await;
+        p.set_binary(binary.to_path_buf());
+    }
+    if let Err(e) = cluster.start_member(i, &[]).await {
+        report
+            .errors
+            .push(format!("restart {} on the {which} binary: {e:#}", m.name));
+        return false;
+    }
+    if let Err(e) = wait_member_ready(&m.client_url).await {
+        report
+            .errors
+            .push(format!("{} on the {which} binary: {e:#}", m.name));
+    }
+    true
+}
+
+/// Probes AuthStatus on every member until each answered `want` once, or `deadline`; returns
+/// which members did.
+async fn wait_every_member(
+    cluster: &Cluster,
+    deadline: Instant,
+    want: impl Fn(&Gate) -> bool,
+) -> Vec<bool> {
+    let mut seen = vec![false; cluster.len()];
+    while Instant::now() < deadline && seen.iter().any(|s| !s) {
+        for (k, m) in cluster.members.iter().enumerate() {
+            if !seen[k] {
+                seen[k] = want(&probe_auth_status(&m.client_url).await);
+            }
+        }
+        if seen.iter().any(|s| !s) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    seen
 }
 
 async fn wait_member_ready(url: &str) -> anyhow::Result<()> {

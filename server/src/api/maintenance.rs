@@ -17,9 +17,9 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use keel_proto::etcdserverpb::maintenance_server::Maintenance;
 use keel_proto::etcdserverpb::{
-    AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, HashKvRequest,
-    HashKvResponse, HashRequest, HashResponse, MoveLeaderRequest, MoveLeaderResponse,
-    SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
+    AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, DowngradeRequest,
+    DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse, MoveLeaderRequest,
+    MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
 };
 use keel_proto::keelpb::{raft_request::Request as Rq, raft_response::Response as Rs};
 use tonic::{Request, Response, Status};
@@ -250,6 +250,16 @@ impl Maintenance for MaintenanceService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    /// etcd `Downgrade` (VALIDATE / ENABLE / CANCEL, `api::downgrade`).
+    async fn downgrade(
+        &self,
+        request: Request<DowngradeRequest>,
+    ) -> Result<Response<DowngradeResponse>, Status> {
+        authorize(&self.node, &request, Rpc::Downgrade).await?;
+        let resp = super::downgrade::downgrade(&self.node, request.get_ref()).await?;
+        Ok(Response::new(resp))
     }
 
     /// etcd `MoveLeader`: only the leader accepts it (`NotLeader` elsewhere, as in etcd;

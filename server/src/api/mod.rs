@@ -12,6 +12,7 @@ mod auth;
 mod cluster;
 mod concurrency;
 pub mod credentials;
+mod downgrade;
 mod election;
 pub mod http;
 mod kv;

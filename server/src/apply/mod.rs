@@ -48,7 +48,7 @@ use crate::mvcc::{MvccError, MvccStore, SharedStore};
 use crate::qos::{Admission, RuleError, RuleSet};
 use crate::raft::state_machine::AppliedState;
 use crate::raft::types::{Entry, LogId, MemberNode, NodeId, Response, StorageError};
-use crate::version::{ClusterVersion, ClusterVersionError, Version, gates};
+use crate::version::{ClusterVersion, ClusterVersionError, Downgrade, Version, gates};
 use crate::watch::WatchHub;
 
 mod auth;
@@ -119,6 +119,8 @@ pub struct Applier {
     auth: Arc<AuthState>,
     /// The applied cluster version: gates every request (`version::gates`).
     cluster_version: Arc<ClusterVersion>,
+    /// The applied downgrade job (its target, if enabled).
+    downgrade: Arc<Downgrade>,
 }
 
 impl Applier {
@@ -151,6 +153,7 @@ impl Applier {
         let auth = Arc::new(AuthState::new(AuthStore::load(&tree)?, TokenProvider::Nop));
         let alarms = Arc::new(Alarms::load(&tree)?);
         let cluster_version = Arc::new(ClusterVersion::load(&tree)?);
+        let downgrade = Arc::new(Downgrade::load(&tree)?);
         Ok(Applier {
             tree,
             shared: Arc::new(SharedStore::new(store.clone())),
@@ -164,7 +167,13 @@ impl Applier {
             qos,
             auth,
             cluster_version,
+            downgrade,
         })
+    }
+
+    /// The downgrade job this applier keeps in step with the log.
+    pub fn downgrade(&self) -> &Arc<Downgrade> {
+        &self.downgrade
     }
 
     /// The cluster version this applier keeps in step with the log.
@@ -428,6 +437,7 @@ impl Applier {
         let mut lease_outcome: Option<ApplyOutcome> = None;
         let mut qos_rules: Option<RuleSet> = None;
         let mut cluster_version: Option<Version> = None;
+        let mut downgrade: Option<Option<Version>> = None;
         // A request the applied cluster version does not allow is refused first: the value
         // is replicated, so an entry proposed while the version was changing is refused (or
         // applied) alike on every member. Then, an active alarm refuses writes before they touch anything (etcd's capped and
@@ -462,9 +472,13 @@ impl Applier {
                     .parse::<Version>()
                     .map_err(|e| EtcdError::InvalidArgument(e.to_string()))
                     .map(|v| {
-                        // Only ever raised (a stale leader's lower value changes nothing);
-                        // every member holds the same value here, so all skip alike.
-                        if self.cluster_version.decided().is_none_or(|c| v >= c) {
+                        // Only ever raised (a stale leader's lower value changes nothing),
+                        // except to the target of an enabled downgrade; every member holds
+                        // the same values here, so all skip alike.
+                        let lowering_to_target = self.downgrade.target() == Some(v);
+                        if lowering_to_target
+                            || self.cluster_version.decided().is_none_or(|c| v >= c)
+                        {
                             ClusterVersion::stage(w.batch_mut(), v);
                             cluster_version = Some(v);
                         }
@@ -484,6 +498,21 @@ impl Applier {
                         let version = next.version();
                         qos_rules = Some(next);
                         Some(Rs::QosRuleChange(keelpb::QosRuleChangeResponse { version }))
+                    })
+                }
+                Some(Rq::DowngradeInfoSet(d)) => {
+                    let target = if d.enabled {
+                        d.version
+                            .parse::<Version>()
+                            .map(Some)
+                            .map_err(|e| EtcdError::InvalidArgument(e.to_string()))
+                    } else {
+                        Ok(None)
+                    };
+                    target.map(|t| {
+                        Downgrade::stage(w.batch_mut(), t);
+                        downgrade = Some(t);
+                        None
                     })
                 }
                 Some(Rq::Batch(_)) => Err(EtcdError::Internal(
@@ -508,6 +537,10 @@ impl Applier {
                 lessor.publish(lease_outcome, &committed.events);
                 if let Some(rules) = qos_rules {
                     self.qos.publish(rules);
+                }
+                if let Some(t) = downgrade {
+                    tracing::info!(target = ?t.map(|v| v.to_string()), index, "downgrade job set");
+                    self.downgrade.publish(t);
                 }
                 if let Some(v) = cluster_version {
                     tracing::info!(cluster_version = %v, index, "cluster version set");
@@ -616,6 +649,9 @@ impl AppliedState for Applier {
             .replace(AuthStore::load(&self.tree).map_err(io::Error::other)?);
         self.alarms.reload(&self.tree).map_err(io::Error::other)?;
         self.cluster_version
+            .reload(&self.tree)
+            .map_err(io::Error::other)?;
+        self.downgrade
             .reload(&self.tree)
             .map_err(io::Error::other)?;
         // A snapshot may move the applied state anywhere (usually ahead): not an advance.

@@ -34,6 +34,7 @@
 //! | `q/rules` | qos (staged by apply) | the QoS rule set, `qos::RuleSet::encode` (canonical JSON `{"format":1,"version":V,"rules":[...]}`); absent = no rules, version 0 |
 //! | `x/alarm/` + member ID (u64 BE) + alarm type (i32 BE) | alarm | empty: that member raised that alarm (etcd's `alarm` bucket) |
 //! | `s/cluster_version` | version (staged by apply) | the cluster version, `major.minor` UTF-8; absent = not decided (0.1) |
+//! | `s/downgrade` | version (staged by apply) | the target of an enabled downgrade, `major.minor` UTF-8; absent = none |
 //!
 //! Keys of [`LOCAL_TREE`]:
 //!
@@ -97,6 +98,9 @@ pub const ALARM_PREFIX: &[u8] = b"x/alarm/";
 /// The cluster version (`version::ClusterVersion`), written by apply.
 pub const CLUSTER_VERSION: &[u8] = b"s/cluster_version";
 
+/// The target of an enabled downgrade (`version::Downgrade`), written by apply.
+pub const DOWNGRADE_TARGET: &[u8] = b"s/downgrade";
+
 /// In [`LOCAL_TREE`]: this member's ID.
 pub const MEMBER_ID: &[u8] = b"member_id";
 /// In [`LOCAL_TREE`]: the data dir's storage version (`version::check_and_migrate`).
@@ -125,7 +129,7 @@ pub enum Owner {
     Qos,
     /// A raised alarm.
     Alarm,
-    /// The cluster version.
+    /// The cluster version and the downgrade job.
     ClusterVersion,
 }
 
@@ -140,7 +144,7 @@ pub fn owner(key: &[u8]) -> Option<Owner> {
         k if k == RAFT_MEMBERSHIP => Some(Owner::RaftMembership),
         k if k.starts_with(MEMBER_ATTRIBUTES_PREFIX) => Some(Owner::MemberAttributes),
         k if k == CLUSTER_ID => Some(Owner::ClusterId),
-        k if k == CLUSTER_VERSION => Some(Owner::ClusterVersion),
+        k if k == CLUSTER_VERSION || k == DOWNGRADE_TARGET => Some(Owner::ClusterVersion),
         [AUTH_PREFIX, ..] => Some(Owner::Auth),
         k if k == QOS_RULES => Some(Owner::Qos),
         k if k.starts_with(ALARM_PREFIX) => Some(Owner::Alarm),
@@ -169,6 +173,7 @@ mod tests {
         assert_eq!(MEMBER_ID, b"member_id");
         assert_eq!(STORAGE_VERSION, b"storage_version");
         assert_eq!(CLUSTER_VERSION, b"s/cluster_version");
+        assert_eq!(DOWNGRADE_TARGET, b"s/downgrade");
         assert_eq!(
             [
                 RECORD_PREFIX,

@@ -33,6 +33,12 @@ pub const CLUSTER_VERSION_SET: Gate = Gate {
     what: "setting the cluster version",
     since: Version::MIN,
 };
+/// The downgrade job (Maintenance.Downgrade ENABLE/CANCEL): a no-op to 0.1.0, and it must
+/// stay allowed once the cluster version was lowered (CANCEL).
+pub const DOWNGRADE: Gate = Gate {
+    what: "the downgrade job",
+    since: Version::MIN,
+};
 /// Auth (fields 30–47, docs/auth.md): users, roles, permissions, enable/disable, tokens.
 pub const AUTH: Gate = Gate {
     what: "auth requests",
@@ -50,7 +56,14 @@ pub const ALARMS: Gate = Gate {
 };
 
 /// Every row, lowest version first (docs/upgrades.md prints this table).
-pub const TABLE: &[Gate] = &[BASE, CLUSTER_VERSION_SET, AUTH, QOS_RULES, ALARMS];
+pub const TABLE: &[Gate] = &[
+    BASE,
+    CLUSTER_VERSION_SET,
+    DOWNGRADE,
+    AUTH,
+    QOS_RULES,
+    ALARMS,
+];
 
 /// The row `req` belongs to.
 pub fn gate_of(req: &Rq) -> Gate {
@@ -66,6 +79,7 @@ pub fn gate_of(req: &Rq) -> Gate {
         | Rq::LeaseCheckpoint(_)
         | Rq::LeaseExpire(_) => BASE,
         Rq::ClusterVersionSet(_) => CLUSTER_VERSION_SET,
+        Rq::DowngradeInfoSet(_) => DOWNGRADE,
         Rq::AuthEnable(_)
         | Rq::AuthDisable(_)
         | Rq::AuthStatus(_)
@@ -171,6 +185,14 @@ mod tests {
             version: "0.2".into(),
         });
         assert_eq!(gate_of(&r), CLUSTER_VERSION_SET);
+        assert_eq!(check(V1, &r), Ok(()));
+    }
+
+    /// Row DOWNGRADE: enabling and cancelling run at 0.1 (CANCEL after the version fell).
+    #[test]
+    fn the_downgrade_job_runs_at_0_1() {
+        let r = Rq::DowngradeInfoSet(keelpb::DowngradeInfoSet::default());
+        assert_eq!(gate_of(&r), DOWNGRADE);
         assert_eq!(check(V1, &r), Ok(()));
     }
 

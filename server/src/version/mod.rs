@@ -13,6 +13,7 @@
 
 mod cluster;
 mod decide;
+mod downgrade;
 pub mod gates;
 mod storage;
 
@@ -23,6 +24,7 @@ use std::str::FromStr;
 pub(crate) use cluster::store_for_test;
 pub use cluster::{ClusterVersion, ClusterVersionError};
 pub use decide::decide;
+pub use downgrade::{Downgrade, validate as validate_downgrade};
 pub use gates::{Gate, GateRefusal};
 pub use storage::{StorageCheck, StorageVersionError, check_and_migrate};
 

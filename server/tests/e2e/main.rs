@@ -32,6 +32,7 @@ mod shutdown;
 mod snapshot;
 mod startup;
 mod tls;
+mod versions;
 mod watch;
 
 use std::path::PathBuf;
