@@ -33,6 +33,14 @@ pub enum ConfigError {
         /// `--heartbeat-interval` (ms).
         heartbeat: u64,
     },
+    /// `--election-timeout` above etcd's `maxElectionMs` ([`super::MAX_ELECTION_TIMEOUT_MS`]).
+    #[error("--election-timeout[{election}ms] is too long, and should be set less than {max}ms")]
+    ElectionTimeoutTooLong {
+        /// `--election-timeout` (ms).
+        election: u64,
+        /// The limit (ms).
+        max: u64,
+    },
     /// `--experimental-peer-dial-override` does not parse.
     #[error(transparent)]
     DialOverride(#[from] DialOverrideError),
