@@ -72,3 +72,40 @@ fn busy_port_fails_before_the_data_dir_is_created() {
     );
     assert!(!data.exists(), "no data dir after a failed start");
 }
+
+/// Runs keel with `args` on free loopback ports and returns (exit code, last stderr line).
+fn failed_start(extra: &[&str], initial: Option<&str>) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = free_ports(2);
+    let peer = loopback_url(ports[1]);
+    let own = initial_cluster([("default", &peer)]);
+    let spec = MemberSpec::new()
+        .data_dir(dir.path().join("d"))
+        .client_url(&loopback_url(ports[0]))
+        .peer_url(&peer)
+        .initial_cluster(initial.unwrap_or(&own));
+    let mut cmd = spec.command(&keel_bin());
+    cmd.args(extra);
+    let out = run_bounded(&mut cmd, "", Duration::from_secs(20));
+    let last = out.stderr.lines().last().unwrap_or("").to_string();
+    (out.code, last)
+}
+
+/// Start-up refusals a fresh etcd user meets, with etcd 3.4.23's texts (after Keel's
+/// `keel: ` prefix).
+#[test]
+fn bad_start_up_flags_get_etcds_texts() {
+    let _guard = shared();
+    let (code, last) = failed_start(&["--election-timeout", "60000"], None);
+    assert_ne!(code, Some(0));
+    assert_eq!(
+        last,
+        "keel: --election-timeout[60000ms] is too long, and should be set less than 50000ms"
+    );
+    let (code, last) = failed_start(&[], Some("other=http://127.0.0.1:9"));
+    assert_ne!(code, Some(0));
+    assert_eq!(
+        last,
+        "keel: couldn't find local name \"default\" in the initial cluster configuration"
+    );
+}
