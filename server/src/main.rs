@@ -22,7 +22,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("keel: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(e.exit_code());
         }
     };
     if let Err(e) = keel_server::logging::init(&config.log_level, &config.operator) {

@@ -109,7 +109,13 @@ fn own_peer_urls(flags: &Flags, initial: &[InitialMember]) -> anyhow::Result<Vec
     let me = initial
         .iter()
         .find(|m| m.name == flags.name)
-        .with_context(|| format!("--initial-cluster has no member named {:?}", flags.name))?;
+        .with_context(|| {
+            // etcd `ServerConfig.VerifyBootstrap` / `VerifyJoinExisting`, byte for byte.
+            format!(
+                "couldn't find local name {:?} in the initial cluster configuration",
+                flags.name
+            )
+        })?;
     let (mut listed, mut advertised) = (me.peer_urls.clone(), my_urls.clone());
     listed.sort();
     advertised.sort();
@@ -224,6 +230,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_name_missing_from_the_initial_cluster_gets_etcds_text() {
+        for state in ["new", "existing"] {
+            let err = identify(&flags("default", state), &backend(), &Peers::default())
+                .await
+                .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "couldn't find local name \"default\" in the initial cluster configuration"
+            );
+        }
+    }
+
+    #[tokio::test]
     async fn new_members_agree_on_ids_and_keep_them_across_restarts() {
         let peers = Peers::default();
         let mut seen = Vec::new();
@@ -269,6 +288,9 @@ mod tests {
         let mut c = flags("a", "new");
         c.name = "z".into();
         let err = identify(&c, &backend, &Peers::default()).await.unwrap_err();
-        assert!(err.to_string().contains("no member named"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "couldn't find local name \"z\" in the initial cluster configuration"
+        );
     }
 }

@@ -6,7 +6,7 @@
 //! while no leader is known or the asked member is no longer the leader, i.e. before anything
 //! was proposed. Changes are serialized on the leader and proposed through openraft's joint
 //! consensus (`change_membership`): adding a voter first adds it as a learner, then promotes
-//! it.
+//! it, answering once the promotion is durable on a quorum of the old voters (`add_voter`).
 //!
 //! Checks, in etcd's order (`server/etcdserver/server.go` `mayAddMember`, `mayRemoveMember`,
 //! `mayPromoteMember`, and the apply-time `ValidateConfigurationChange`):
@@ -151,7 +151,7 @@ pub async fn add_on_leader(cluster: &Cluster, req: MemberAddRequest) -> Result<M
     )
     .await?;
     if !req.is_learner {
-        after = change(cluster, ChangeMembers::AddVoterIds(BTreeSet::from([id]))).await?;
+        after = add_voter(cluster, id, &voters).await?;
     }
     Ok(MemberAddResponse {
         header: Some(header(cluster)),
@@ -383,12 +383,94 @@ async fn change(
     cluster: &Cluster,
     changes: ChangeMembers<NodeId, MemberNode>,
 ) -> Result<Membership<NodeId, MemberNode>> {
-    let deadline = Instant::now() + cluster.timing.request_timeout;
+    change_on(&cluster.raft, cluster.timing.request_timeout, changes)
+        .await
+        .map(|m| m.unwrap_or_else(|| cluster.membership()))
+}
+
+/// Makes the learner `id`, just added, a voter; `old_voters` are the voters before.
+///
+/// Answers once the joint configuration that adds `id` is durable on a quorum of
+/// `old_voters` (the leader's replication progress), or once the change completes. That is
+/// when etcd answers: its single-step ConfChange commits under the old configuration. The
+/// joint configuration itself commits only with a quorum of the new one too, which may
+/// need `id`: a new member that has not started yet (one member adding a second, or a
+/// cluster with a voter down). Waiting for that would time out (`etcdctl member add`:
+/// "context deadline exceeded") though the member is added. The change therefore runs on
+/// its own task, which finishes it (joint, then uniform configuration) once `id` answers,
+/// whatever happens to the request.
+///
+/// Errors: those of [`change`]; `Timeout` if neither happens within the request timeout.
+async fn add_voter(
+    cluster: &Cluster,
+    id: NodeId,
+    old_voters: &[NodeId],
+) -> Result<Membership<NodeId, MemberNode>> {
+    let timeout = cluster.timing.request_timeout;
+    let raft = cluster.raft.clone();
+    let mut task = tokio::spawn(async move {
+        let result = change_on(
+            &raft,
+            timeout,
+            ChangeMembers::AddVoterIds(BTreeSet::from([id])),
+        )
+        .await;
+        if let Err(e) = &result {
+            tracing::warn!(member_id = format!("{id:x}"), error = %e, "promoting the added member failed");
+        }
+        result
+    });
+    let mut metrics = cluster.raft.metrics();
+    let deadline = Instant::now() + timeout;
     loop {
-        match cluster.raft.change_membership(changes.clone(), false).await {
-            Ok(resp) => {
-                return Ok(resp.membership.unwrap_or_else(|| cluster.membership()));
+        if let Some(joint) = durable_on_old_quorum(&metrics.borrow(), id, old_voters) {
+            return Ok(joint);
+        }
+        tokio::select! {
+            done = &mut task => {
+                let done = done.map_err(|e| EtcdError::Internal(format!("keel: member add task: {e}")))?;
+                return done.map(|m| m.unwrap_or_else(|| cluster.membership()));
             }
+            changed = metrics.changed() => if changed.is_err() {
+                return Err(EtcdError::Stopped);
+            },
+            () = tokio::time::sleep_until(deadline) => return Err(EtcdError::Timeout),
+        }
+    }
+}
+
+/// The effective membership, if it has `id` as a voter and its log entry is durable on a
+/// quorum of `old_voters` (matched log ids in the leader's replication metrics; the
+/// leader's own counts once flushed).
+fn durable_on_old_quorum(
+    metrics: &openraft::RaftMetrics<NodeId, MemberNode>,
+    id: NodeId,
+    old_voters: &[NodeId],
+) -> Option<Membership<NodeId, MemberNode>> {
+    let stored = &metrics.membership_config;
+    if !stored.membership().voter_ids().any(|v| v == id) {
+        return None;
+    }
+    let entry = stored.log_id().as_ref()?;
+    let matched = metrics.replication.as_ref()?;
+    let durable = old_voters
+        .iter()
+        .filter(|v| matched.get(v).is_some_and(|m| m.as_ref() >= Some(entry)))
+        .count();
+    (durable > old_voters.len() / 2).then(|| stored.membership().clone())
+}
+
+/// `change_membership` with retries while another change is in progress, until `timeout`.
+/// Returns the resulting membership, if openraft reports one.
+async fn change_on(
+    raft: &crate::raft::types::Raft,
+    timeout: Duration,
+    changes: ChangeMembers<NodeId, MemberNode>,
+) -> Result<Option<Membership<NodeId, MemberNode>>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match raft.change_membership(changes.clone(), false).await {
+            Ok(resp) => return Ok(resp.membership),
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
                 ChangeMembershipError::InProgress(_),
             ))) if Instant::now() + RETRY_PAUSE < deadline => {

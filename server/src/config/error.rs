@@ -33,6 +33,14 @@ pub enum ConfigError {
         /// `--heartbeat-interval` (ms).
         heartbeat: u64,
     },
+    /// `--election-timeout` above etcd's `maxElectionMs` ([`super::MAX_ELECTION_TIMEOUT_MS`]).
+    #[error("--election-timeout[{election}ms] is too long, and should be set less than {max}ms")]
+    ElectionTimeoutTooLong {
+        /// `--election-timeout` (ms).
+        election: u64,
+        /// The limit (ms).
+        max: u64,
+    },
     /// `--experimental-peer-dial-override` does not parse.
     #[error(transparent)]
     DialOverride(#[from] DialOverrideError),
@@ -80,6 +88,15 @@ pub enum ConfigError {
         /// The URL.
         url: String,
     },
+    /// An `https://` URL whose side has only one of its certificate and key files (etcd
+    /// `transport.TLSInfo.baseConfig`).
+    #[error("KeyFile and CertFile must both be present[key: {key}, cert: {cert}]")]
+    TlsHalfPair {
+        /// The key file given (empty if none).
+        key: String,
+        /// The certificate file given (empty if none).
+        cert: String,
+    },
     /// An `https://` peer URL to listen on without `--peer-cert-file`/`--peer-key-file` or
     /// `--peer-auto-tls`.
     #[error("cannot listen on TLS for {host}: KeyFile and CertFile are not presented")]
@@ -101,4 +118,20 @@ pub enum ConfigError {
         /// Why it cannot be used.
         reason: String,
     },
+}
+
+impl ConfigError {
+    /// The exit status of a start refused with this error, as etcd's: 2 for a flag value that
+    /// does not parse (Go's `flag` package exits 2; Keel's own flags with a syntax of their
+    /// own do the same), 1 for everything etcd refuses after parsing ("error verifying
+    /// flags", TLS files, the config file).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ConfigError::DialOverride(_)
+            | ConfigError::QosRead { .. }
+            | ConfigError::QosRules { .. }
+            | ConfigError::QosThresholds(_) => 2,
+            _ => 1,
+        }
+    }
 }

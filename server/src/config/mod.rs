@@ -33,6 +33,8 @@ use crate::raft::dial_override;
 pub const DEFAULT_MAX_REQUEST_BYTES: u32 = 1_572_864;
 /// gRPC framing allowance on top of `--max-request-bytes` (etcd's `grpcOverheadBytes`).
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+/// Longest `--election-timeout` etcd accepts, in ms (etcd `embed.maxElectionMs`).
+pub const MAX_ELECTION_TIMEOUT_MS: u64 = 50_000;
 
 /// Command-line flags of `keel`, with etcd's names and defaults.
 #[derive(Parser, Debug, Clone, Deserialize)]
@@ -206,7 +208,8 @@ impl Config {
     /// - with only `--name` given (the initial cluster left at its default, or empty), the
     ///   initial cluster becomes `<name>=<each advertised peer URL>` (etcd's
     ///   `UpdateDefaultClusterFromName`);
-    /// - the election timeout must be at least 5 heartbeat intervals;
+    /// - the election timeout must be at least 5 heartbeat intervals, and at most
+    ///   [`MAX_ELECTION_TIMEOUT_MS`];
     /// - `--experimental-peer-dial-override` must parse;
     /// - `https://` URLs need their certificate (or auto TLS), TLS settings must parse
     ///   ([`Config::check_security`]).
@@ -233,6 +236,12 @@ impl Config {
             return Err(ConfigError::ElectionTimeout {
                 election: self.election_timeout,
                 heartbeat: self.heartbeat_interval,
+            });
+        }
+        if self.election_timeout > MAX_ELECTION_TIMEOUT_MS {
+            return Err(ConfigError::ElectionTimeoutTooLong {
+                election: self.election_timeout,
+                max: MAX_ELECTION_TIMEOUT_MS,
             });
         }
         Ok(())
@@ -387,6 +396,18 @@ mod tests {
             c.normalize().unwrap_err().to_string(),
             "--election-timeout[100ms] should be at least as 5 times as --heartbeat-interval[500ms]"
         );
+    }
+
+    #[test]
+    fn election_timeout_above_50_s_is_refused_as_etcd_does() {
+        let mut c = Config::parse_from(["keel", "--election-timeout", "60000"]);
+        assert_eq!(
+            c.normalize().unwrap_err().to_string(),
+            "--election-timeout[60000ms] is too long, and should be set less than 50000ms"
+        );
+        // etcd accepts the limit itself.
+        let mut c = Config::parse_from(["keel", "--election-timeout", "50000"]);
+        c.normalize().unwrap();
     }
 
     #[test]

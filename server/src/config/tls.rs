@@ -119,7 +119,7 @@ impl Config {
     /// `--auto-tls`, every `https://` peer URL to listen on has the peer pair or
     /// `--peer-auto-tls`.
     ///
-    /// Errors: etcd's texts ([`ConfigError::ClientTlsMissing`],
+    /// Errors: etcd's texts ([`ConfigError::TlsHalfPair`], [`ConfigError::ClientTlsMissing`],
     /// [`ConfigError::PeerTlsMissing`], the `tlsutil` ones).
     pub fn check_security(&self) -> Result<(), ConfigError> {
         let client = self.client_tls()?;
@@ -129,11 +129,17 @@ impl Config {
             .into_iter()
             .chain(split_urls(&self.advertise_client_urls));
         for url in client_urls {
+            if is_https(&url) {
+                half_pair(&client)?;
+            }
             if is_https(&url) && !client.has_cert() && !client.auto_tls {
                 return Err(ConfigError::ClientTlsMissing { url });
             }
         }
         for url in split_urls(&self.listen_peer_urls) {
+            if is_https(&url) {
+                half_pair(&peer)?;
+            }
             if is_https(&url) && !peer.has_cert() && !peer.auto_tls {
                 return Err(ConfigError::PeerTlsMissing {
                     host: host_port(&url).to_string(),
@@ -174,6 +180,29 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// etcd's refusal of a side with only one of `cert_file` and `key_file` (an empty path is
+/// none), checked before auto TLS: etcd ignores `--auto-tls` once either file is given.
+///
+/// Errors: [`ConfigError::TlsHalfPair`].
+fn half_pair(side: &TlsOptions) -> Result<(), ConfigError> {
+    let given = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(|p| p.display().to_string())
+    };
+    match (given(&side.cert_file), given(&side.key_file)) {
+        (Some(cert), None) => Err(ConfigError::TlsHalfPair {
+            key: String::new(),
+            cert,
+        }),
+        (None, Some(key)) => Err(ConfigError::TlsHalfPair {
+            key,
+            cert: String::new(),
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -9,6 +9,35 @@ use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyD
 
 use super::TlsError;
 
+/// Go's `tls.X509KeyPair` text for a certificate file that holds a private key and no
+/// certificate (the two files given the other way round).
+pub const SWITCHED_INPUTS: &str = "tls: failed to find certificate PEM data in certificate input, but did find a private key; PEM inputs may have been switched";
+/// Go's `tls.X509KeyPair` text for a key file that holds a certificate and no key.
+pub const CERT_AS_KEY: &str =
+    "tls: found a certificate rather than a key in the PEM for the private key";
+/// Go's `tls.X509KeyPair` text for a key that is not the certificate's.
+pub const KEY_MISMATCH: &str = "tls: private key does not match public key";
+
+/// The certificate chain at `cert` and the key at `key`, refused with Go's texts where
+/// etcd's `tls.X509KeyPair` would refuse them: [`SWITCHED_INPUTS`], [`CERT_AS_KEY`] (the
+/// key/certificate match is checked by the caller, [`KEY_MISMATCH`]).
+///
+/// Errors: those; otherwise as [`certs`] and [`key`].
+pub fn pair(
+    cert: &Path,
+    key_path: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
+    let chain = match certs(cert, "certificate") {
+        Err(_) if key(cert).is_ok() => return Err(TlsError::GoKeyPair(SWITCHED_INPUTS)),
+        other => other?,
+    };
+    let key_der = match key(key_path) {
+        Err(_) if certs(key_path, "key").is_ok() => return Err(TlsError::GoKeyPair(CERT_AS_KEY)),
+        other => other?,
+    };
+    Ok((chain, key_der))
+}
+
 /// Every certificate in the PEM file `path` (a chain, leaf first; or a CA bundle).
 ///
 /// Errors: the file cannot be read, a block does not parse, or it holds no certificate.

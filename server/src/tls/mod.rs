@@ -77,6 +77,11 @@ pub enum TlsError {
         /// The reader's or parser's error.
         detail: String,
     },
+    /// A certificate/key pair Go's `tls.X509KeyPair` refuses, with Go's text (what etcd
+    /// prints): switched files, a certificate in the key file, a key that does not match
+    /// ([`files::SWITCHED_INPUTS`], [`files::CERT_AS_KEY`], [`files::KEY_MISMATCH`]).
+    #[error("{0}")]
+    GoKeyPair(&'static str),
     /// The certificate does not suit the key, or rustls refuses it.
     #[error("invalid certificate/key {}: {detail}", path.display())]
     Pair {

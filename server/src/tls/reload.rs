@@ -28,8 +28,7 @@ pub fn load_pair(
     key: &Path,
     provider: &CryptoProvider,
 ) -> Result<Arc<CertifiedKey>, TlsError> {
-    let chain = files::certs(cert, "certificate")?;
-    let key_der = files::key(key)?;
+    let (chain, key_der) = files::pair(cert, key)?;
     if let Some(not_after) = files::not_after(&chain[0])
         && not_after < files::unix_now()
     {
@@ -38,9 +37,14 @@ pub fn load_pair(
             not_after,
         });
     }
-    let pair = CertifiedKey::from_der(chain, key_der, provider).map_err(|e| TlsError::Pair {
-        path: cert.to_path_buf(),
-        detail: e.to_string(),
+    let pair = CertifiedKey::from_der(chain, key_der, provider).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            TlsError::GoKeyPair(files::KEY_MISMATCH)
+        }
+        e => TlsError::Pair {
+            path: cert.to_path_buf(),
+            detail: e.to_string(),
+        },
     })?;
     Ok(Arc::new(pair))
 }

@@ -382,3 +382,75 @@ fn move_leader_moves_leadership_and_refuses_bad_targets() {
         .unwrap();
     });
 }
+
+/// `etcdctl member add` of a voter to a single member answers at once with etcd's text
+/// (etcd commits the change under the old configuration), though the new configuration
+/// cannot commit before the new member runs; the member then joins and the two serve
+/// writes. Before the fix Keel waited 5 s and answered "context deadline exceeded".
+#[test]
+fn member_add_of_a_voter_to_a_single_member_answers_at_once() {
+    let (_alone, mut cluster) = cluster(1, &[]);
+    let endpoint = cluster.members[0].endpoint();
+    let ports = Cluster::reserve_ports();
+    let peer = format!("http://127.0.0.1:{}", ports.1);
+    let start = Instant::now();
+    let out = etcdctl(
+        &endpoint,
+        &["member", "add", "n2", &format!("--peer-urls={peer}")],
+    );
+    let took = start.elapsed();
+    out.ok();
+    assert!(took < Duration::from_secs(3), "member add took {took:?}");
+    let lines = out.lines();
+    assert!(
+        lines[0].starts_with("Member ") && lines[0].contains(" added to cluster "),
+        "{lines:?}"
+    );
+    // etcdctl lists the members in the response's order (by ID here).
+    let mut initial: Vec<&str> = lines[3]
+        .strip_prefix("ETCD_INITIAL_CLUSTER=\"")
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("{lines:?}"))
+        .split(',')
+        .collect();
+    initial.sort();
+    let m1 = format!(
+        "{}={}",
+        cluster.members[0].name(),
+        cluster.members[0].peer_url()
+    );
+    let n2 = format!("n2={peer}");
+    let mut expected = vec![m1.as_str(), n2.as_str()];
+    expected.sort();
+    assert_eq!(initial, expected);
+    assert_eq!(
+        [&lines[1..3], &lines[4..]].concat(),
+        [
+            "",
+            "ETCD_NAME=\"n2\"",
+            &format!("ETCD_INITIAL_ADVERTISE_PEER_URLS=\"{peer}\""),
+            "ETCD_INITIAL_CLUSTER_STATE=\"existing\"",
+        ]
+    );
+    let listed = members(&endpoint);
+    assert_eq!(listed.len(), 2);
+    assert!(listed.values().all(|(_, learner)| !learner), "{listed:?}");
+    let n2 = cluster.join("n2", ports);
+    cluster.wait_ready(&[n2]);
+    let all = cluster.endpoints();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while members(&all).values().any(|(name, _)| name.is_empty()) {
+        assert!(Instant::now() < deadline, "n2 never published its name");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    etcdctl(&all, &["put", "after-add", "ok"]).ok();
+    assert_eq!(
+        etcdctl(
+            &cluster.members[n2].endpoint(),
+            &["get", "after-add", "--print-value-only"]
+        )
+        .ok()
+        .lines(),
+        ["ok"]
+    );
+}

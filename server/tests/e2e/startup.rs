@@ -10,6 +10,7 @@ use keel_testkit::ports::{free_port, free_ports};
 use keel_testkit::process::{KillOnDrop, run_bounded};
 use keel_testkit::schedule::shared;
 use keel_testkit::spec::{initial_cluster, loopback_url};
+use keel_testkit::tls::TestCa;
 
 use crate::keel_bin;
 
@@ -94,4 +95,98 @@ fn an_unsupported_etcd_flag_is_named_and_nothing_starts() {
     assert_eq!(out.code, Some(2), "{out:?}");
     assert!(out.stderr.contains("--no-such-flag"), "{}", out.stderr);
     assert!(!data.exists(), "no data dir after a refused start");
+}
+
+/// Runs keel with `extra` flags on free loopback ports (an `https://` client URL if
+/// `https`) and returns (exit code, last stderr line, whether the data dir exists).
+fn failed_start(extra: &[&str], initial: Option<&str>, https: bool) -> (Option<i32>, String, bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let ports = free_ports(2);
+    let peer = loopback_url(ports[1]);
+    let own = initial_cluster([("default", &peer)]);
+    let client = loopback_url(ports[0]);
+    let client = if https {
+        client.replace("http://", "https://")
+    } else {
+        client
+    };
+    let spec = MemberSpec::new()
+        .data_dir(&data)
+        .client_url(&client)
+        .peer_url(&peer)
+        .initial_cluster(initial.unwrap_or(&own));
+    let mut cmd = spec.command(&keel_bin());
+    cmd.args(extra);
+    let out = run_bounded(&mut cmd, "", Duration::from_secs(20));
+    let last = out.stderr.lines().last().unwrap_or("").to_string();
+    (out.code, last, data.exists())
+}
+
+/// Start-up refusals a fresh etcd user meets, with etcd 3.4.23's texts (after Keel's
+/// `keel: ` prefix) and exit status 1, as `/usr/bin/etcd` gives them.
+#[test]
+fn bad_start_up_flags_get_etcds_texts() {
+    let _guard = shared();
+    let (code, last, _) = failed_start(&["--election-timeout", "60000"], None, false);
+    assert_eq!(
+        (code, last.as_str()),
+        (
+            Some(1),
+            "keel: --election-timeout[60000ms] is too long, and should be set less than 50000ms"
+        )
+    );
+    let (code, last, _) = failed_start(&[], Some("other=http://127.0.0.1:9"), false);
+    assert_eq!(
+        (code, last.as_str()),
+        (
+            Some(1),
+            "keel: couldn't find local name \"default\" in the initial cluster configuration"
+        )
+    );
+}
+
+/// TLS files etcd refuses at start-up, with its texts (Go's `crypto/tls` ones for the
+/// pair) and exit status 1, before the data dir is created.
+#[test]
+fn bad_tls_files_get_etcds_texts() {
+    let _guard = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "ca");
+    let a = ca.issue("a", "a");
+    let b = ca.issue("b", "b");
+    let (cert, key) = (a.cert.to_str().unwrap(), a.key.to_str().unwrap());
+    let cases: [(&[&str], String); 5] = [
+        (
+            &["--cert-file", cert],
+            format!("KeyFile and CertFile must both be present[key: , cert: {cert}]"),
+        ),
+        (
+            &["--key-file", key],
+            format!("KeyFile and CertFile must both be present[key: {key}, cert: ]"),
+        ),
+        (
+            &["--cert-file", key, "--key-file", cert],
+            "tls: failed to find certificate PEM data in certificate input, but did find a \
+             private key; PEM inputs may have been switched"
+                .into(),
+        ),
+        (
+            &["--cert-file", cert, "--key-file", cert],
+            "tls: found a certificate rather than a key in the PEM for the private key".into(),
+        ),
+        (
+            &["--cert-file", cert, "--key-file", b.key.to_str().unwrap()],
+            "tls: private key does not match public key".into(),
+        ),
+    ];
+    for (flags, text) in cases {
+        let (code, last, data) = failed_start(flags, None, true);
+        assert_eq!(
+            (code, last),
+            (Some(1), format!("keel: {text}")),
+            "{flags:?}"
+        );
+        assert!(!data, "{flags:?}: a data dir after a refused start");
+    }
 }
