@@ -18,7 +18,8 @@ use prost::Message;
 use crate::alarm::{Alarms, quota};
 use crate::apply::Applier;
 use crate::auth::{AuthInfo, AuthState, TokenProvider};
-use crate::backend::Backend;
+use crate::backend::{Backend, LiveTree, generation};
+use crate::backup::defragment;
 use crate::cluster::bootstrap::{self, Identity};
 use crate::cluster::{Cluster, timing};
 use crate::config::{Config, split_urls};
@@ -80,7 +81,12 @@ pub struct Node {
     pub alarms: Arc<Alarms>,
     /// The locks an export of the applied state takes (`Maintenance.Snapshot`).
     pub export_locks: ExportLocks,
-    backend: Backend,
+    /// The member tree of the current database generation (switched by Defragment).
+    live: LiveTree,
+    /// `member/db`, the link to the current generation (backend/generation.rs).
+    db_link: PathBuf,
+    /// One Defragment at a time.
+    defrag: Arc<tokio::sync::Mutex<()>>,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
     /// Bytes of keys and values in the member tree (what the quota counts), refreshed in
@@ -110,16 +116,20 @@ impl Node {
             member_dir.join("snap"),
             member_dir.join("db"),
         );
-        for d in [&wal_dir, &snap_dir, &db_dir] {
+        for d in [&wal_dir, &snap_dir] {
             std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
         }
+        // sled opens the current generation's real directory, never the link (a
+        // defragment moves the link while this database stays open).
+        let db_real = tokio::task::block_in_place(|| generation::prepare(&db_dir))
+            .with_context(|| format!("cannot prepare the store in {}", db_dir.display()))?;
 
         let wal = Arc::new(
             tokio::task::block_in_place(|| Wal::open(&wal_dir, WalOptions::default()))
                 .with_context(|| format!("cannot open WAL in {}", wal_dir.display()))?,
         );
-        let backend = Backend::open(&db_dir)
-            .with_context(|| format!("cannot open store in {}", db_dir.display()))?;
+        let backend = Backend::open(&db_real)
+            .with_context(|| format!("cannot open store in {}", db_real.display()))?;
         let tree = backend.tree().clone();
 
         // Member and cluster IDs: derived from the flags (`new`), asked from the cluster
@@ -133,8 +143,9 @@ impl Node {
             initial_members,
         } = bootstrap::identify(&bootstrap::Flags::from_config(&config), &backend, &peers).await?;
 
+        let live = backend.into_live();
         let store = Arc::new(
-            tokio::task::block_in_place(|| MvccStore::open(tree.clone()))
+            tokio::task::block_in_place(|| MvccStore::open_live(live.clone()))
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,
         );
         // Message-only errors (`{e}`): the text names the cause once, as before.
@@ -229,10 +240,12 @@ impl Node {
             auth,
             alarms,
             export_locks,
-            db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
+            db_size: AtomicI64::new(live.size_on_disk().map_or(0, |b| b as i64)),
             // Measured by the first refresh, right after start (a scan of the whole tree).
             db_size_in_use: AtomicI64::new(0),
-            backend,
+            live,
+            db_link: db_dir,
+            defrag: Arc::new(tokio::sync::Mutex::new(())),
             next_request_id: AtomicU64::new(1),
             proposer: OnceLock::new(),
         });
@@ -546,24 +559,36 @@ impl Node {
         self.cluster.header(revision)
     }
 
-    /// Keel's `Maintenance.Defragment`: writes every dirty page of the store (sled) to disk,
-    /// measures the bytes in use again (so a quota freed by a compaction shows at once) and
-    /// returns the bytes flushed. sled 0.34 has no offline rewrite, so unlike etcd's
-    /// defragment this does not shrink the file (docs/compat.md).
+    /// Keel's `Maintenance.Defragment`: rewrites the store into a fresh database generation
+    /// while the member serves, and switches to it in a short write pause
+    /// (`backup::defragment`), so the file shrinks to the live data; then measures the
+    /// sizes again (so a quota freed by a compaction shows at once). One at a time.
     ///
-    /// Errors: `Internal` with sled's I/O error.
-    pub async fn defragment(&self) -> Result<usize, EtcdError> {
-        let backend = self.backend.clone();
-        let (flushed, in_use) = tokio::task::spawn_blocking(move || {
-            // Crash with the defragment accepted but the store not yet flushed.
-            crate::failpoint::crash_point!("defrag_mid");
-            Ok::<_, crate::backend::BackendError>((backend.flush()?, backend.bytes_in_use()?))
+    /// Errors: `Internal` with the I/O error; the member keeps its current database.
+    pub async fn defragment(&self) -> Result<defragment::Report, EtcdError> {
+        let one = self.defrag.clone().lock_owned().await;
+        let (live, link, locks, store) = (
+            self.live.clone(),
+            self.db_link.clone(),
+            self.export_locks.clone(),
+            self.store.clone(),
+        );
+        // A task of its own: a client that gives up (etcdctl's 5 s timeout) does not stop it.
+        let report = tokio::spawn(async move {
+            let _one = one;
+            defragment::defragment(&live, &link, &locks, &store).await
         })
         .await
         .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
-        .map_err(|e| EtcdError::Internal(format!("defragment: flush the store: {e}")))?;
+        .map_err(|e| EtcdError::Internal(format!("defragment: {e}")))?;
+        let live = self.live.clone();
+        let in_use = tokio::task::spawn_blocking(move || live.bytes_in_use())
+            .await
+            .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
+            .map_err(|e| EtcdError::Internal(format!("defragment: measure the store: {e}")))?;
         self.db_size_in_use.store(in_use as i64, Ordering::Relaxed);
-        Ok(flushed)
+        self.db_size.store(report.after as i64, Ordering::Relaxed);
+        Ok(report)
     }
 
     /// Bytes the store occupies on disk (sled's figure, at most ~1 s old).
@@ -631,7 +656,7 @@ impl Node {
             loop {
                 tick.tick().await;
                 let Some(node) = weak.upgrade() else { return };
-                let backend = node.backend.clone();
+                let backend = node.live.clone();
                 let scan = tokio::time::Instant::now() >= next_scan;
                 let measured = tokio::task::spawn_blocking(move || {
                     let started = std::time::Instant::now();
@@ -656,9 +681,10 @@ impl Node {
         });
     }
 
-    /// The replicated member tree (exports read it; only apply writes it).
-    pub fn tree(&self) -> &sled::Tree {
-        self.backend.tree()
+    /// The replicated member tree of the current database generation (exports read it;
+    /// only apply writes it).
+    pub fn tree(&self) -> sled::Tree {
+        self.live.tree()
     }
 
     /// Data directory of this member.
@@ -678,7 +704,8 @@ impl Node {
             "peer transport totals"
         );
         let _ = self.raft.shutdown().await;
-        let _ = self.backend.flush_async().await;
+        let live = self.live.clone();
+        let _ = tokio::task::spawn_blocking(move || live.flush()).await;
     }
 }
 

@@ -15,6 +15,7 @@ mod cluster_failover;
 mod cluster_five;
 mod cluster_membership;
 mod crash_recovery;
+mod defrag;
 mod etcdctl;
 mod keelutl;
 mod lease_etcdctl;
