@@ -21,6 +21,7 @@ use crate::auth::{AuthInfo, AuthState, TokenProvider};
 use crate::backend::{Backend, LiveTree, generation};
 use crate::backup::defragment;
 use crate::cluster::bootstrap::{self, Identity};
+use crate::cluster::corrupt;
 use crate::cluster::{Cluster, timing};
 use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
@@ -265,6 +266,7 @@ impl Node {
         }
         tokio::spawn(crate::cluster::watchdog::run(Arc::downgrade(&node.cluster)));
         node.clone().spawn_db_size_refresh();
+        node.spawn_corrupt_check();
         node.spawn_token_sweep();
         tokio::spawn(runner::run(
             node.lessor.clone(),
@@ -601,6 +603,89 @@ impl Node {
     /// most a few seconds old ([`IN_USE_SCAN_SHARE`]).
     pub fn db_size_in_use(&self) -> i64 {
         self.db_size_in_use.load(Ordering::Relaxed)
+    }
+
+    /// etcd's initial corruption check (`--experimental-initial-corrupt-check`): before
+    /// serving clients, this member's HashKV against every peer's at the same revision
+    /// (`cluster::corrupt`). Peers that cannot answer are skipped.
+    ///
+    /// Errors: a peer with the same compact revision and a different hash (etcd's "found
+    /// data inconsistency with peers"); the member must not start.
+    pub async fn initial_corrupt_check(&self) -> anyhow::Result<()> {
+        if !self.config.maintenance.experimental_initial_corrupt_check {
+            return Ok(());
+        }
+        let local = corrupt::local_hash(&self.cluster).await?;
+        let found =
+            corrupt::find_mismatches(&self.cluster, &local, corrupt::INITIAL_CHECK_TIMEOUT).await;
+        if let Some(m) = found.first() {
+            anyhow::bail!(
+                "found data inconsistency with peers: member {:x} has hash {} at revision {}, this member {:x} has {}",
+                m.member,
+                m.peer,
+                m.revision,
+                self.id,
+                m.local
+            );
+        }
+        tracing::info!(
+            revision = local.hash_revision,
+            hash = local.hash,
+            "initial corruption check passed"
+        );
+        Ok(())
+    }
+
+    /// etcd's periodic corruption check (`--experimental-corrupt-check-time`): every
+    /// interval the leader compares the followers' HashKV with its own and raises CORRUPT
+    /// through raft for each member that differs (every member then refuses writes).
+    fn spawn_corrupt_check(self: &Arc<Self>) {
+        let every = self.config.maintenance.experimental_corrupt_check_time.0;
+        if every.is_zero() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(node) = weak.upgrade() else { return };
+                if !node.cluster.is_leader() {
+                    continue;
+                }
+                let local = match corrupt::local_hash(&node.cluster).await {
+                    Ok(h) => h,
+                    Err(e) => {
+                        tracing::warn!("corruption check: local hash: {e}");
+                        continue;
+                    }
+                };
+                let found =
+                    corrupt::find_mismatches(&node.cluster, &local, node.request_timeout()).await;
+                for m in found {
+                    tracing::error!(
+                        member = %format!("{:x}", m.member),
+                        revision = m.revision,
+                        leader_hash = m.local,
+                        member_hash = m.peer,
+                        "found data inconsistency with peers: raising CORRUPT"
+                    );
+                    if node.alarms.has(m.member, AlarmType::Corrupt) {
+                        continue;
+                    }
+                    let raise = AlarmRequest {
+                        action: AlarmAction::Activate as i32,
+                        member_id: m.member,
+                        alarm: AlarmType::Corrupt as i32,
+                    };
+                    if let Err(e) = node.propose(raft_request::Request::Alarm(raise)).await {
+                        tracing::warn!("raising the CORRUPT alarm: {e}");
+                    }
+                }
+            }
+        });
     }
 
     /// Drops expired simple tokens about once a second (etcd's 1 s ticker); lookups also

@@ -15,6 +15,7 @@
 
 pub mod batch;
 pub mod bootstrap;
+pub mod corrupt;
 pub mod members;
 pub mod read_index;
 pub mod reconfig;

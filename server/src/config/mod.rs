@@ -12,6 +12,7 @@
 pub mod auth_token;
 mod duration;
 mod error;
+mod maintenance;
 mod qos;
 mod settings;
 mod tls;
@@ -23,6 +24,7 @@ use serde::Deserialize;
 
 pub use duration::{GoDuration, GoDurationError};
 pub use error::ConfigError;
+pub use maintenance::MaintenanceFlags;
 pub use tls::{SecurityFlags, is_https, listener_tls};
 
 use crate::raft::dial_override;
@@ -163,6 +165,10 @@ pub struct Config {
     #[command(flatten)]
     #[serde(flatten)]
     pub security: SecurityFlags,
+    /// Corruption checks (etcd's flags; issue 15 part 5).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub maintenance: MaintenanceFlags,
 }
 
 impl Default for Config {

@@ -14,6 +14,7 @@ mod cluster_basic;
 mod cluster_failover;
 mod cluster_five;
 mod cluster_membership;
+mod corrupt;
 mod crash_recovery;
 mod defrag;
 mod etcdctl;
