@@ -127,6 +127,8 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
             stopped(stop_rx.clone()),
         ));
     }
+    // Peers can reach this member now; compare data with them before serving clients.
+    node.initial_corrupt_check().await?;
     for (url, (addr, listener)) in client_urls.iter().zip(client_listeners) {
         let tls = client_tls.clone().filter(|_| is_https(url));
         tracing::info!(%addr, tls = tls.is_some(), "serving etcd v3 API");

@@ -18,8 +18,10 @@ use prost::Message;
 use crate::alarm::{Alarms, quota};
 use crate::apply::Applier;
 use crate::auth::{AuthInfo, AuthState, TokenProvider};
-use crate::backend::Backend;
+use crate::backend::{Backend, LiveTree, generation};
+use crate::backup::defragment;
 use crate::cluster::bootstrap::{self, Identity};
+use crate::cluster::corrupt;
 use crate::cluster::{Cluster, timing};
 use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
@@ -96,7 +98,12 @@ pub struct Node {
     pub downgrade: Arc<Downgrade>,
     /// The locks an export of the applied state takes (`Maintenance.Snapshot`).
     pub export_locks: ExportLocks,
-    backend: Backend,
+    /// The member tree of the current database generation (switched by Defragment).
+    live: LiveTree,
+    /// `member/db`, the link to the current generation (backend/generation.rs).
+    db_link: PathBuf,
+    /// One Defragment at a time.
+    defrag: Arc<tokio::sync::Mutex<()>>,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
     /// Bytes of keys and values in the member tree (what the quota counts), refreshed in
@@ -126,16 +133,20 @@ impl Node {
             member_dir.join("snap"),
             member_dir.join("db"),
         );
-        for d in [&wal_dir, &snap_dir, &db_dir] {
+        for d in [&wal_dir, &snap_dir] {
             std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
         }
+        // sled opens the current generation's real directory, never the link (a
+        // defragment moves the link while this database stays open).
+        let db_real = tokio::task::block_in_place(|| generation::prepare(&db_dir))
+            .with_context(|| format!("cannot prepare the store in {}", db_dir.display()))?;
 
         let wal = Arc::new(
             tokio::task::block_in_place(|| Wal::open(&wal_dir, WalOptions::default()))
                 .with_context(|| format!("cannot open WAL in {}", wal_dir.display()))?,
         );
-        let backend = Backend::open(&db_dir)
-            .with_context(|| format!("cannot open store in {}", db_dir.display()))?;
+        let backend = Backend::open(&db_real)
+            .with_context(|| format!("cannot open store in {}", db_real.display()))?;
         let tree = backend.tree().clone();
         // Before anything reads the store: refuse a newer data dir, migrate an older one.
         tokio::task::block_in_place(|| {
@@ -159,8 +170,9 @@ impl Node {
             initial_members,
         } = bootstrap::identify(&bootstrap::Flags::from_config(&config), &backend, &peers).await?;
 
+        let live = backend.into_live();
         let store = Arc::new(
-            tokio::task::block_in_place(|| MvccStore::open(tree.clone()))
+            tokio::task::block_in_place(|| MvccStore::open_live(live.clone()))
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,
         );
         // Message-only errors (`{e}`): the text names the cause once, as before.
@@ -259,10 +271,12 @@ impl Node {
             cluster_version,
             downgrade,
             export_locks,
-            db_size: AtomicI64::new(backend.size_on_disk().map_or(0, |b| b as i64)),
+            db_size: AtomicI64::new(live.size_on_disk().map_or(0, |b| b as i64)),
             // Measured by the first refresh, right after start (a scan of the whole tree).
             db_size_in_use: AtomicI64::new(0),
-            backend,
+            live,
+            db_link: db_dir,
+            defrag: Arc::new(tokio::sync::Mutex::new(())),
             next_request_id: AtomicU64::new(1),
             proposer: OnceLock::new(),
         });
@@ -286,6 +300,7 @@ impl Node {
             &node.cluster,
         )));
         node.clone().spawn_db_size_refresh();
+        node.spawn_corrupt_check();
         node.spawn_token_sweep();
         tokio::spawn(runner::run(
             node.lessor.clone(),
@@ -694,24 +709,36 @@ impl Node {
         self.cluster.header(revision)
     }
 
-    /// Keel's `Maintenance.Defragment`: writes every dirty page of the store (sled) to disk,
-    /// measures the bytes in use again (so a quota freed by a compaction shows at once) and
-    /// returns the bytes flushed. sled 0.34 has no offline rewrite, so unlike etcd's
-    /// defragment this does not shrink the file (docs/compat.md).
+    /// Keel's `Maintenance.Defragment`: rewrites the store into a fresh database generation
+    /// while the member serves, and switches to it in a short write pause
+    /// (`backup::defragment`), so the file shrinks to the live data; then measures the
+    /// sizes again (so a quota freed by a compaction shows at once). One at a time.
     ///
-    /// Errors: `Internal` with sled's I/O error.
-    pub async fn defragment(&self) -> Result<usize, EtcdError> {
-        let backend = self.backend.clone();
-        let (flushed, in_use) = tokio::task::spawn_blocking(move || {
-            // Crash with the defragment accepted but the store not yet flushed.
-            crate::failpoint::crash_point!("defrag_mid");
-            Ok::<_, crate::backend::BackendError>((backend.flush()?, backend.bytes_in_use()?))
+    /// Errors: `Internal` with the I/O error; the member keeps its current database.
+    pub async fn defragment(&self) -> Result<defragment::Report, EtcdError> {
+        let one = self.defrag.clone().lock_owned().await;
+        let (live, link, locks, store) = (
+            self.live.clone(),
+            self.db_link.clone(),
+            self.export_locks.clone(),
+            self.store.clone(),
+        );
+        // A task of its own: a client that gives up (etcdctl's 5 s timeout) does not stop it.
+        let report = tokio::spawn(async move {
+            let _one = one;
+            defragment::defragment(&live, &link, &locks, &store).await
         })
         .await
         .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
-        .map_err(|e| EtcdError::Internal(format!("defragment: flush the store: {e}")))?;
+        .map_err(|e| EtcdError::Internal(format!("defragment: {e}")))?;
+        let live = self.live.clone();
+        let in_use = tokio::task::spawn_blocking(move || live.bytes_in_use())
+            .await
+            .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
+            .map_err(|e| EtcdError::Internal(format!("defragment: measure the store: {e}")))?;
         self.db_size_in_use.store(in_use as i64, Ordering::Relaxed);
-        Ok(flushed)
+        self.db_size.store(report.after as i64, Ordering::Relaxed);
+        Ok(report)
     }
 
     /// Bytes the store occupies on disk (sled's figure, at most ~1 s old).
@@ -724,6 +751,89 @@ impl Node {
     /// most a few seconds old ([`IN_USE_SCAN_SHARE`]).
     pub fn db_size_in_use(&self) -> i64 {
         self.db_size_in_use.load(Ordering::Relaxed)
+    }
+
+    /// etcd's initial corruption check (`--experimental-initial-corrupt-check`): before
+    /// serving clients, this member's HashKV against every peer's at the same revision
+    /// (`cluster::corrupt`). Peers that cannot answer are skipped.
+    ///
+    /// Errors: a peer with the same compact revision and a different hash (etcd's "found
+    /// data inconsistency with peers"); the member must not start.
+    pub async fn initial_corrupt_check(&self) -> anyhow::Result<()> {
+        if !self.config.maintenance.experimental_initial_corrupt_check {
+            return Ok(());
+        }
+        let local = corrupt::local_hash(&self.cluster).await?;
+        let found =
+            corrupt::find_mismatches(&self.cluster, &local, corrupt::INITIAL_CHECK_TIMEOUT).await;
+        if let Some(m) = found.first() {
+            anyhow::bail!(
+                "found data inconsistency with peers: member {:x} has hash {} at revision {}, this member {:x} has {}",
+                m.member,
+                m.peer,
+                m.revision,
+                self.id,
+                m.local
+            );
+        }
+        tracing::info!(
+            revision = local.hash_revision,
+            hash = local.hash,
+            "initial corruption check passed"
+        );
+        Ok(())
+    }
+
+    /// etcd's periodic corruption check (`--experimental-corrupt-check-time`): every
+    /// interval the leader compares the followers' HashKV with its own and raises CORRUPT
+    /// through raft for each member that differs (every member then refuses writes).
+    fn spawn_corrupt_check(self: &Arc<Self>) {
+        let every = self.config.maintenance.experimental_corrupt_check_time.0;
+        if every.is_zero() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(node) = weak.upgrade() else { return };
+                if !node.cluster.is_leader() {
+                    continue;
+                }
+                let local = match corrupt::local_hash(&node.cluster).await {
+                    Ok(h) => h,
+                    Err(e) => {
+                        tracing::warn!("corruption check: local hash: {e}");
+                        continue;
+                    }
+                };
+                let found =
+                    corrupt::find_mismatches(&node.cluster, &local, node.request_timeout()).await;
+                for m in found {
+                    tracing::error!(
+                        member = %format!("{:x}", m.member),
+                        revision = m.revision,
+                        leader_hash = m.local,
+                        member_hash = m.peer,
+                        "found data inconsistency with peers: raising CORRUPT"
+                    );
+                    if node.alarms.has(m.member, AlarmType::Corrupt) {
+                        continue;
+                    }
+                    let raise = AlarmRequest {
+                        action: AlarmAction::Activate as i32,
+                        member_id: m.member,
+                        alarm: AlarmType::Corrupt as i32,
+                    };
+                    if let Err(e) = node.propose(raft_request::Request::Alarm(raise)).await {
+                        tracing::warn!("raising the CORRUPT alarm: {e}");
+                    }
+                }
+            }
+        });
     }
 
     /// Drops expired simple tokens about once a second (etcd's 1 s ticker); lookups also
@@ -779,7 +889,7 @@ impl Node {
             loop {
                 tick.tick().await;
                 let Some(node) = weak.upgrade() else { return };
-                let backend = node.backend.clone();
+                let backend = node.live.clone();
                 let scan = tokio::time::Instant::now() >= next_scan;
                 let measured = tokio::task::spawn_blocking(move || {
                     let started = std::time::Instant::now();
@@ -804,9 +914,10 @@ impl Node {
         });
     }
 
-    /// The replicated member tree (exports read it; only apply writes it).
-    pub fn tree(&self) -> &sled::Tree {
-        self.backend.tree()
+    /// The replicated member tree of the current database generation (exports read it;
+    /// only apply writes it).
+    pub fn tree(&self) -> sled::Tree {
+        self.live.tree()
     }
 
     /// Data directory of this member.
@@ -826,7 +937,8 @@ impl Node {
             "peer transport totals"
         );
         let _ = self.raft.shutdown().await;
-        let _ = self.backend.flush_async().await;
+        let live = self.live.clone();
+        let _ = tokio::task::spawn_blocking(move || live.flush()).await;
     }
 }
 

@@ -324,6 +324,53 @@ fn crash_mid_defragment_loses_nothing() {
 }
 
 #[test]
+fn crash_after_the_defragment_switch_opens_the_new_generation_with_every_write() {
+    let mut keel = start_with_failpoints("defrag_switch=return");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rev = rt.block_on(async {
+        let mut kv = grpc::kv(&keel.endpoint()).await;
+        let rev = write_rounds(&mut kv, 3, 10).await;
+        let mut m = grpc::maintenance(&keel.endpoint()).await;
+        m.defragment(DefragmentRequest {})
+            .await
+            .expect_err("the member aborts inside Defragment");
+        rev
+    });
+    assert_crashed_at(&mut keel, "defrag_switch");
+    let member = keel.data_dir().join("member");
+    assert_eq!(
+        std::fs::read_link(member.join("db")).unwrap().to_str(),
+        Some("db.gen-1"),
+        "the link names the new generation"
+    );
+    keel.set_failpoints(None);
+    keel.restart();
+    assert!(
+        !member.join("db.gen-0").exists(),
+        "the start removes the old generation"
+    );
+    rt.block_on(async {
+        let mut kv = grpc::kv(&keel.endpoint()).await;
+        let all = grpc::range(&mut kv, b"c", &grpc::prefix_end(b"c")).await;
+        assert_eq!(all.kvs.len(), 10);
+        assert!(
+            all.kvs
+                .iter()
+                .all(|k| k.mod_revision == rev && k.value == b"2")
+        );
+        // Writes go on in the new generation and survive the next restart.
+        grpc::put(&mut kv, "after", "x").await;
+    });
+    keel.kill9();
+    keel.restart();
+    rt.block_on(async {
+        let mut kv = grpc::kv(&keel.endpoint()).await;
+        let after = grpc::range(&mut kv, b"after", b"").await;
+        assert_eq!(after.kvs.len(), 1);
+    });
+}
+
+#[test]
 fn crash_mid_snapshot_install_finishes_the_install_on_restart() {
     const KEYS: usize = 300;
     // Snapshot every 100 entries and keep only 10 after it, so a member that misses 300

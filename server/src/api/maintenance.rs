@@ -153,7 +153,7 @@ impl Maintenance for MaintenanceService {
         let internal = |e: &dyn std::fmt::Display| -> Status {
             EtcdError::Internal(format!("hash: {e}")).into()
         };
-        let capture = Capture::take(&self.node.export_locks, self.node.tree(), &self.node.store)
+        let capture = Capture::take(&self.node.export_locks, &self.node.tree(), &self.node.store)
             .await
             .map_err(|e| internal(&e))?;
         let header = self.node.header(capture.revision);
@@ -185,15 +185,25 @@ impl Maintenance for MaintenanceService {
         }))
     }
 
-    /// etcd `Defragment`: flushes this member's store to disk ([`Node::defragment`]); it does
-    /// not shrink the file as etcd's bolt rewrite does (docs/compat.md).
+    /// etcd `Defragment`: rewrites this member's store into a fresh file while it serves
+    /// ([`Node::defragment`]); unlike etcd's bolt rewrite, reads never wait and writes wait
+    /// only for the switch (docs/backend.md).
     async fn defragment(
         &self,
         request: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
         authorize(&self.node, &request, Rpc::Defragment).await?;
-        let bytes = self.node.defragment().await?;
-        tracing::info!(flushed_bytes = bytes, "defragment: store flushed");
+        let r = self.node.defragment().await?;
+        tracing::info!(
+            before_bytes = r.before,
+            after_bytes = r.after,
+            copied_keys = r.copied,
+            followed_changes = r.followed,
+            subscribe_pause_us = r.subscribe_pause.as_micros() as u64,
+            switch_pause_us = r.switch_pause.as_micros() as u64,
+            took_ms = r.took.as_millis() as u64,
+            "defragment: store rewritten"
+        );
         // etcd 3.4 answers an empty DefragmentResponse (no header).
         Ok(Response::new(DefragmentResponse { header: None }))
     }
@@ -219,7 +229,7 @@ impl Maintenance for MaintenanceService {
         std::fs::create_dir_all(&dir).map_err(|e| internal("create the temp dir", &e))?;
         let n = self.next_snapshot.fetch_add(1, Ordering::Relaxed);
         let file = TempFile(dir.join(format!("snapshot-{n}.db")));
-        let capture = Capture::take(&self.node.export_locks, self.node.tree(), &self.node.store)
+        let capture = Capture::take(&self.node.export_locks, &self.node.tree(), &self.node.store)
             .await
             .map_err(|e| internal("capture", &e))?;
         let header = self.node.header(capture.revision);

@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use keel_proto::etcdserverpb::{
-    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
-    MemberAddRequest, MemberAddResponse, MemberPromoteRequest, MemberPromoteResponse,
-    MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
+    HashKvRequest, HashKvResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse, MemberAddRequest, MemberAddResponse,
+    MemberPromoteRequest, MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse,
+    MemberUpdateRequest, MemberUpdateResponse,
 };
 use keel_proto::keelpb::peer_server::Peer;
 use keel_proto::keelpb::{
@@ -171,5 +172,20 @@ impl Peer for PeerService {
         Ok(Response::new(
             reconfig::promote_on_leader(&self.node.cluster, r.into_inner()).await?,
         ))
+    }
+
+    /// This member's HashKV at the requested revision (the corruption checks).
+    async fn hash_kv(&self, r: Request<HashKvRequest>) -> Result<Response<HashKvResponse>, Status> {
+        let store = self.node.store.get();
+        let revision = r.into_inner().revision;
+        let h = tokio::task::spawn_blocking(move || store.hash_kv(revision))
+            .await
+            .map_err(|e| Status::internal(format!("hash task: {e}")))??;
+        Ok(Response::new(HashKvResponse {
+            header: Some(self.node.header(h.current_revision)),
+            hash: h.hash,
+            compact_revision: h.compact_revision,
+            hash_revision: h.hash_revision,
+        }))
     }
 }

@@ -38,7 +38,7 @@ use openraft::{EntryPayload, StorageIOError, StoredMembership};
 use crate::alarm::{AlarmError, Alarms};
 use crate::auth::storage::StorageError as AuthStorageError;
 use crate::auth::{AuthRequest, AuthState, AuthStore, TokenProvider};
-use crate::backend::{Batch, schema};
+use crate::backend::{Batch, LiveTree, schema};
 use crate::cindex::{self, CindexError, ConsistentIndex};
 use crate::error::EtcdError;
 use crate::lease::record::RecordError;
@@ -100,7 +100,9 @@ pub enum ApplyError {
 /// Applies committed entries to the store. Owned by the raft state machine: exactly one
 /// applier runs per member, in log order.
 pub struct Applier {
-    tree: sled::Tree,
+    /// The member tree of the current database generation (the store's: an online
+    /// defragment switches both at once).
+    tree: LiveTree,
     store: Arc<MvccStore>,
     /// What readers use; swapped to the new store when a snapshot is installed.
     shared: Arc<SharedStore>,
@@ -155,7 +157,7 @@ impl Applier {
         let cluster_version = Arc::new(ClusterVersion::load(&tree)?);
         let downgrade = Arc::new(Downgrade::load(&tree)?);
         Ok(Applier {
-            tree,
+            tree: store.live_tree().clone(),
             shared: Arc::new(SharedStore::new(store.clone())),
             store,
             attributes,
@@ -249,9 +251,9 @@ impl Applier {
         self.watch.as_ref()
     }
 
-    /// The sled tree holding all member state.
-    pub fn tree(&self) -> &sled::Tree {
-        &self.tree
+    /// The sled tree holding all member state (of the current database generation).
+    pub fn tree(&self) -> sled::Tree {
+        self.tree.tree()
     }
 
     /// Replaces the consistent index with `next`, which must move forward.
@@ -617,8 +619,8 @@ impl AppliedState for Applier {
         Applier::flush(self)
     }
 
-    fn tree(&self) -> &sled::Tree {
-        &self.tree
+    fn tree(&self) -> sled::Tree {
+        self.tree.tree()
     }
 
     fn revision(&self) -> i64 {
@@ -636,28 +638,29 @@ impl AppliedState for Applier {
     /// snapshot's members, reloads the lessor and the applied state, and points readers and
     /// watchers at the new store.
     fn finish_install(&mut self, members: &StoredMembership<NodeId, MemberNode>) -> io::Result<()> {
-        let store = Arc::new(MvccStore::open(self.tree.clone()).map_err(io::Error::other)?);
-        let attributes = Attributes::load(&self.tree).map_err(io::Error::other)?;
+        let store = Arc::new(MvccStore::open_live(self.tree.clone()).map_err(io::Error::other)?);
+        let tree = self.tree.tree();
+        let attributes = Attributes::load(&tree).map_err(io::Error::other)?;
         for id in members.membership().nodes().map(|(id, _)| *id) {
             if let Some(a) = attributes.get(id) {
                 self.attributes.publish(a);
             }
         }
-        let (ci, membership) = load(&self.tree, &store, &self.lessor).map_err(io::Error::other)?;
+        let (ci, membership) = load(&tree, &store, &self.lessor).map_err(io::Error::other)?;
         // The permission cache is rebuilt from the snapshot's users and roles (etcd #14571).
         self.auth
-            .replace(AuthStore::load(&self.tree).map_err(io::Error::other)?);
-        self.alarms.reload(&self.tree).map_err(io::Error::other)?;
+            .replace(AuthStore::load(&tree).map_err(io::Error::other)?);
+        self.alarms.reload(&tree).map_err(io::Error::other)?;
         self.cluster_version
-            .reload(&self.tree)
+            .reload(&tree)
             .map_err(io::Error::other)?;
         self.downgrade
-            .reload(&self.tree)
+            .reload(&tree)
             .map_err(io::Error::other)?;
         // A snapshot may move the applied state anywhere (usually ahead): not an advance.
         self.ci = ci;
         self.membership = membership;
-        self.qos.reload(&self.tree).map_err(io::Error::other)?;
+        self.qos.reload(&tree).map_err(io::Error::other)?;
         if let (Some(a), Some(applied)) = (self.qos.admission(), ci.applied) {
             a.load().set_applied(applied.index);
         }

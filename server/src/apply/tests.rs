@@ -134,7 +134,7 @@ fn failed_request_advances_consistent_index_only() {
     assert_eq!(a.last_applied(), Some(log_id(2)));
     assert_eq!(fingerprint(&a), before);
     // And the consistent index survives a reopen.
-    let reopened = open(a.tree());
+    let reopened = open(&a.tree());
     assert_eq!(reopened.last_applied(), Some(log_id(2)));
 }
 

@@ -13,11 +13,15 @@
 //! there. Docs: `docs/backend.md`.
 
 mod batch;
+pub mod defrag;
+pub mod generation;
+mod live;
 pub mod schema;
 
 use std::path::Path;
 
 pub use batch::Batch;
+pub use live::{Generation, LiveTree};
 
 /// sled's page cache size per member.
 const CACHE_BYTES: u64 = 256 * 1024 * 1024;
@@ -59,6 +63,11 @@ impl Backend {
     fn from_db(db: sled::Db) -> Result<Backend, BackendError> {
         let tree = db.open_tree(schema::MEMBER_TREE)?;
         Ok(Backend { db, tree })
+    }
+
+    /// This database as the first generation of a member's [`LiveTree`].
+    pub fn into_live(self) -> LiveTree {
+        LiveTree::new(Generation::new(self.db, self.tree))
     }
 
     /// The replicated member tree ([`schema::MEMBER_TREE`]).

@@ -12,13 +12,15 @@
 //!
 //! - [`restore::restore`] is the way back in (`keelutl snapshot restore`): an etcd
 //!   database into the member tree of a new data dir; [`restore::defrag`] rewrites a
-//!   stopped member's store into a fresh sled database (`keelutl defrag`).
+//!   stopped member's store into a fresh sled database (`keelutl defrag`);
+//!   [`defragment::defragment`] does it on a running member (`Maintenance.Defragment`).
 //!
 //! Invariants: an export holds exactly the records `<= R` of the live tree and the tables of
 //! the same applied state (records never change once written; only compaction and install
 //! remove them, and both wait for the export lock); the file is complete and synced before
 //! anything streams it (bbolt rewrites pages at commit).
 
+pub mod defragment;
 pub mod export;
 pub mod restore;
 

@@ -227,9 +227,17 @@ pub fn defrag(db_dir: &Path, progress: &dyn Fn(u64)) -> Result<(u64, u64), Backu
     if old_dir.exists() {
         std::fs::remove_dir_all(&old_dir)?;
     }
+    // A member's `db` is a link to its generation (backend/generation.rs): the copy
+    // replaces the link, the generation it named goes too (the next start links the copy).
+    let generation = std::fs::read_link(db_dir)
+        .ok()
+        .map(|t| db_dir.parent().unwrap_or(Path::new(".")).join(t));
     std::fs::rename(db_dir, &old_dir)?;
     std::fs::rename(&copy_dir, db_dir)?;
     std::fs::remove_dir_all(&old_dir)?;
+    if let Some(g) = generation {
+        std::fs::remove_dir_all(g)?;
+    }
     let after = sled::open(db_dir)?.size_on_disk()?;
     Ok((before, after))
 }

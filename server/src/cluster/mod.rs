@@ -16,6 +16,7 @@
 
 pub mod batch;
 pub mod bootstrap;
+pub mod corrupt;
 pub mod leadership;
 pub mod members;
 pub mod read_index;

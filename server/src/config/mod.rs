@@ -12,6 +12,7 @@
 pub mod auth_token;
 mod duration;
 mod error;
+mod maintenance;
 pub mod operator;
 mod qos;
 mod settings;
@@ -24,6 +25,7 @@ use serde::Deserialize;
 
 pub use duration::{GoDuration, GoDurationError};
 pub use error::ConfigError;
+pub use maintenance::MaintenanceFlags;
 pub use operator::OperatorFlags;
 pub use tls::{SecurityFlags, is_https, listener_tls};
 
@@ -171,6 +173,10 @@ pub struct Config {
     #[command(flatten)]
     #[serde(flatten)]
     pub operator: OperatorFlags,
+    /// Corruption checks (etcd's flags; issue 15 part 5).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub maintenance: MaintenanceFlags,
 }
 
 impl Default for Config {

@@ -26,6 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use super::revision::{Revision, record_key};
+use crate::backend::LiveTree;
 
 /// Records removed in the compaction's own apply batch (when nothing is pending).
 pub const INLINE_REMOVALS: usize = 1000;
@@ -58,7 +59,7 @@ struct State {
 
 #[derive(Debug)]
 struct Shared {
-    tree: sled::Tree,
+    tree: LiveTree,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -79,7 +80,7 @@ pub(super) struct Compactor {
 impl Compactor {
     /// Starts the worker thread on `tree`; `physical` is the revision up to which records
     /// are known to be gone.
-    pub fn start(tree: sled::Tree, physical: i64) -> std::io::Result<Compactor> {
+    pub fn start(tree: LiveTree, physical: i64) -> std::io::Result<Compactor> {
         let shared = Arc::new(Shared {
             tree,
             state: Mutex::new(State {
@@ -173,7 +174,7 @@ fn run(shared: &Shared) {
             }
             let applied = {
                 let _gate = REBUILD_GATE.read().unwrap_or_else(|e| e.into_inner());
-                shared.tree.apply_batch(batch)
+                shared.tree.get().tree().apply_batch(batch)
             };
             if let Err(e) = applied {
                 // The records stay; the next open finds and removes them.
@@ -213,7 +214,7 @@ mod tests {
             tree.insert(record_key(Revision::new(i + 2, 0), false), b"v".as_slice())
                 .unwrap();
         }
-        let c = Compactor::start(tree.clone(), -1).unwrap();
+        let c = Compactor::start(LiveTree::fixed(tree.clone()), -1).unwrap();
         assert!(c.idle());
         c.submit(Job {
             revision: 7,

@@ -51,7 +51,8 @@ impl MvccStore {
         let range = record_key_lower_bound(from)..record_key_lower_bound(to.saturating_add(1));
         let internal =
             |e: &dyn std::fmt::Display| EtcdError::Internal(format!("mvcc: events: {e}"));
-        for item in self.tree.range(range) {
+        let generation = self.tree.get();
+        for item in generation.tree().range(range) {
             let (rkey, value) = item.map_err(|e| internal(&e))?;
             let (rev, tombstone) =
                 parse_record_key(&rkey).ok_or_else(|| internal(&"malformed record key"))?;

@@ -238,7 +238,8 @@ impl MvccStore {
         let internal =
             |e: &dyn std::fmt::Display| EtcdError::Internal(format!("mvcc: watch history: {e}"));
         let mut complete = true;
-        for item in self.tree.range(bounds) {
+        let generation = self.tree.get();
+        for item in generation.tree().range(bounds) {
             let (rkey, value) = item.map_err(|e| internal(&e))?;
             let meta = codec::decode_meta(&rkey, &value).map_err(|e| internal(&e))?;
             if !range.contains(meta.key) {

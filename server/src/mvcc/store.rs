@@ -17,6 +17,7 @@ use super::range::{ReadView, ValueSource};
 use super::rebuild;
 use super::staged::Staged;
 use super::write_txn::WriteTxn;
+use crate::backend::LiveTree;
 use crate::backend::schema::{MVCC_COMPACT, MVCC_FORMAT};
 use crate::error::EtcdError;
 
@@ -63,7 +64,8 @@ pub struct IndexStats {
 ///   reader that misses a record can tell a compaction from corruption.
 #[derive(Debug)]
 pub struct MvccStore {
-    pub(super) tree: sled::Tree,
+    /// The member tree of the current database generation (an online defragment switches it).
+    pub(super) tree: LiveTree,
     view: RwLock<Arc<View>>,
     /// The apply group: committed txns not yet in sled (see staged.rs).
     staged: Mutex<Staged>,
@@ -86,6 +88,15 @@ impl MvccStore {
     /// Errors: sled I/O, an unknown format version, a corrupt record, or no thread for the
     /// compactor.
     pub fn open(tree: sled::Tree) -> Result<MvccStore, MvccError> {
+        MvccStore::open_live(LiveTree::fixed(tree))
+    }
+
+    /// [`MvccStore::open`] on the current generation of `live`, following it when an online
+    /// defragment switches generations (the member's store).
+    ///
+    /// Errors: as [`MvccStore::open`].
+    pub fn open_live(live: LiveTree) -> Result<MvccStore, MvccError> {
+        let tree = live.tree();
         match tree.get(MVCC_FORMAT)? {
             Some(v) => {
                 let found = codec::decode_i64(MVCC_FORMAT, &v)? as u64;
@@ -119,7 +130,7 @@ impl MvccStore {
             .collect();
         records.sort_unstable();
         let physical = if records.is_empty() { compact_rev } else { -1 };
-        let compactor = Compactor::start(tree.clone(), physical).map_err(MvccError::Thread)?;
+        let compactor = Compactor::start(live.clone(), physical).map_err(MvccError::Thread)?;
         tracing::info!(
             records = rebuilt.records,
             scan_ms = rebuilt.times[0].as_millis() as u64,
@@ -138,7 +149,7 @@ impl MvccStore {
             });
         }
         Ok(MvccStore {
-            tree,
+            tree: live,
             view: RwLock::new(Arc::new(View {
                 index: rebuilt.index,
                 rev,
@@ -150,6 +161,20 @@ impl MvccStore {
             compactor,
             inline_removals: AtomicUsize::new(INLINE_REMOVALS),
         })
+    }
+
+    /// The member tree this store reads and writes, across database generations.
+    pub fn live_tree(&self) -> &LiveTree {
+        &self.tree
+    }
+
+    /// Holds the background compactor between two removal batches until the guard drops
+    /// (with apply paused, nothing then writes the tree: an online defragment's switch).
+    /// Blocking: call off the async runtime.
+    pub fn pause_removals(&self) -> std::sync::RwLockWriteGuard<'static, ()> {
+        super::compactor::REBUILD_GATE
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The current view (a cheap `Arc` clone).
@@ -229,7 +254,8 @@ impl MvccStore {
     /// during the computation), `Internal` on storage failure.
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv, EtcdError> {
         let view = self.view();
-        hash::hash_kv(&view, &self.tree, &self.compact_floor, revision)
+        let generation = self.tree.get();
+        hash::hash_kv(&view, generation.tree(), &self.compact_floor, revision)
     }
 
     /// Begins the write view for one committed raft entry. Only the apply loop calls this,
@@ -289,7 +315,7 @@ impl MvccStore {
             self.compact_floor.fetch_max(floor, Ordering::AcqRel);
         }
         let started = std::time::Instant::now();
-        std::mem::take(&mut group.batch).commit(&self.tree)?;
+        std::mem::take(&mut group.batch).commit(self.tree.get().tree())?;
         crate::metrics::disk().observe_backend_commit(started.elapsed());
         if let Some(view) = group.view.take() {
             self.publish(view);
@@ -347,7 +373,8 @@ impl MvccStore {
         rev: &RevInfo,
         read_rev: i64,
     ) -> Result<KeyValue, EtcdError> {
-        match codec::read_record(&self.tree, rev.revision(), rev.tombstone)? {
+        let generation = self.tree.get();
+        match codec::read_record(generation.tree(), rev.revision(), rev.tombstone)? {
             Some(kv) if kv.key == key => Ok(kv),
             Some(kv) => Err(EtcdError::Internal(format!(
                 "mvcc: record {} holds key {:?}, the index says {:?}",

@@ -50,8 +50,9 @@ pub trait AppliedState: Send + Sync + 'static {
     /// Errors: storage failures (fatal for the member).
     fn flush(&mut self) -> Result<(), StorageError>;
 
-    /// The sled tree holding the replicated state (what a snapshot carries).
-    fn tree(&self) -> &sled::Tree;
+    /// The sled tree holding the replicated state (what a snapshot carries), of the current
+    /// database generation.
+    fn tree(&self) -> sled::Tree;
 
     /// The store revision of the applied state (bounds a snapshot export).
     fn revision(&self) -> i64;
@@ -131,7 +132,7 @@ impl StateMachine {
         let revision = self.applier.revision();
         ExportJob::capture(
             &self.export_lock,
-            self.applier.tree(),
+            &self.applier.tree(),
             meta,
             revision,
             &self.snap_dir,
