@@ -95,24 +95,4 @@ impl Backend {
     pub async fn flush_async(&self) -> Result<usize, BackendError> {
         Ok(self.db.flush_async().await?)
     }
-
-    /// Bytes of the keys and values in the member tree: the live data (walks the whole
-    /// tree: call off the async runtime, and not often).
-    ///
-    /// Errors: sled I/O.
-    pub fn bytes_in_use(&self) -> Result<u64, BackendError> {
-        let mut total = 0u64;
-        for kv in self.tree.iter() {
-            let (k, v) = kv?;
-            total += (k.len() + v.len()) as u64;
-        }
-        Ok(total)
-    }
-
-    /// Bytes the database occupies on disk (walks its files: call off the async runtime).
-    ///
-    /// Errors: file system I/O.
-    pub fn size_on_disk(&self) -> Result<u64, BackendError> {
-        Ok(self.db.size_on_disk()?)
-    }
 }
