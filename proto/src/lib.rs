@@ -19,11 +19,13 @@ pub mod rpctypes;
 /// etcd `mvccpb`: `KeyValue` and watch `Event` (api/mvccpb/kv.proto).
 pub mod mvccpb {
     tonic::include_proto!("mvccpb");
+    include!(concat!(env!("OUT_DIR"), "/mvccpb.serde.rs"));
 }
 
 /// etcd `authpb`: `User`, `Role`, `Permission`, `UserAddOptions` (api/authpb/auth.proto).
 pub mod authpb {
     tonic::include_proto!("authpb");
+    include!(concat!(env!("OUT_DIR"), "/authpb.serde.rs"));
 }
 
 /// etcd `leasepb`: `Lease`, the value of etcd's `lease` bucket (server/lease/leasepb/lease.proto).
@@ -35,17 +37,20 @@ pub mod leasepb {
 /// their messages (api/etcdserverpb/rpc.proto).
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
 }
 
 /// etcd `v3lockpb`: the Lock service (server/etcdserver/api/v3lock/v3lockpb/v3lock.proto).
 pub mod v3lockpb {
     tonic::include_proto!("v3lockpb");
+    include!(concat!(env!("OUT_DIR"), "/v3lockpb.serde.rs"));
 }
 
 /// etcd `v3electionpb`: the Election service
 /// (server/etcdserver/api/v3election/v3electionpb/v3election.proto).
 pub mod v3electionpb {
     tonic::include_proto!("v3electionpb");
+    include!(concat!(env!("OUT_DIR"), "/v3electionpb.serde.rs"));
 }
 
 /// Keel's internal protocol: raft entry payloads and the member-to-member `Peer` service.
