@@ -17,6 +17,7 @@ mod cluster_membership;
 mod crash_recovery;
 mod deploy;
 mod etcdctl;
+mod gateway;
 mod http;
 mod keelutl;
 mod kubernetes;
