@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
+use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
@@ -44,6 +45,7 @@ use crate::api::{
     AuthService, ClusterService, ElectionService, KvService, LeaseService, LockService,
     MaintenanceService, WatchService,
 };
+use crate::config::GRPC_OVERHEAD_BYTES;
 use crate::node::Node;
 
 /// The gRPC services the gateway calls, one instance each per client listener.
@@ -58,17 +60,18 @@ struct Services {
     election: ElectionService,
 }
 
-/// Adds a unary route `POST <path>` that calls `$svc.$method` (one `$svc` field of
-/// [`Services`]).
-macro_rules! unary {
-    ($router:ident, $services:ident, $path:literal, $svc:ident, $method:ident) => {{
+/// Adds the route `POST $path` that answers with `$answer` ([`call_unary`],
+/// [`stream::bidi`] or [`stream::server`]) around `$svc.$method` (one field of
+/// [`Services`]); `unary!` is the common case.
+macro_rules! route {
+    ($router:ident, $services:ident, $path:expr, $answer:path, $svc:ident, $method:ident) => {{
         let services = $services.clone();
         $router = $router.route(
-            $path,
+            &$path,
             post(move |headers: HeaderMap, body: Bytes| {
                 let services = services.clone();
                 async move {
-                    call_unary(&headers, &body, |r| async move {
+                    $answer(&headers, &body, |r| async move {
                         services.$svc.$method(r).await
                     })
                     .await
@@ -78,8 +81,18 @@ macro_rules! unary {
     }};
 }
 
+/// A unary route ([`route!`] with [`call_unary`]).
+macro_rules! unary {
+    ($router:ident, $services:ident, $path:expr, $svc:ident, $method:ident) => {
+        route!($router, $services, $path, call_unary, $svc, $method)
+    };
+}
+
 /// The gateway's routes under `/v3` and `/v3beta`.
 pub fn routes(node: Arc<Node>) -> Router {
+    // A request at `--max-request-bytes` grows by base64 (4/3) and JSON framing; the gRPC
+    // layer then enforces the limit itself, with etcd's error.
+    let body_limit = node.config.max_request_bytes as usize * 2 + GRPC_OVERHEAD_BYTES;
     let s = Arc::new(Services {
         kv: KvService::new(node.clone()),
         lease: LeaseService::new(node.clone()),
@@ -99,53 +112,25 @@ pub fn routes(node: Arc<Node>) -> Router {
 
     unary!(r, s, "/lease/grant", lease, lease_grant);
     for prefix in ["/lease", "/kv/lease"] {
-        let path = |m: &str| format!("{prefix}/{m}");
-        let one = s.clone();
-        r = r.route(
-            &path("revoke"),
-            post(move |h: HeaderMap, b: Bytes| async move {
-                call_unary(&h, &b, |q| async move { one.lease.lease_revoke(q).await }).await
-            }),
+        unary!(r, s, format!("{prefix}/revoke"), lease, lease_revoke);
+        unary!(
+            r,
+            s,
+            format!("{prefix}/timetolive"),
+            lease,
+            lease_time_to_live
         );
-        let one = s.clone();
-        r = r.route(
-            &path("timetolive"),
-            post(move |h: HeaderMap, b: Bytes| async move {
-                call_unary(
-                    &h,
-                    &b,
-                    |q| async move { one.lease.lease_time_to_live(q).await },
-                )
-                .await
-            }),
-        );
-        let one = s.clone();
-        r = r.route(
-            &path("leases"),
-            post(move |h: HeaderMap, b: Bytes| async move {
-                call_unary(&h, &b, |q| async move { one.lease.lease_leases(q).await }).await
-            }),
-        );
+        unary!(r, s, format!("{prefix}/leases"), lease, lease_leases);
     }
-    let one = s.clone();
-    r = r.route(
+    route!(
+        r,
+        s,
         "/lease/keepalive",
-        post(move |h: HeaderMap, b: Bytes| async move {
-            stream::bidi(
-                &h,
-                &b,
-                |q| async move { one.lease.lease_keep_alive(q).await },
-            )
-            .await
-        }),
+        stream::bidi,
+        lease,
+        lease_keep_alive
     );
-    let one = s.clone();
-    r = r.route(
-        "/watch",
-        post(move |h: HeaderMap, b: Bytes| async move {
-            stream::bidi(&h, &b, |q| async move { one.watch.watch(q).await }).await
-        }),
-    );
+    route!(r, s, "/watch", stream::bidi, watch, watch);
 
     unary!(r, s, "/cluster/member/add", cluster, member_add);
     unary!(r, s, "/cluster/member/remove", cluster, member_remove);
@@ -166,12 +151,13 @@ pub fn routes(node: Arc<Node>) -> Router {
         move_leader
     );
     unary!(r, s, "/maintenance/downgrade", maintenance, downgrade);
-    let one = s.clone();
-    r = r.route(
+    route!(
+        r,
+        s,
         "/maintenance/snapshot",
-        post(move |h: HeaderMap, b: Bytes| async move {
-            stream::server(&h, &b, |q| async move { one.maintenance.snapshot(q).await }).await
-        }),
+        stream::server,
+        maintenance,
+        snapshot
     );
 
     unary!(r, s, "/auth/enable", auth, auth_enable);
@@ -199,14 +185,9 @@ pub fn routes(node: Arc<Node>) -> Router {
     unary!(r, s, "/election/proclaim", election, proclaim);
     unary!(r, s, "/election/leader", election, leader);
     unary!(r, s, "/election/resign", election, resign);
-    let one = s;
-    r = r.route(
-        "/election/observe",
-        post(move |h: HeaderMap, b: Bytes| async move {
-            stream::server(&h, &b, |q| async move { one.election.observe(q).await }).await
-        }),
-    );
+    route!(r, s, "/election/observe", stream::server, election, observe);
 
+    let r = r.layer(DefaultBodyLimit::max(body_limit));
     Router::new().nest("/v3", r.clone()).nest("/v3beta", r)
 }
 
