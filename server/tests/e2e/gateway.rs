@@ -429,6 +429,22 @@ fn cluster_maintenance_lock_and_election_routes() {
         "{hash}"
     );
     ok(&ep, "/v3/maintenance/defragment", json!({}));
+    // The snapshot streams base64 blobs of an etcd database file (bbolt magic at 16..20).
+    let snapshot = post(&ep, "/v3/maintenance/snapshot", "{}");
+    assert_eq!(snapshot.status, 200);
+    let chunks = results(&snapshot.body);
+    let first = chunks[0]["result"]["blob"].as_str().unwrap();
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(first)
+        .unwrap();
+    assert_eq!(&bytes[16..20], &0xED0CDAEDu32.to_le_bytes(), "bbolt magic");
+    assert!(
+        chunks.last().unwrap()["result"]
+            .get("remaining_bytes")
+            .is_none(),
+        "the last chunk has 0 remaining"
+    );
 
     let grant = ok(&ep, "/v3/lease/grant", json!({"TTL": 30}));
     let lease = grant["ID"].as_str().unwrap();
