@@ -250,6 +250,7 @@ fn kv_routes_answer_etcds_json() {
         |_| false,
     );
     assert_eq!(get.status, 405);
+    assert_eq!(get.body, "Method Not Allowed\n");
 }
 
 #[test]

@@ -187,7 +187,15 @@ pub fn routes(node: Arc<Node>) -> Router {
     unary!(r, s, "/election/resign", election, resign);
     route!(r, s, "/election/observe", stream::server, election, observe);
 
-    let r = r.layer(DefaultBodyLimit::max(body_limit));
+    // Go's `http.Error` text for a non-POST method, as etcd's gateway mux answers it.
+    let r = r
+        .method_not_allowed_fallback(|| async {
+            super::health::text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method Not Allowed\n".to_string(),
+            )
+        })
+        .layer(DefaultBodyLimit::max(body_limit));
     Router::new().nest("/v3", r.clone()).nest("/v3beta", r)
 }
 
