@@ -235,6 +235,31 @@ fn kv_routes_answer_etcds_json() {
     );
     assert_eq!(refused.status, 400, "{}", refused.body);
     assert_eq!(refused.json()["error"], "etcdserver: request is too large");
+    // Gateway calls count in the gRPC metrics, as etcd's loopback gRPC calls do.
+    let metrics = read_reply(
+        {
+            let mut s = TcpStream::connect(&ep).unwrap();
+            write!(
+                s,
+                "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            s
+        },
+        |_| false,
+    );
+    let puts = metrics
+        .body
+        .lines()
+        .find(|l| {
+            l.starts_with("grpc_server_handled_total{")
+                && l.contains("grpc_method=\"Put\"")
+                && l.contains("grpc_code=\"OK\"")
+        })
+        .unwrap_or_else(|| panic!("no Put OK series:\n{}", metrics.body));
+    let count: f64 = puts.rsplit(' ').next().unwrap().parse().unwrap();
+    // foo, foo2 and big; the refused ones count under their codes.
+    assert_eq!(count, 3.0, "{puts}");
     // Unknown fields are ignored, as etcd's gateway does.
     ok(&ep, "/v3/kv/range", json!({"key": b64("foo"), "bogus": 1}));
     let get = read_reply(

@@ -64,7 +64,11 @@ struct Services {
 /// [`stream::bidi`] or [`stream::server`]) around `$svc.$method` (one field of
 /// [`Services`]); `unary!` is the common case.
 macro_rules! route {
-    ($router:ident, $services:ident, $path:expr, $answer:path, $svc:ident, $method:ident) => {{
+    ($router:ident, $services:ident, $path:expr, $answer:path, $svc:ident, $method:ident) => {
+        route!($router, $services, $path, $answer, $svc, $method, false)
+    };
+    ($router:ident, $services:ident, $path:expr, $answer:path, $svc:ident, $method:ident,
+     $metered:expr) => {{
         let services = $services.clone();
         $router = $router.route(
             &$path,
@@ -72,7 +76,12 @@ macro_rules! route {
                 let services = services.clone();
                 async move {
                     $answer(&headers, &body, |r| async move {
-                        services.$svc.$method(r).await
+                        let call = services.$svc.$method(r);
+                        if $metered {
+                            metered(stringify!($svc), stringify!($method), call).await
+                        } else {
+                            call.await
+                        }
                     })
                     .await
                 }
@@ -81,11 +90,55 @@ macro_rules! route {
     }};
 }
 
-/// A unary route ([`route!`] with [`call_unary`]).
+/// A unary route ([`route!`] with [`call_unary`]), counted in the gRPC metrics.
 macro_rules! unary {
     ($router:ident, $services:ident, $path:expr, $svc:ident, $method:ident) => {
-        route!($router, $services, $path, call_unary, $svc, $method)
+        route!($router, $services, $path, call_unary, $svc, $method, true)
     };
+}
+
+/// `call` counted in go-grpc-prometheus' `grpc_server_{started,handled}_total` as the gRPC
+/// method it is (etcd's gateway dials its own gRPC port, so its calls are counted there).
+/// `field` and `method` are the [`Services`] field and the trait method (`kv`,
+/// `delete_range`).
+async fn metered<T>(
+    field: &str,
+    method: &str,
+    call: impl Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    let tracker = crate::metrics::grpc::Call::start(&grpc_path(field, method));
+    let result = call.await;
+    if let Some(tracker) = tracker {
+        tracker.finish(result.as_ref().map_or_else(|s| s.code() as i32, |_| 0));
+    }
+    result
+}
+
+/// The gRPC path (`/etcdserverpb.KV/DeleteRange`) of a [`Services`] field and trait method.
+fn grpc_path(field: &str, method: &str) -> String {
+    let service = match field {
+        "kv" => "etcdserverpb.KV",
+        "lease" => "etcdserverpb.Lease",
+        "cluster" => "etcdserverpb.Cluster",
+        "maintenance" => "etcdserverpb.Maintenance",
+        "auth" => "etcdserverpb.Auth",
+        "lock" => "v3lockpb.Lock",
+        "election" => "v3electionpb.Election",
+        _ => "",
+    };
+    let camel: String = method
+        .split('_')
+        .map(|word| match word {
+            "kv" => "KV".to_string(),
+            _ => {
+                let mut chars = word.chars();
+                chars.next().map_or_else(String::new, |first| {
+                    first.to_ascii_uppercase().to_string() + chars.as_str()
+                })
+            }
+        })
+        .collect();
+    format!("/{service}/{camel}")
 }
 
 /// The gateway's routes under `/v3` and `/v3beta`.
@@ -248,4 +301,29 @@ fn json(status: StatusCode, value: &impl Serialize) -> Response {
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grpc_path;
+
+    #[test]
+    fn grpc_paths_are_the_served_methods() {
+        assert_eq!(
+            grpc_path("kv", "delete_range"),
+            "/etcdserverpb.KV/DeleteRange"
+        );
+        assert_eq!(
+            grpc_path("maintenance", "hash_kv"),
+            "/etcdserverpb.Maintenance/HashKV"
+        );
+        assert_eq!(
+            grpc_path("lease", "lease_time_to_live"),
+            "/etcdserverpb.Lease/LeaseTimeToLive"
+        );
+        assert_eq!(grpc_path("lock", "unlock"), "/v3lockpb.Lock/Unlock");
+        assert!(
+            crate::metrics::grpc::Call::start(&grpc_path("auth", "user_change_password")).is_some()
+        );
+    }
 }
