@@ -1,4 +1,6 @@
-//! The gateway's error answers, as etcd 3.4/3.5's grpc-gateway (v1) writes them.
+//! The gateway's error answers, as etcd 3.4.23's grpc-gateway (v1) writes them (etcd 3.5.1
+//! orders the body `error`, `code`, `message` and maps FailedPrecondition to 400; Keel
+//! matches 3.4.23, docs/compat.md).
 //!
 //! Unary: HTTP status [`http_status`] of the gRPC code, body
 //! `{"error":"<message>","message":"<message>","code":<code>}` (checked against etcd
@@ -35,7 +37,7 @@ pub struct StreamError<'a> {
     pub http_status: &'a str,
 }
 
-/// The HTTP status grpc-gateway v1 (`runtime.HTTPStatusFromCode`, as in etcd 3.4/3.5)
+/// The HTTP status etcd 3.4's grpc-gateway (`runtime.HTTPStatusFromCode`)
 /// answers for `code`; `FailedPrecondition` is 412 there (checked on etcd 3.4.23).
 pub fn http_status(code: Code) -> StatusCode {
     match code {
