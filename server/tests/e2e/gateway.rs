@@ -408,6 +408,17 @@ fn auth_routes_take_the_authorization_header() {
         wrong.json()["error"],
         "etcdserver: authentication failed, invalid user ID or password"
     );
+    // A stream that fails after it started answers one error line.
+    let kept = post(&ep, "/v3/lease/keepalive", r#"{"ID":"12345"}"#);
+    assert_eq!(kept.status, 200);
+    assert_eq!(
+        kept.body,
+        concat!(
+            r#"{"error":{"grpc_code":3,"http_code":400,"#,
+            r#""message":"etcdserver: user name is empty","http_status":"Bad Request"}}"#,
+            "\n"
+        )
+    );
     let auth = ok(
         &ep,
         "/v3/auth/authenticate",
