@@ -1,5 +1,7 @@
 //! Generates the etcd v3 API and Keel's peer protocol with a vendored protoc, so a fresh
-//! machine needs no system protoc.
+//! machine needs no system protoc, and serde for the etcd API in grpc-gateway's JSON (proto
+//! field names, bytes as base64, 64-bit integers as strings, enums by name, defaults
+//! omitted), which the JSON gateway on `/v3/*` speaks.
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: build scripts are single-threaded; edition 2024 marks set_var unsafe.
     unsafe {
@@ -20,12 +22,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     files.sort();
+    let descriptors = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("descriptors.bin");
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
         // Services and methods Keel does not implement yet answer UNIMPLEMENTED.
         .generate_default_stubs(true)
+        .file_descriptor_set_path(&descriptors)
         .compile_protos(&files, &include)?;
+    // etcd's gateway (3.4/3.5 jsonpb OrigName, 3.6 UseProtoNames) discards unknown fields.
+    pbjson_build::Builder::new()
+        .register_descriptors(&std::fs::read(&descriptors)?)?
+        .preserve_proto_field_names()
+        .ignore_unknown_fields()
+        .build(&[
+            ".mvccpb",
+            ".authpb",
+            ".etcdserverpb",
+            ".v3lockpb",
+            ".v3electionpb",
+        ])?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

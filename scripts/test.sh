@@ -14,7 +14,8 @@
 #      kill/pause/partition smoke and the stale-read proof; keel-bench's test runs it);
 #   4. starts the release `keel` on a temp data dir and a free port, runs the etcd
 #      conformance suite (../shared/conformance) for the areas in CONFORMANCE_AREAS, then a
-#      few-second keel-bench smoke against it;
+#      few-second keel-bench smoke and openstack's etcd3gw client (tests/etcd3gw_check.py,
+#      venv ~/.venv-etcd3gw) against it;
 #   5. stops keel with SIGTERM (it must exit 0) and prints a summary.
 # Exits non-zero if any step failed.
 #
@@ -317,6 +318,21 @@ print(r["ok"] if r["ok"] > 0 and not r["errors"] else 0)' "$workdir/keel-bench.j
             note "keel-bench smoke skipped: no $KEEL_BENCH_BIN (--skip-cargo builds nothing)"
         fi
         # ---- end of keel-bench smoke --------------------------------------------------------
+        # ---- etcd3gw (issue 14): openstack's grpc-gateway client against this member ---------
+        # A venv with etcd3gw from PyPI ($KEEL_ETCD3GW_VENV, default ~/.venv-etcd3gw).
+        GW_VENV="${KEEL_ETCD3GW_VENV:-$HOME/.venv-etcd3gw}"
+        if ! "$GW_VENV/bin/python" -c 'import etcd3gw' 2>/dev/null; then
+            note "creating $GW_VENV with etcd3gw"
+            rm -rf "$GW_VENV"
+            python3 -m venv "$GW_VENV" && "$GW_VENV/bin/pip" install -q etcd3gw || true
+        fi
+        if timeout 120 "$GW_VENV/bin/python" "$REPO/tests/etcd3gw_check.py" \
+            "${endpoint%:*}" "${endpoint##*:}"; then
+            record ok "etcd3gw: put, get, prefix, create, lease, watch, lock, delete"
+        else
+            record FAIL "etcd3gw against $endpoint (tests/etcd3gw_check.py)"
+        fi
+        # ---- end of etcd3gw -------------------------------------------------------------------
         if stop_keel; then
             record ok "keel exited 0 on SIGTERM"
         else

@@ -130,7 +130,9 @@ impl ConfigError {
             ConfigError::DialOverride(_)
             | ConfigError::QosRead { .. }
             | ConfigError::QosRules { .. }
-            | ConfigError::QosThresholds(_) => 2,
+            | ConfigError::QosThresholds(_)
+            // A flag the command line cannot take, like Go's "flag provided but not defined".
+            | ConfigError::UnsupportedEtcdFlag(_) => 2,
             _ => 1,
         }
     }

@@ -68,7 +68,7 @@ fn get(addr: &str, path: &str) -> Reply {
     request(addr, "GET", path)
 }
 
-fn dechunk(mut body: &str) -> String {
+pub(crate) fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = body.split_once("\r\n") {
         let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);

@@ -19,6 +19,7 @@ mod crash_recovery;
 mod defrag;
 mod deploy;
 mod etcdctl;
+mod gateway;
 mod http;
 mod keelutl;
 mod kubernetes;

@@ -1,5 +1,6 @@
 //! HTTP next to gRPC: the routes etcd serves on its client URLs (`/metrics`, `/health`,
-//! `/livez`, `/readyz` and their subpaths, `/version`) and on `--listen-metrics-urls`
+//! `/livez`, `/readyz` and their subpaths, `/version`, the JSON gateway on `/v3/*`,
+//! [`gateway`]) and on `--listen-metrics-urls`
 //! (the same without `/version`).
 //!
 //! The client URLs serve both on one port, as etcd does: tonic's server accepts HTTP/1.1
@@ -8,6 +9,7 @@
 //! answered by [`fallback`]: gRPC's `UNIMPLEMENTED` to a gRPC client, Go's `404 page not
 //! found` to anyone else. docs/operations.md lists the endpoints.
 
+pub mod gateway;
 pub mod grpc_metrics;
 pub mod health;
 pub mod metrics;
@@ -34,8 +36,9 @@ type Shared = State<Arc<Node>>;
 pub fn client_routes(node: Arc<Node>) -> Router {
     with_health(Router::new())
         .route("/version", get(version))
+        .with_state(node.clone())
+        .merge(gateway::routes(node))
         .fallback(fallback)
-        .with_state(node)
 }
 
 /// The routes of `--listen-metrics-urls`: `/metrics` and the health endpoints.
