@@ -654,9 +654,7 @@ impl AppliedState for Applier {
         self.cluster_version
             .reload(&tree)
             .map_err(io::Error::other)?;
-        self.downgrade
-            .reload(&tree)
-            .map_err(io::Error::other)?;
+        self.downgrade.reload(&tree).map_err(io::Error::other)?;
         // A snapshot may move the applied state anywhere (usually ahead): not an advance.
         self.ci = ci;
         self.membership = membership;
