@@ -218,9 +218,13 @@ fi
 if [ "$run_cargo" -eq 1 ] && [ "${KEEL_SKIP_UPGRADE:-0}" != 1 ]; then
     phase "upgrade: keel-chaos upgrade --from 0.1.0 --to this build"
     if old_bin="$("$REPO/scripts/build-release.sh" 0fddff7 0.1.0)"; then
+        # --hold-down with a low snapshot count: rolled members install snapshots from a
+        # leader of the other version (--expect-snapshot checks both directions happened).
         if "$TARGET_DIR/release/keel-chaos" --faults none --duration 60s --clients 4 \
-            upgrade --from "$old_bin" --to "$KEEL_BIN" --downgrade-to 0.1 2>&1 | tee "$workdir/upgrade.log"; then
-            record ok "upgrade 0.1.0 -> this build -> 0.1.0: $(grep -c "rolled" "$workdir/upgrade.log") rolls, $(grep -o 'every member [0-9.]*s after the last roll' "$workdir/upgrade.log")"
+            --keel-arg=--snapshot-count=20 --keel-arg=--experimental-snapshot-catchup-entries=5 \
+            upgrade --from "$old_bin" --to "$KEEL_BIN" --downgrade-to 0.1 \
+            --hold-down 4s --expect-snapshot 2>&1 | tee "$workdir/upgrade.log"; then
+            record ok "upgrade 0.1.0 -> this build -> 0.1.0: $(grep -c "rolled" "$workdir/upgrade.log") rolls, $(grep -c "installed a snapshot from" "$workdir/upgrade.log") snapshot installs, $(grep -o 'every member [0-9.]*s after the last roll' "$workdir/upgrade.log")"
         else
             record FAIL "upgrade 0.1.0 -> this build (keel-chaos upgrade; report above)"
         fi

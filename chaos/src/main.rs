@@ -117,6 +117,16 @@ enum Scenario {
         /// `0.1`) and roll every member back to `--from`.
         #[arg(long)]
         downgrade_to: Option<String>,
+        /// Keep each rolled member stopped this long before restarting it (e.g. 5s); with a
+        /// low `--keel-arg=--snapshot-count=..` and
+        /// `--keel-arg=--experimental-snapshot-catchup-entries=..` it then has to install a
+        /// snapshot from a leader of the other version.
+        #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+        hold_down: Duration,
+        /// Require a snapshot across versions in each direction: a rolled member on `--to`
+        /// installs one from a leader on `--from` and (with `--downgrade-to`) the reverse.
+        #[arg(long)]
+        expect_snapshot: bool,
     },
 }
 
@@ -165,6 +175,8 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             from,
             to,
             downgrade_to,
+            hold_down,
+            expect_snapshot,
         }) => {
             for b in [from, to] {
                 anyhow::ensure!(b.is_file(), "keel binary {} not found", b.display());
@@ -185,6 +197,8 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 from: from.clone(),
                 to: to.clone(),
                 downgrade: downgrade_to.clone(),
+                hold_down: *hold_down,
+                expect_snapshot: *expect_snapshot,
             })
         }
         None => None,

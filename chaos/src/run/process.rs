@@ -154,6 +154,11 @@ impl MemberProcess {
         }
     }
 
+    /// The binary the next start runs.
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
     /// The member's log file.
     pub fn log_path(&self) -> &Path {
         &self.log_path

@@ -47,7 +47,23 @@ pub struct UpgradePlan {
     /// old release line, wait until the cluster version fell, and roll every member back to
     /// `from`.
     pub downgrade: Option<String>,
+    /// How long each rolled member stays stopped before it starts on the other binary; the
+    /// workload keeps writing meanwhile, so with a low `--snapshot-count` and
+    /// `--experimental-snapshot-catchup-entries` the leader purges the entries the member
+    /// misses and it must install a snapshot from a leader of the other version.
+    pub hold_down: Duration,
+    /// At least one member on the new binary must install a snapshot (it logs `installed a
+    /// snapshot`, as 0.1.0 does) from a leader on the old one, and with `downgrade` one on
+    /// the old binary from a new leader (faults during a hold-down may stop the writes that
+    /// purge the log, so not every roll needs one).
+    pub expect_snapshot: bool,
 }
+
+/// The line a member logs when it replaced its store with a received snapshot (0.1.0 and
+/// later, `raft/state_machine.rs`).
+const SNAPSHOT_INSTALLED: &str = "installed a snapshot";
+/// How long a rolled member may take to log [`SNAPSHOT_INSTALLED`] once it serves.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the scenario saw: one line per step, and the problems (empty: all checks passed).
 #[derive(Debug, Default)]
@@ -56,6 +72,9 @@ pub struct UpgradeReport {
     pub errors: Vec<String>,
     /// Seconds from the last member's restart until the cluster version allowed 0.2 requests.
     pub rise_secs: Option<f64>,
+    /// Snapshots a member installed from a leader on the other binary: `[0]` a member on the
+    /// new binary from an old leader, `[1]` a member on the old binary from a new leader.
+    pub cross_version_snapshots: [usize; 2],
 }
 
 /// The gate's answer to a 0.2-only request at one member.
@@ -156,7 +175,7 @@ pub async fn run_upgrade(
                 )),
             }
         }
-        if !roll(&cluster, i, &plan.to, "new", &mut report).await {
+        if !roll(&cluster, &plan, i, &plan.to, "new", &mut report).await {
             return report;
         }
         let m = &cluster.members[i];
@@ -201,6 +220,19 @@ pub async fn run_upgrade(
     }
     if let Some(target) = &plan.downgrade {
         downgrade(&cluster, &plan, target, t0, step, n, &mut report).await;
+    }
+    if plan.expect_snapshot {
+        let [from_old, from_new] = report.cross_version_snapshots;
+        if from_old == 0 {
+            report
+                .errors
+                .push("no member on the new binary installed a snapshot from an old leader".into());
+        }
+        if plan.downgrade.is_some() && from_new == 0 {
+            report
+                .errors
+                .push("no member on the old binary installed a snapshot from a new leader".into());
+        }
     }
     report
 }
@@ -285,7 +317,7 @@ async fn downgrade(
         .push(format!("cluster version fell to {target} on every member"));
     for i in 0..n {
         tokio::time::sleep_until(t0 + step * ((n + 1 + i) as u32)).await;
-        if !roll(cluster, i, &plan.from, "old", report).await {
+        if !roll(cluster, plan, i, &plan.from, "old", report).await {
             return;
         }
         let m = &cluster.members[i];
@@ -298,21 +330,27 @@ async fn downgrade(
     }
 }
 
-/// Stops member `i` (SIGTERM), swaps it to `binary` and starts it again; `false` (with the
-/// problem in `report`) when it could not be started.
+/// Stops member `i` (SIGTERM), keeps it down for `plan.hold_down`, swaps it to `binary` and
+/// starts it again; with `plan.expect_snapshot` it must then install a snapshot. `false`
+/// (with the problem in `report`) when it could not be started.
 async fn roll(
     cluster: &Cluster,
+    plan: &UpgradePlan,
     i: usize,
     binary: &std::path::Path,
     which: &str,
     report: &mut UpgradeReport,
 ) -> bool {
     let m = &cluster.members[i];
-    {
+    let log_path = {
         let mut p = m.process.lock().await;
         p.stop().await;
         p.set_binary(binary.to_path_buf());
-    }
+        p.log_path().to_path_buf()
+    };
+    let installs_before = count_lines(&log_path, SNAPSHOT_INSTALLED);
+    tokio::time::sleep(plan.hold_down).await;
+    let leader = leader_binary(cluster).await;
     if let Err(e) = cluster.start_member(i, &[]).await {
         report
             .errors
@@ -324,7 +362,55 @@ async fn roll(
             .errors
             .push(format!("{} on the {which} binary: {e:#}", m.name));
     }
+    if plan.expect_snapshot {
+        let deadline = Instant::now() + SNAPSHOT_TIMEOUT;
+        while count_lines(&log_path, SNAPSHOT_INSTALLED) <= installs_before
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if count_lines(&log_path, SNAPSHOT_INSTALLED) > installs_before {
+            if leader.as_ref().is_some_and(|(_, b)| b != binary) {
+                report.cross_version_snapshots[usize::from(binary == plan.from)] += 1;
+            }
+            report.steps.push(format!(
+                "{} ({which}) installed a snapshot from leader {}",
+                m.name,
+                describe(&leader)
+            ));
+        } else {
+            // A fault during the hold-down can stop the writes that would purge the log.
+            report.steps.push(format!(
+                "{} ({which}) caught up from the log, no snapshot (leader {})",
+                m.name,
+                describe(&leader)
+            ));
+        }
+    }
     true
+}
+
+/// The member leading now and the binary it runs.
+async fn leader_binary(cluster: &Cluster) -> Option<(String, std::path::PathBuf)> {
+    let l = cluster.leader().await?;
+    let m = &cluster.members[l];
+    let binary = m.process.lock().await.binary().to_path_buf();
+    Some((m.name.clone(), binary))
+}
+
+/// `m2 (on /path/keel)`, or `unknown`.
+fn describe(leader: &Option<(String, std::path::PathBuf)>) -> String {
+    match leader {
+        Some((name, binary)) => format!("{name} (on {})", binary.display()),
+        None => "unknown".into(),
+    }
+}
+
+/// Lines of the file at `path` containing `needle` (0 when it cannot be read).
+fn count_lines(path: &std::path::Path, needle: &str) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().filter(|l| l.contains(needle)).count())
+        .unwrap_or(0)
 }
 
 /// Probes AuthStatus on every member until each answered `want` once, or `deadline`; returns
