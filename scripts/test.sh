@@ -228,6 +228,12 @@ if [ "$run_cargo" -eq 1 ] && [ "${KEEL_SKIP_UPGRADE:-0}" != 1 ]; then
         else
             record FAIL "upgrade 0.1.0 -> this build (keel-chaos upgrade; report above)"
         fi
+        # A learner on this build joins a 0.1.0 cluster from a snapshot (about 30 s).
+        if bash "$REPO/scripts/learner-upgrade.sh" "$old_bin" "$KEEL_BIN"; then
+            record ok "learner on this build joined a 0.1.0 cluster (snapshot, promote, equal key spaces, keelcluster 0.1.0)"
+        else
+            record FAIL "scripts/learner-upgrade.sh (a learner on this build joining 0.1.0)"
+        fi
     else
         record FAIL "scripts/build-release.sh 0fddff7 (the 0.1.0 binary)"
     fi
