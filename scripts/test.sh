@@ -230,7 +230,7 @@ if [ "$run_cargo" -eq 1 ] && [ "${KEEL_SKIP_UPGRADE:-0}" != 1 ]; then
         fi
         # A learner on this build joins a 0.1.0 cluster from a snapshot (about 30 s).
         if bash "$REPO/scripts/learner-upgrade.sh" "$old_bin" "$KEEL_BIN"; then
-            record ok "learner on this build joined a 0.1.0 cluster (snapshot, promote, equal key spaces, keelcluster 0.1.0)"
+            record ok "learner on this build joined a 0.1.0 cluster (snapshot, promote, equal HashKV and key spaces, keelcluster 0.1.0)"
         else
             record FAIL "scripts/learner-upgrade.sh (a learner on this build joining 0.1.0)"
         fi
