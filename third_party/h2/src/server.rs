@@ -117,6 +117,7 @@
 
 use crate::codec::{Codec, UserError};
 use crate::frame::{self, Pseudo, PushPromiseHeaderError, Reason, Settings, StreamId};
+use crate::hpack::BytesStr;
 use crate::proto::{self, Config, Error, Prioritized};
 use crate::{FlowControl, PingPong, RecvStream, SendStream};
 
@@ -1701,6 +1702,10 @@ impl proto::Peer for Peer {
         // A request translated from HTTP/1 must not include the :authority
         // header
         if let Some(authority) = pseudo.authority {
+            // Keel patch (docs/third_party.md): etcdctl 3.4 dials `passthrough:///http://host:port`
+            // and sends `http://host:port` as :authority; Go's server takes it. Accept it
+            // with the scheme cut off; anything else stays malformed.
+            let authority = keel_strip_scheme(authority);
             let maybe_authority = uri::Authority::from_maybe_shared(authority.clone().into_inner());
             parts.authority = Some(maybe_authority.or_else(|why| {
                 malformed!(
@@ -1785,4 +1790,15 @@ where
             Handshaking::Done => f.write_str("Done"),
         }
     }
+}
+
+/// Keel patch: `http://host:port` or `https://host:port` as :authority becomes `host:port`
+/// (what etcdctl 3.4's passthrough resolver sends); other values are returned unchanged.
+fn keel_strip_scheme(authority: BytesStr) -> BytesStr {
+    for scheme in ["http://", "https://"] {
+        if let Some(rest) = authority.as_str().strip_prefix(scheme) {
+            return BytesStr::from(rest);
+        }
+    }
+    authority
 }
