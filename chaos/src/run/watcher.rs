@@ -182,7 +182,7 @@ fn tokio_stream_from(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-fn event(e: &mvccpb::Event) -> WatchEvent {
+pub(crate) fn event(e: &mvccpb::Event) -> WatchEvent {
     let kv = e.kv.clone().unwrap_or_default();
     WatchEvent {
         kind: if e.r#type == mvccpb::event::EventType::Delete as i32 {
