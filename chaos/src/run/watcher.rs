@@ -176,7 +176,8 @@ async fn stream(
     }
 }
 
-fn tokio_stream_from(
+/// The request stream of a watch, fed through `rx`.
+pub(crate) fn tokio_stream_from(
     mut rx: mpsc::Receiver<WatchRequest>,
 ) -> impl futures::Stream<Item = WatchRequest> + Send + 'static {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))

@@ -23,7 +23,7 @@ use super::{
 };
 use crate::history::{CacheCheckpoint, CacheRecord};
 use crate::run::cluster::Cluster;
-use crate::run::watcher::event;
+use crate::run::watcher::{event, tokio_stream_from};
 
 /// A stream with no response for this long is abandoned.
 const STALL: Duration = Duration::from_secs(3);
@@ -51,7 +51,7 @@ pub async fn run_cache(
     seed: u64,
     stop: Arc<AtomicBool>,
 ) {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x4341_4348_45 ^ (u64::from(id) << 40));
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0043_4143_4845 ^ (u64::from(id) << 40));
     let mut conns = Conns::new(cluster.len());
     while !stop.load(Ordering::SeqCst) {
         let member = rng.gen_range(0..cluster.len());
@@ -141,7 +141,7 @@ async fn stream(
     }
     let opened = tokio::time::timeout(
         STALL,
-        WatchClient::new(channel).watch(require_leader(request_stream(rx))),
+        WatchClient::new(channel).watch(require_leader(tokio_stream_from(rx))),
     )
     .await;
     let mut responses = match opened {
@@ -200,10 +200,4 @@ async fn stream(
             }
         }
     }
-}
-
-fn request_stream(
-    mut rx: mpsc::Receiver<WatchRequest>,
-) -> impl futures::Stream<Item = WatchRequest> + Send + 'static {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
