@@ -11,7 +11,8 @@
 #      benches (build only);
 #   3. runs `cargo test --release --workspace` (unit, proptest and end-to-end tests; the
 #      end-to-end tests start the `keel` binary built in step 2; keel-chaos's tests run a 20 s
-#      kill/pause/partition smoke and the stale-read proof; keel-bench's test runs it);
+#      kill/pause/partition smoke, the stale-read proof and a 20 s `--traffic kubernetes`
+#      run under partitions (docs/kubernetes.md); keel-bench's test runs it);
 #   4. starts the release `keel` on a temp data dir and a free port, runs the etcd
 #      conformance suite (../shared/conformance) for the areas in CONFORMANCE_AREAS, then a
 #      few-second keel-bench smoke and openstack's etcd3gw client (tests/etcd3gw_check.py,

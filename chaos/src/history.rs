@@ -190,3 +190,36 @@ pub struct History {
     /// replays its log.
     pub member_revisions: Vec<(usize, u32, u64, i64)>,
 }
+
+/// One key/value as a list returned it (the fields a watch cache keeps).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CachedKv {
+    pub key: Key,
+    pub value: String,
+    pub mod_revision: i64,
+}
+
+/// A fresh paginated list at `revision`, taken when the cache's watch reported progress at
+/// that revision (a progress notification: every event at or below it was delivered).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheCheckpoint {
+    pub revision: i64,
+    pub fresh: Vec<CachedKv>,
+}
+
+/// One kube-apiserver-style watch cache (`--traffic kubernetes`): a paginated list of
+/// `prefix` at `list_revision`, then every event its watches (from `list_revision + 1`,
+/// re-dialled from the last seen revision + 1 after errors) delivered, in arrival order, and
+/// the checkpoints to compare the rebuilt state with. A compaction cancel ends the record
+/// (the cache relists: a new record).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheRecord {
+    pub cache: u32,
+    pub prefix: Key,
+    pub list_revision: i64,
+    pub listed: Vec<CachedKv>,
+    pub events: Vec<WatchEvent>,
+    pub checkpoints: Vec<CacheCheckpoint>,
+    /// Watch streams opened after the first one (re-dials after errors and stalls).
+    pub redials: u32,
+}

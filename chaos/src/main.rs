@@ -14,7 +14,7 @@ use keel_chaos::run::ports::PortRange;
 use keel_chaos::run::summary::{RunHeader, render};
 use keel_chaos::run::upgrade::UpgradePlan;
 use keel_chaos::run::workload::WorkloadSpec;
-use keel_chaos::run::{Inject, RunSpec, default_run_dir, run};
+use keel_chaos::run::{Inject, RunSpec, Traffic, default_run_dir, run};
 
 /// Chaos-monkey harness for Keel: N real members behind controllable TCP proxies, seeded
 /// faults, a concurrent KV + watch workload, and linearizability / watch / convergence checks.
@@ -92,6 +92,11 @@ struct Cli {
     /// TLS: key file (etcdctl's `--key`).
     #[arg(long, requires = "cacert")]
     key: Option<PathBuf>,
+    /// `kubernetes` adds kube-apiserver-shaped traffic (`--clients` object writers and
+    /// `--watchers` watch caches on `/registry/`, events with leases, compaction) and the
+    /// watch-cache checker; docs/kubernetes.md.
+    #[arg(long, value_enum, default_value_t = Traffic::Kv)]
+    traffic: Traffic,
     /// Wall-clock budget of the linearizability search per key.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     check_budget: Duration,
@@ -285,6 +290,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             ..CheckOptions::default()
         },
         upgrade,
+        traffic: cli.traffic,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

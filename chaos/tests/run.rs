@@ -11,7 +11,9 @@
 //!   feature: `$KEEL_FAILPOINTS_BIN`, else `keel-failpoints` next to the `keel` of this build.
 //!   scripts/test.sh builds it; by hand: `cargo build --release -p keel-server --features
 //!   failpoints --bin keel && cp target/release/keel target/release/keel-failpoints && cargo
-//!   build --release --bin keel`.
+//!   build --release --bin keel`;
+//! - the Kubernetes short form: 20 s of `--traffic kubernetes` under partitions, 0 violations
+//!   and at least one watch-cache checkpoint compared.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -54,6 +56,47 @@ fn kill_pause_partition_run_has_no_violations() {
     assert!(totals.faults >= 3, "only {totals:?} in 20 s\n{dump}");
     assert!(totals.ops >= 200, "only {totals:?} in 20 s\n{dump}");
     assert!(run.stdout.contains("seed: "), "{dump}");
+}
+
+/// The CI short form of `--traffic kubernetes` (docs/kubernetes.md): 20 s of apiserver-shaped
+/// traffic under partitions; the watch caches must have been compared with fresh lists.
+#[test]
+fn kubernetes_traffic_run_has_no_violations() {
+    let keel = keel_testkit::keel_binary!();
+    let (run, totals) = run_chaos(
+        &keel,
+        "partition",
+        &["--traffic", "kubernetes", "--clients", "4"],
+        Duration::from_secs(150),
+    );
+    let dump = run.dump();
+    assert_eq!(run.code, Some(0), "{dump}");
+    assert_eq!(totals.violations, 0, "{dump}");
+    assert!(totals.faults >= 1, "no partition was injected\n{dump}");
+    let kube_ops: u64 = run
+        .stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kubernetes traffic (")?
+                .strip_suffix(" ops):")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no `kubernetes traffic (N ops):` line\n{dump}"));
+    assert!(
+        kube_ops >= 200,
+        "only {kube_ops} kubernetes ops in 20 s\n{dump}"
+    );
+    let line = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("watch caches: "))
+        .unwrap_or_else(|| panic!("no watch cache line\n{dump}"));
+    let checkpoints: u64 = line
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" checkpoints compared"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("cannot parse {line:?}"));
+    assert!(checkpoints >= 1, "no cache checkpoint compared\n{dump}");
 }
 
 /// The `keel` with failpoints (see the module docs).

@@ -13,6 +13,7 @@ mod report;
 mod revisions;
 mod serializable;
 mod watch;
+mod watch_cache;
 
 pub use convergence::check_convergence;
 pub use format::{format_input, format_ns, format_operation, format_outcome};
@@ -23,6 +24,7 @@ pub use report::{CheckOptions, CheckReport, CheckStats, Checker, Violation, Watc
 pub use revisions::check_revisions;
 pub use serializable::check_serializable_reads;
 pub use watch::{check_watches, in_range};
+pub use watch_cache::check_watch_caches;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};

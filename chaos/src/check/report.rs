@@ -72,6 +72,9 @@ pub enum Checker {
     /// Revisions went backwards: per member and process epoch, or across acknowledged
     /// operations in real-time order, or two acknowledged writes share a revision.
     Revisions,
+    /// A kube-apiserver-style watch cache (list + watch) diverged from a fresh list at the
+    /// same revision (`--traffic kubernetes`), or a paginated list was not one snapshot.
+    WatchCache,
 }
 
 impl fmt::Display for Checker {
@@ -82,6 +85,7 @@ impl fmt::Display for Checker {
             Checker::Watch(g) => write!(f, "watch/{}", format!("{g:?}").to_lowercase()),
             Checker::Convergence => f.write_str("convergence"),
             Checker::Revisions => f.write_str("revisions"),
+            Checker::WatchCache => f.write_str("watch-cache"),
         }
     }
 }

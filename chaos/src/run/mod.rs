@@ -6,6 +6,7 @@ pub mod binary;
 pub mod cluster;
 pub mod faults;
 pub mod finish;
+pub mod kubernetes;
 pub mod outcome;
 pub mod ports;
 pub mod process;
@@ -40,6 +41,35 @@ pub enum Inject {
     StaleRead,
 }
 
+/// The traffic beside the KV workload (`--traffic`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Traffic {
+    /// Only the KV workload and the watchers.
+    #[default]
+    Kv,
+    /// Plus kube-apiserver-shaped traffic and watch caches ([`kubernetes`]).
+    Kubernetes,
+}
+
+/// What the Kubernetes traffic did and what its checker found.
+#[derive(Clone, Debug, Default)]
+pub struct KubeSummary {
+    /// Per operation kind: `[ok, failed]`.
+    pub counts: std::collections::BTreeMap<&'static str, [u64; 2]>,
+    /// Cache records (one per list), their watch events, re-dials and compared checkpoints.
+    pub caches: usize,
+    pub events: usize,
+    pub redials: u64,
+    pub checkpoints: usize,
+}
+
+impl KubeSummary {
+    /// All Kubernetes operations.
+    pub fn ops(&self) -> u64 {
+        self.counts.values().map(|[ok, failed]| ok + failed).sum()
+    }
+}
+
 /// Everything a run needs.
 #[derive(Clone, Debug)]
 pub struct RunSpec {
@@ -54,6 +84,7 @@ pub struct RunSpec {
     /// A rolling upgrade during the workload (`keel-chaos upgrade`); the cluster starts on
     /// its `from` binary.
     pub upgrade: Option<UpgradePlan>,
+    pub traffic: Traffic,
 }
 
 /// What a run produced.
@@ -66,6 +97,8 @@ pub struct RunResult {
     pub errors: Vec<String>,
     /// Wall-clock time of the workload phase.
     pub workload_time: Duration,
+    /// With `--traffic kubernetes`.
+    pub kubernetes: Option<KubeSummary>,
 }
 
 /// How long the cluster may take to serve after the start and after the final restart.
@@ -123,6 +156,19 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
             ))
         })
         .collect();
+    let kube_log = Arc::new(kubernetes::KubeLog::default());
+    let kube_tasks = match spec.traffic {
+        Traffic::Kv => Vec::new(),
+        Traffic::Kubernetes => kubernetes::spawn(
+            cluster.clone(),
+            kube_log.clone(),
+            spec.workload.clients.max(1),
+            spec.watchers.max(1),
+            spec.workload.seed,
+            until,
+            watch_stop.clone(),
+        ),
+    };
     let fault_stop = Arc::new(AtomicBool::new(false));
     let fault_task = tokio::spawn(faults::run_faults(
         cluster.clone(),
@@ -178,6 +224,11 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
             errors.push(format!("watcher panicked: {e}"));
         }
     }
+    for t in kube_tasks {
+        if let Err(e) = t.await {
+            errors.push(format!("kubernetes traffic task panicked: {e}"));
+        }
+    }
     cluster.shutdown().await;
 
     let mut history = History {
@@ -193,9 +244,12 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
     }
     history.operations.sort_by_key(|o| o.invoke_ns);
     let check = spec.check.clone();
-    let (history, report) = tokio::task::spawn_blocking(move || {
-        let report = check_history(&history, &check);
-        (history, report)
+    let traffic = spec.traffic;
+    let (history, report, kube) = tokio::task::spawn_blocking(move || {
+        let mut report = check_history(&history, &check);
+        let kube =
+            (traffic == Traffic::Kubernetes).then(|| check_kubernetes(&kube_log, &mut report));
+        (history, report, kube)
     })
     .await?;
     Ok(RunResult {
@@ -204,7 +258,28 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         report,
         errors,
         workload_time,
+        kubernetes: kube,
     })
+}
+
+/// Runs the watch-cache checker over the Kubernetes traffic's caches and adds its (and the
+/// paginated lists') violations to `report`.
+fn check_kubernetes(log: &kubernetes::KubeLog, report: &mut CheckReport) -> KubeSummary {
+    let caches = std::mem::take(&mut *log.caches.lock().expect("kube caches lock"));
+    let (mut violations, checkpoints) = crate::check::check_watch_caches(&caches);
+    violations.extend(std::mem::take(
+        &mut *log.violations.lock().expect("kube violations lock"),
+    ));
+    let max = CheckOptions::default().max_violations_per_checker;
+    report.stats.violations_suppressed += violations.len().saturating_sub(max);
+    report.violations.extend(violations.into_iter().take(max));
+    KubeSummary {
+        counts: log.counts.lock().expect("kube counts lock").clone(),
+        caches: caches.len(),
+        events: caches.iter().map(|c| c.events.len()).sum(),
+        redials: caches.iter().map(|c| u64::from(c.redials)).sum(),
+        checkpoints,
+    }
 }
 
 /// Heals, restarts every member, waits until ready and converged; returns the final revision.

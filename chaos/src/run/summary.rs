@@ -81,6 +81,17 @@ pub fn render(header: &RunHeader, result: &RunResult) -> String {
         "watch streams: {}, events received: {events}",
         h.watches.len()
     );
+    if let Some(k) = &result.kubernetes {
+        let _ = writeln!(out, "kubernetes traffic ({} ops):", k.ops());
+        for (kind, [ok, failed]) in &k.counts {
+            let _ = writeln!(out, "  {kind:<22} ok {ok:>6}  failed {failed:>6}");
+        }
+        let _ = writeln!(
+            out,
+            "watch caches: {} lists, {} events, {} re-dials, {} checkpoints compared",
+            k.caches, k.events, k.redials, k.checkpoints
+        );
+    }
     for f in &h.finals {
         let _ = writeln!(
             out,
@@ -116,7 +127,8 @@ pub fn render(header: &RunHeader, result: &RunResult) -> String {
 /// `chaos: N ops, F faults, V violations`.
 pub fn last_line(result: &RunResult) -> String {
     format_totals(Totals {
-        ops: result.history.operations.len() as u64,
+        ops: result.history.operations.len() as u64
+            + result.kubernetes.as_ref().map_or(0, |k| k.ops()),
         faults: result.faults.len() as u64,
         violations: result.report.violations.len() as u64,
     })

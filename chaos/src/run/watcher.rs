@@ -176,13 +176,14 @@ async fn stream(
     }
 }
 
-fn tokio_stream_from(
+/// The request stream of a watch, fed through `rx`.
+pub(crate) fn tokio_stream_from(
     mut rx: mpsc::Receiver<WatchRequest>,
 ) -> impl futures::Stream<Item = WatchRequest> + Send + 'static {
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-fn event(e: &mvccpb::Event) -> WatchEvent {
+pub(crate) fn event(e: &mvccpb::Event) -> WatchEvent {
     let kv = e.kv.clone().unwrap_or_default();
     WatchEvent {
         kind: if e.r#type == mvccpb::event::EventType::Delete as i32 {
