@@ -10,12 +10,22 @@ use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
 
 use crate::config::{ConfigError, OperatorFlags, split_urls};
 
-/// tracing's level for etcd's `--log-level` (`debug`, `info`, `warn`, `error`, `dpanic`,
-/// `panic`, `fatal`: the last three log as `error`).
-pub fn level(etcd_level: &str) -> &str {
+/// tracing's level for etcd's `--log-level` (zap's names: `debug`, `info`, `warn`, `error`,
+/// `dpanic`, `panic`, `fatal`; the last three log as `error`).
+///
+/// Errors: `FlagValue` for any other name (etcd stops with `unknown level "<name>"`; a level
+/// tracing cannot parse would otherwise silence the whole log).
+pub fn level(etcd_level: &str) -> Result<&'static str, ConfigError> {
     match etcd_level {
-        "dpanic" | "panic" | "fatal" => "error",
-        other => other,
+        "debug" => Ok("debug"),
+        "info" => Ok("info"),
+        "warn" => Ok("warn"),
+        "error" | "dpanic" | "panic" | "fatal" => Ok("error"),
+        other => Err(ConfigError::FlagValue {
+            flag: "log-level",
+            value: other.to_string(),
+            reason: format!("unknown level {other:?}"),
+        }),
     }
 }
 
@@ -53,11 +63,11 @@ pub fn writer(outputs: &str) -> Result<BoxMakeWriter, ConfigError> {
 /// Installs the global subscriber for `--log-level` `etcd_level` and the logging flags of
 /// `flags`.
 ///
-/// Errors: those of [`writer`].
+/// Errors: those of [`level`] and [`writer`].
 pub fn init(etcd_level: &str, flags: &OperatorFlags) -> Result<(), ConfigError> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("{},openraft=warn", level(etcd_level)))
-    });
+    let level = level(etcd_level)?;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},openraft=warn")));
     let writer = writer(&flags.log_outputs)?;
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     if flags.log_format == "json" {
@@ -84,8 +94,14 @@ mod tests {
 
     #[test]
     fn etcds_levels_map_onto_tracings() {
-        assert_eq!(level("fatal"), "error");
-        assert_eq!(level("warn"), "warn");
+        assert_eq!(level("fatal").unwrap(), "error");
+        assert_eq!(level("warn").unwrap(), "warn");
+        assert_eq!(level("debug").unwrap(), "debug");
+        let err = level("warning").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            r#"invalid value "warning" for flag --log-level: unknown level "warning""#
+        );
     }
 
     #[test]

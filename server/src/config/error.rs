@@ -23,6 +23,19 @@ pub enum ConfigError {
         /// The parser's error.
         error: serde_norway::Error,
     },
+    /// A URL-list flag that does not parse as etcd's (`config::check_urls`).
+    #[error("invalid value {value:?} for flag -{flag}: {reason}")]
+    BadUrl {
+        /// The flag, without dashes.
+        flag: &'static str,
+        /// The flag's whole value.
+        value: String,
+        /// Go's parse error or etcd's scheme rule.
+        reason: String,
+    },
+    /// `--heartbeat-interval 0` (etcd: `--heartbeat-interval must be >0`).
+    #[error("--heartbeat-interval must be >0 (set to 0ms)")]
+    HeartbeatZero,
     /// etcd's check of `--election-timeout` against `--heartbeat-interval`.
     #[error(
         "--election-timeout[{election}ms] should be at least as 5 times as --heartbeat-interval[{heartbeat}ms]"
@@ -132,7 +145,8 @@ impl ConfigError {
             | ConfigError::QosRules { .. }
             | ConfigError::QosThresholds(_)
             // A flag the command line cannot take, like Go's "flag provided but not defined".
-            | ConfigError::UnsupportedEtcdFlag(_) => 2,
+            | ConfigError::UnsupportedEtcdFlag(_)
+            | ConfigError::BadUrl { .. } => 2,
             _ => 1,
         }
     }

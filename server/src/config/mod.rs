@@ -223,6 +223,18 @@ impl Config {
     /// Errors: etcd's message for a too-short election timeout; the override's parse error;
     /// etcd's TLS messages.
     pub fn normalize(&mut self) -> Result<(), ConfigError> {
+        for (flag, urls) in [
+            ("listen-client-urls", &self.listen_client_urls),
+            ("advertise-client-urls", &self.advertise_client_urls),
+            ("listen-peer-urls", &self.listen_peer_urls),
+            (
+                "initial-advertise-peer-urls",
+                &self.initial_advertise_peer_urls,
+            ),
+            ("listen-metrics-urls", &self.operator.listen_metrics_urls),
+        ] {
+            check_urls(flag, urls)?;
+        }
         let default_cluster = "default=http://localhost:2380";
         if self.initial_cluster.trim().is_empty()
             || (self.initial_cluster == default_cluster && self.name != "default")
@@ -238,6 +250,10 @@ impl Config {
         self.qos_file_rules()?;
         self.check_security()?;
         self.operator.check()?;
+        // etcd's embed.Config.Validate order: heartbeat, election, then their ratio.
+        if self.heartbeat_interval == 0 {
+            return Err(ConfigError::HeartbeatZero);
+        }
         if self.election_timeout < 5 * self.heartbeat_interval {
             return Err(ConfigError::ElectionTimeout {
                 election: self.election_timeout,
@@ -285,6 +301,35 @@ impl Config {
             2 * 1024 * 1024 * 1024
         }
     }
+}
+
+/// etcd's parse of a URL-list flag (`types.NewURLs` over Go's `url.Parse`): each URL needs a
+/// scheme of `http`, `https`, `unix` or `unixs`. `127.0.0.1:2379` (no scheme) gets Go's parse
+/// error, as etcd prints it.
+///
+/// Errors: `BadUrl` with etcd's text.
+fn check_urls(flag: &'static str, urls: &str) -> Result<(), ConfigError> {
+    for url in split_urls(urls) {
+        let bad = |reason: String| ConfigError::BadUrl {
+            flag,
+            value: urls.to_string(),
+            reason,
+        };
+        match url.split_once("://") {
+            Some((scheme, _)) if ["http", "https", "unix", "unixs"].contains(&scheme) => {}
+            None if url.split('/').next().unwrap_or("").contains(':') => {
+                return Err(bad(format!(
+                    "parse {url:?}: first path segment in URL cannot contain colon"
+                )));
+            }
+            _ => {
+                return Err(bad(format!(
+                    "URL scheme must be http, https, unix, or unixs: {url}"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Splits a comma-separated URL list.
@@ -401,6 +446,30 @@ mod tests {
         assert_eq!(
             c.normalize().unwrap_err().to_string(),
             "--election-timeout[100ms] should be at least as 5 times as --heartbeat-interval[500ms]"
+        );
+    }
+
+    #[test]
+    fn urls_without_a_scheme_are_refused_as_etcd_does() {
+        let mut c = Config::parse_from(["keel", "--listen-client-urls", "127.0.0.1:31990"]);
+        assert_eq!(
+            c.normalize().unwrap_err().to_string(),
+            r#"invalid value "127.0.0.1:31990" for flag -listen-client-urls: parse "127.0.0.1:31990": first path segment in URL cannot contain colon"#
+        );
+        let mut c = Config::parse_from(["keel", "--advertise-client-urls", "ftp://h:1"]);
+        assert_eq!(
+            c.normalize().unwrap_err().to_string(),
+            r#"invalid value "ftp://h:1" for flag -advertise-client-urls: URL scheme must be http, https, unix, or unixs: ftp://h:1"#
+        );
+        assert_eq!(c.normalize().unwrap_err().exit_code(), 2);
+    }
+
+    #[test]
+    fn heartbeat_interval_zero_is_refused_as_etcd_does() {
+        let mut c = Config::parse_from(["keel", "--heartbeat-interval", "0"]);
+        assert_eq!(
+            c.normalize().unwrap_err().to_string(),
+            "--heartbeat-interval must be >0 (set to 0ms)"
         );
     }
 
