@@ -33,9 +33,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::concurrency::caller::Caller;
+use super::concurrency::caller::{Caller, Entry};
 use super::concurrency::wait::{OwnKey, Watches, wait_for_turn};
-use super::concurrency::{ConcurrencyError, first_created, ops, owner_key, prefix_end, prefix_of};
+use super::concurrency::{ConcurrencyError, first_created, ops, prefix_end, prefix_of};
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::qos::Method;
@@ -172,12 +172,8 @@ impl Election for ElectionService {
     ) -> Result<Response<CampaignResponse>, Status> {
         let caller = Caller::of(&self.node, &request);
         let req = request.into_inner();
-        let prefix = prefix_of(&req.name);
-        caller
-            .admit(Method::Campaign, &prefix, &prefix_end(&prefix))
-            .await?;
-        let lease = caller.session_lease(req.lease).await?;
-        let key = owner_key(&prefix, lease);
+        let Entry { prefix, lease, key } =
+            caller.enter(Method::Campaign, &req.name, req.lease).await?;
         let entered = caller
             .txn(TxnRequest {
                 compare: vec![ops::created_at(&key, 0)],

@@ -25,9 +25,9 @@ use keel_proto::v3lockpb::lock_server::Lock;
 use keel_proto::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
 use tonic::{Request, Response, Status};
 
-use super::concurrency::caller::Caller;
+use super::concurrency::caller::{Caller, Entry};
 use super::concurrency::wait::{OwnKey, wait_for_turn};
-use super::concurrency::{first_created, ops, owner_key, prefix_end, prefix_of};
+use super::concurrency::{first_created, ops};
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::qos::Method;
@@ -58,12 +58,7 @@ impl Lock for LockService {
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
         let caller = Caller::of(&self.node, &request);
         let req = request.into_inner();
-        let prefix = prefix_of(&req.name);
-        caller
-            .admit(Method::Lock, &prefix, &prefix_end(&prefix))
-            .await?;
-        let lease = caller.session_lease(req.lease).await?;
-        let key = owner_key(&prefix, lease);
+        let Entry { prefix, lease, key } = caller.enter(Method::Lock, &req.name, req.lease).await?;
         let acquired = caller.txn(try_acquire(&prefix, &key, lease)).await?;
         let seen_at = ops::revision_of(&acquired);
         let create_revision = if acquired.succeeded {

@@ -104,6 +104,21 @@ impl Caller {
             .into_inner())
     }
 
+    /// The first steps of Lock and Campaign (etcd's `NewMutex`/`NewElection` plus the
+    /// session): admits `method` on the prefix `name/`, takes the caller's lease (a 60 s
+    /// session lease for 0, [`Caller::session_lease`]) and names the caller's key
+    /// `name/<lease hex>`.
+    ///
+    /// Errors: the admission's or the lease grant's status.
+    pub async fn enter(&self, method: Method, name: &[u8], lease: i64) -> Result<Entry, Status> {
+        let prefix = super::prefix_of(name);
+        self.admit(method, &prefix, &super::prefix_end(&prefix))
+            .await?;
+        let lease = self.session_lease(lease).await?;
+        let key = super::owner_key(&prefix, lease);
+        Ok(Entry { prefix, lease, key })
+    }
+
     /// The session lease of a Lock or Campaign: `lease` itself, or for [`NO_LEASE`] a new
     /// [`SESSION_TTL`] lease granted as the client (etcd `concurrency.NewSession`). The
     /// session is orphaned at once, as in etcd: nobody keeps the lease alive.
@@ -161,4 +176,14 @@ impl Drop for AbandonGuard {
             cleanup();
         }
     }
+}
+
+/// Where a Lock or Campaign caller queues ([`Caller::enter`]).
+pub struct Entry {
+    /// `name/`.
+    pub prefix: Vec<u8>,
+    /// The caller's lease ID (the session lease when the request had none).
+    pub lease: i64,
+    /// The caller's key, `name/<lease hex>`.
+    pub key: Vec<u8>,
 }
