@@ -104,7 +104,8 @@ def pct(sorted_values, q):
     return sorted_values[k]
 
 
-def main(paths):
+def analyse(paths):
+    """(leader, followers, rows, overlap) of the logs at `paths`; see the module docs."""
     members = [Member(p) for p in paths]
     leaders = [m for m in members if m.proposed]
     if not leaders:
@@ -158,9 +159,17 @@ def main(paths):
         add("commit_apply", commit, apply_)
         add("apply_resp", apply_, resp)
         add("total", recv, resp)
-    order = ["queue", "to_append", "leader_fsync", "durable_to_ae", "append_to_ae", "net_out",
-             "f_to_append", "f_fsync", "f_reply", "net_back", "ack_to_commit", "commit_apply",
-             "apply_resp", "total"]
+    return leader, followers, rows, overlap
+
+
+ORDER = ["queue", "to_append", "leader_fsync", "durable_to_ae", "append_to_ae", "net_out",
+         "f_to_append", "f_fsync", "f_reply", "net_back", "ack_to_commit", "commit_apply",
+         "apply_resp", "total"]
+
+
+def main(paths):
+    leader, followers, rows, overlap = analyse(paths)
+    order = ORDER
     print(f"leader log: {leader.path}; {len(leader.proposed)} client entries; followers: "
           f"{', '.join(f'{p:x}={m.path}' for p, m in followers.items()) or 'none'}")
     print()
@@ -177,7 +186,45 @@ def main(paths):
               f"{overlap[0]} of {overlap[1]} entries ({100.0 * overlap[0] / overlap[1]:.1f}%)")
 
 
+def self_test():
+    """Synthetic logs of one entry, text format on the leader and JSON on the follower:
+    every interval must come out as written, and the overlap must be seen."""
+    import os
+    import tempfile
+    lead = [("receive", 7, 7, 0, 100, None), ("propose", 5, 5, 0, 110, 7),
+            ("append", 4, 5, 0, 120, None), ("ae_send", 5, 6, 9, 150, None),
+            ("durable", 4, 5, 0, 220, None), ("ae_ack", 5, 6, 9, 500, None),
+            ("commit", 3, 3, 0, 505, None), ("commit", 6, 6, 0, 510, None),
+            ("apply", 5, 5, 0, 600, None), ("response", 5, 5, 0, 650, None)]
+    foll = [("ae_recv", 5, 6, 9, 260), ("append", 5, 6, 0, 270), ("durable", 5, 6, 0, 400),
+            ("ae_reply", 5, 6, 9, 420)]
+    with tempfile.TemporaryDirectory() as d:
+        lp, fp = os.path.join(d, "l.log"), os.path.join(d, "f.log")
+        with open(lp, "w") as f:
+            for st, a, b, p, t, rid in lead:
+                extra = f" id={rid}" if rid is not None else ""
+                f.write(f'2026-12-01T00:00:00Z DEBUG keel::trace: trace stage="{st}" '
+                        f"first={a} last={b} peer={p} t_us={t}{extra}\n")
+        with open(fp, "w") as f:
+            for st, a, b, p, t in foll:
+                f.write(json.dumps({"level": "DEBUG", "target": "keel::trace", "stage": st,
+                                    "first": a, "last": b, "peer": p, "t_us": t}) + "\n")
+        leader, followers, rows, overlap = analyse([fp, lp])
+        assert leader.path == lp and list(followers) == [9], (leader.path, followers)
+        want = {"queue": 10, "to_append": 10, "leader_fsync": 100, "durable_to_ae": -70,
+                "append_to_ae": 30, "net_out": 110, "f_to_append": 10, "f_fsync": 130,
+                "f_reply": 20, "net_back": 80, "ack_to_commit": 10, "commit_apply": 90,
+                "apply_resp": 50, "total": 550}
+        got = {k: round(v[0] * 1000) for k, v in rows.items()}
+        assert got == want, got
+        assert overlap == [1, 1], overlap
+    print("put-trace.py self-test: ok")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+    elif len(sys.argv) < 2:
         sys.exit(__doc__)
-    main(sys.argv[1:])
+    else:
+        main(sys.argv[1:])
