@@ -153,6 +153,12 @@ if [ "$run_cargo" -eq 1 ]; then
         echo "$layers_out"
         record FAIL "scripts/layers.sh: upward imports (listed above)"
     fi
+    # The write-path timeline joiner (docs/benchmarks.md, issue 20 part 1) on synthetic logs.
+    if python3 "$REPO/scripts/put-trace.py" --self-test; then
+        record ok "scripts/put-trace.py --self-test"
+    else
+        record FAIL "scripts/put-trace.py --self-test"
+    fi
 fi
 
 # ---- failpoints (docs/failpoints.md) --------------------------------------------------------

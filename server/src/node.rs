@@ -34,6 +34,7 @@ use crate::raft::dial_override;
 use crate::raft::export::ExportLocks;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, into_result};
+use crate::raft::trace::Stage;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, StateMachine};
 use crate::version::{ClusterVersion, Downgrade, Version, gates};
@@ -496,8 +497,16 @@ impl Node {
             return Err(EtcdError::Timeout);
         }
         loop {
+            let proposed_us = crate::raft::trace::start();
             match self.raft.client_write(Request(req.clone())).await {
-                Ok(resp) => return into_result(resp.data.0).map(|r| (r, resp.log_id.index)),
+                Ok(resp) => {
+                    if proposed_us != 0 {
+                        let index = resp.log_id.index;
+                        crate::raft::trace::mark_proposed(req.id, index, proposed_us);
+                        crate::raft::trace::mark(Stage::Response, index, index, 0);
+                    }
+                    return into_result(resp.data.0).map(|r| (r, resp.log_id.index));
+                }
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                     match f.leader_node {
                         Some(leader) if f.leader_id != Some(self.id) => {

@@ -11,6 +11,7 @@ pub mod peers;
 pub mod proposer;
 pub mod snapshot;
 pub mod state_machine;
+pub mod trace;
 pub mod types;
 pub mod wait;
 
