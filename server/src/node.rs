@@ -32,12 +32,13 @@ use crate::mvcc::{MvccStore, SharedStore};
 use crate::qos::{Admission, LoadGauge, RuleChange, RuleSet};
 use crate::raft::dial_override;
 use crate::raft::export::ExportLocks;
+use crate::raft::force_new_cluster::restart_as_standalone;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, into_result};
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, StateMachine};
 use crate::version::{ClusterVersion, Downgrade, Version, gates};
-use crate::wal::{Wal, WalOptions};
+use crate::wal::Wal;
 use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 
 /// gRPC response metadata key of `keelpb.Peer/Forward`: the raft log index of the proposed
@@ -142,7 +143,7 @@ impl Node {
             .with_context(|| format!("cannot prepare the store in {}", db_dir.display()))?;
 
         let wal = Arc::new(
-            tokio::task::block_in_place(|| Wal::open(&wal_dir, WalOptions::default()))
+            tokio::task::block_in_place(|| Wal::open(&wal_dir, config.wal_options()))
                 .with_context(|| format!("cannot open WAL in {}", wal_dir.display()))?,
         );
         let backend = Backend::open(&db_real)
@@ -204,6 +205,9 @@ impl Node {
             .context("cannot start the watch sync thread")?;
         applier.set_watch_hub(watch.clone());
         applier.set_admission(qos.clone());
+        if config.recovery.force_new_cluster {
+            restart_as_standalone(&wal, id, cluster_id, applier.membership())?;
+        }
         let sm = StateMachine::new(applier, snap_dir);
         let export_locks = sm.export_locks();
 

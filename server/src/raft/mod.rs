@@ -5,6 +5,7 @@
 
 pub mod dial_override;
 pub mod export;
+pub mod force_new_cluster;
 pub mod log_store;
 pub mod network;
 pub mod peers;
@@ -14,6 +15,8 @@ pub mod state_machine;
 pub mod types;
 pub mod wait;
 
+#[cfg(test)]
+mod force_new_cluster_test;
 #[cfg(test)]
 mod recovery_test;
 #[cfg(test)]
