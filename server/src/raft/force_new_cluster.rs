@@ -182,7 +182,8 @@ pub fn restart_as_standalone(
         commit_index = committed.flatten().map_or(0, |c| c.index),
         last_index = forced.last_index,
         removed_members = ?removed,
-        membership_entry = ?forced.entry.map(|l| l.to_string()),
+        new_term = forced.entry.map_or(0, |l| l.leader_id.term),
+        membership_index = forced.entry.map_or(0, |l| l.index),
         "forcing restart member"
     );
     tracing::warn!(

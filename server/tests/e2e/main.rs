@@ -18,6 +18,7 @@ mod corrupt;
 mod crash_recovery;
 mod defrag;
 mod deploy;
+mod disaster_recovery;
 mod etcdctl;
 mod gateway;
 mod http;
