@@ -227,6 +227,7 @@ impl Node {
         .validate()?;
         let network = PeerNetwork::new(peers.clone());
         let load = qos.load().clone();
+        let retained_wal = wal.clone();
         let log_store = LogStore::with_commit_hook(wal, Arc::new(move |i| load.set_committed(i)));
         let raft = Raft::new(id, Arc::new(raft_config), network, log_store, sm).await?;
 
@@ -303,6 +304,11 @@ impl Node {
         tokio::spawn(crate::cluster::leadership::monitor(Arc::downgrade(
             &node.cluster,
         )));
+        tokio::spawn(crate::raft::retention::run(
+            node.raft.clone(),
+            retained_wal,
+            node.config.recovery.max_wals as usize,
+        ));
         node.clone().spawn_db_size_refresh();
         node.spawn_corrupt_check();
         node.spawn_token_sweep();

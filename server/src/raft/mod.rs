@@ -10,6 +10,7 @@ pub mod log_store;
 pub mod network;
 pub mod peers;
 pub mod proposer;
+pub mod retention;
 pub mod snapshot;
 pub mod state_machine;
 pub mod types;

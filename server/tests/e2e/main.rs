@@ -32,6 +32,7 @@ mod peer_dial_override;
 mod qos;
 mod range_stream;
 mod response_shapes;
+mod retention;
 mod shutdown;
 mod snapshot;
 mod startup;
