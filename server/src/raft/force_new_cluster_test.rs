@@ -6,13 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
-use keel_proto::keelpb::{RaftRequest, raft_request};
 use openraft::{CommittedLeaderId, EntryPayload, Membership, StoredMembership, Vote};
 
 use super::force_new_cluster::force_new_cluster;
 use super::log_store::{META_COMMITTED, META_VOTE};
-use super::types::{Entry, LogId, MemberNode, Raft, Request};
+use super::types::{Entry, LogId, MemberNode, Raft};
 use super::{LogStore, PeerNetwork};
 use crate::wal::{Wal, WalOptions};
 
@@ -35,20 +33,7 @@ fn write_follower_log(wal_dir: &std::path::Path) {
         log_id: log_id(0),
         payload: EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes)),
     }];
-    for i in 1..=5u64 {
-        entries.push(Entry {
-            log_id: log_id(i),
-            payload: EntryPayload::Normal(Request(RaftRequest {
-                auth_header: None,
-                id: i,
-                request: Some(raft_request::Request::Put(PutRequest {
-                    key: format!("k{i}").into_bytes(),
-                    value: b"v".to_vec(),
-                    ..Default::default()
-                })),
-            })),
-        });
-    }
+    entries.extend((1..=5).map(|i| super::test_support::put_entry(log_id(i), i)));
     let wal = Wal::open(wal_dir, WalOptions::default()).unwrap();
     let encoded: Vec<(u64, Vec<u8>)> = entries
         .iter()
@@ -114,22 +99,8 @@ async fn a_follower_of_a_lost_cluster_restarts_alone_with_every_entry() {
         .applied_index_at_least(Some(7), "the new term's blank entry")
         .await
         .expect("everything up to the new term's first entry applied");
-    let resp = shared
-        .get()
-        .range(&RangeRequest {
-            key: b"k".to_vec(),
-            range_end: b"l".to_vec(),
-            ..Default::default()
-        })
-        .unwrap();
-    let got: Vec<(Vec<u8>, i64)> = resp
-        .kvs
-        .iter()
-        .map(|kv| (kv.key.clone(), kv.mod_revision))
-        .collect();
-    let want: Vec<(Vec<u8>, i64)> = (1..=5)
-        .map(|i| (format!("k{i}").into_bytes(), i as i64 + 1))
-        .collect();
+    let got = super::test_support::k_revisions(&shared);
+    let want = super::test_support::k_applied_in_order(5);
     assert_eq!(
         got, want,
         "uncommitted entries 4 and 5 are kept and committed"

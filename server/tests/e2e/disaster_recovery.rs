@@ -25,10 +25,12 @@ fn member_ids(endpoint: &str) -> Vec<u64> {
         .collect()
 }
 
-/// key → (value, mod revision, lease) as served by `endpoint` (linearizable).
-async fn served(endpoint: &str) -> BTreeMap<String, (String, i64, i64)> {
+/// key → (value, mod revision, lease) of the keys under `prefix`, as served by `endpoint`
+/// (linearizable).
+pub(crate) async fn served(endpoint: &str, prefix: &str) -> BTreeMap<String, (String, i64, i64)> {
     let mut kv = grpc::kv(endpoint).await;
-    grpc::range(&mut kv, b"dr/", &grpc::prefix_end(b"dr/"))
+    let prefix = prefix.as_bytes();
+    grpc::range(&mut kv, prefix, &grpc::prefix_end(prefix))
         .await
         .kvs
         .into_iter()
@@ -117,7 +119,7 @@ fn force_new_cluster_recovers_a_member_whose_peers_are_gone() {
     assert_eq!(status.leader, survivor_id);
     assert_eq!(status.header.as_ref().unwrap().member_id, survivor_id);
     assert_eq!(member_ids(&ep), [survivor_id]);
-    assert_eq!(rt.block_on(served(&ep)), written);
+    assert_eq!(rt.block_on(served(&ep, "dr/")), written);
     let ttl = rt.block_on(async {
         let mut lease = grpc::lease(&ep, Duration::from_secs(10)).await;
         lease
@@ -166,7 +168,7 @@ fn force_new_cluster_recovers_a_member_whose_peers_are_gone() {
     let hashes = etcdctl::hashkvs([ep.as_str(), m4_ep.as_str()], rev);
     assert_eq!(hashes[0], hashes[1], "HashKV at {rev}");
     assert_eq!(member_ids(&ep).len(), 2);
-    let mut on_m4 = rt.block_on(served(&m4_ep));
+    let mut on_m4 = rt.block_on(served(&m4_ep, "dr/"));
     assert_eq!(on_m4.remove("dr/after").map(|v| v.0), Some("alone".into()));
     assert_eq!(
         on_m4.remove("dr/after-add").map(|v| v.0),

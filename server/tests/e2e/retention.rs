@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use keel_testkit::grpc;
 
+use crate::disaster_recovery::served;
 use crate::member;
 
 /// Live WAL segments (`*.wal`, `*.wal.tmp`; `.spare` files are recycled empties) and
@@ -101,20 +102,11 @@ fn max_wals_and_max_snapshots_bound_the_files_and_a_crash_loses_nothing() {
     keel.kill9();
     keel.restart();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let served: BTreeMap<String, String> = rt.block_on(async {
-        let mut kv = grpc::kv(&keel.endpoint()).await;
-        grpc::range(&mut kv, b"ret/", &grpc::prefix_end(b"ret/"))
-            .await
-            .kvs
-            .into_iter()
-            .map(|kv| {
-                (
-                    String::from_utf8(kv.key).unwrap(),
-                    String::from_utf8(kv.value).unwrap(),
-                )
-            })
-            .collect()
-    });
+    let served: BTreeMap<String, String> = rt
+        .block_on(served(&keel.endpoint(), "ret/"))
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect();
     assert_eq!(served.len(), written.len());
     assert!(
         served == written,
