@@ -98,6 +98,11 @@ fn force_new_cluster_recovers_a_member_whose_peers_are_gone() {
     assert_eq!(before_ids.len(), 3);
     let survivor_id = cluster.member_id(survivor).unwrap();
 
+    // An acknowledged write is on a majority, not necessarily on the survivor: let it catch
+    // up first (what it never received, force-new-cluster cannot bring back).
+    let index = cluster.status(leader).unwrap().raft_index;
+    cluster.wait_applied(index, Duration::from_secs(20));
+
     // Lose the other two members for good, then the survivor.
     for i in 0..3 {
         if i != survivor {
