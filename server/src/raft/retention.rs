@@ -23,7 +23,7 @@ use crate::wal::Wal;
 
 /// How often the segment count is checked (cheap: one mutex and a short vector). etcd checks
 /// every 30 s; segments fill in well under a second under load.
-const CHECK_EVERY: Duration = Duration::from_millis(100);
+const CHECK_EVERY: Duration = Duration::from_millis(50);
 
 /// The index to purge up to so that at most `max_wals` of `segments` (oldest first, each
 /// segment's highest entry index; see [`Wal::segments`]) stay, without passing `snapshot` and

@@ -31,7 +31,7 @@ fn file_counts(data: &Path) -> (usize, usize) {
     )
 }
 
-/// Writes `n` 1 KiB values (four writers) while sampling the file counts; returns what was
+/// Writes `n` 2 KiB values (four writers) while sampling the file counts; returns what was
 /// acknowledged and the largest counts seen.
 fn load(endpoint: &str, data: &Path, n: usize) -> (BTreeMap<String, String>, (usize, usize)) {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -57,7 +57,7 @@ fn load(endpoint: &str, data: &Path, n: usize) -> (BTreeMap<String, String>, (us
                 let mut mine = Vec::new();
                 for i in (w..n).step_by(4) {
                     let (key, value) =
-                        (format!("ret/{i:05}"), format!("{i:05}{}", "x".repeat(1019)));
+                        (format!("ret/{i:05}"), format!("{i:05}{}", "x".repeat(2043)));
                     grpc::put(&mut kv, &key, &value).await;
                     mine.push((key, value));
                 }
@@ -80,7 +80,7 @@ fn load(endpoint: &str, data: &Path, n: usize) -> (BTreeMap<String, String>, (us
 
 const FLAGS: &[&str] = &[
     "--snapshot-count=100",
-    "--experimental-wal-segment-bytes=262144",
+    "--experimental-wal-segment-bytes=524288",
     "--max-snapshots=2",
 ];
 
@@ -89,9 +89,9 @@ fn max_wals_and_max_snapshots_bound_the_files_and_a_crash_loses_nothing() {
     let (_guard, mut keel) = member(&[FLAGS, &["--max-wals=3"]].concat());
     let data = keel.data_dir();
     let started = Instant::now();
-    let (written, most) = load(&keel.endpoint(), &data, 3000);
+    let (written, most) = load(&keel.endpoint(), &data, 2400);
     eprintln!(
-        "--max-wals 3: at most {} live segments and {} snapshot files during 3000 1 KiB writes ({:?})",
+        "--max-wals 3: at most {} live segments and {} snapshot files during 2400 2 KiB writes ({:?})",
         most.0,
         most.1,
         started.elapsed()
@@ -117,7 +117,7 @@ fn max_wals_and_max_snapshots_bound_the_files_and_a_crash_loses_nothing() {
 #[test]
 fn without_max_wals_the_same_load_keeps_more_segments() {
     let (_guard, keel) = member(&[FLAGS, &["--max-wals=0"]].concat());
-    let (_, most) = load(&keel.endpoint(), &keel.data_dir(), 3000);
+    let (_, most) = load(&keel.endpoint(), &keel.data_dir(), 2400);
     eprintln!("--max-wals 0: at most {} live segments", most.0);
     assert!(most.0 > 6, "{most:?}");
 }
