@@ -66,6 +66,15 @@ pub fn force_new_cluster(
         Some(m) => m,
         None => applied.membership().clone(),
     };
+    if last.is_none() && effective.nodes().next().is_none() {
+        // A new data dir: nothing to recover, the start bootstraps as usual (etcd applies the
+        // flag only when a WAL exists).
+        return Ok(Forced {
+            entry: None,
+            removed: Vec::new(),
+            last_index: 0,
+        });
+    }
     let me = effective
         .get_node(&id)
         .cloned()
@@ -176,16 +185,24 @@ pub fn restart_as_standalone(
         .map(|b| bincode::deserialize(&b))
         .transpose()?;
     let removed: Vec<String> = forced.removed.iter().map(|m| format!("{m:x}")).collect();
-    tracing::info!(
-        cluster_id = %format!("{cluster_id:x}"),
-        local_member_id = %format!("{id:x}"),
-        commit_index = committed.flatten().map_or(0, |c| c.index),
-        last_index = forced.last_index,
-        removed_members = ?removed,
-        new_term = forced.entry.map_or(0, |l| l.leader_id.term),
-        membership_index = forced.entry.map_or(0, |l| l.index),
-        "forcing restart member"
-    );
+    if forced.entry.is_none() {
+        tracing::info!(
+            local_member_id = %format!("{id:x}"),
+            last_index = forced.last_index,
+            "--force-new-cluster: nothing to change (a new data dir, or already the only member)"
+        );
+    } else {
+        tracing::info!(
+            cluster_id = %format!("{cluster_id:x}"),
+            local_member_id = %format!("{id:x}"),
+            commit_index = committed.flatten().map_or(0, |c| c.index),
+            last_index = forced.last_index,
+            removed_members = ?removed,
+            new_term = forced.entry.map_or(0, |l| l.leader_id.term),
+            membership_index = forced.entry.map_or(0, |l| l.index),
+            "forcing restart member"
+        );
+    }
     tracing::warn!(
         "--force-new-cluster is set: remove it once the cluster is recovered, or every later \
          start removes the members added since"

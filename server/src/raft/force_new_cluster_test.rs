@@ -143,3 +143,12 @@ fn a_member_missing_from_its_config_is_refused() {
     );
     assert_eq!(wal.last_index(), before, "nothing written");
 }
+
+#[test]
+fn a_new_data_dir_is_left_to_bootstrap() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    let forced = force_new_cluster(&wal, 1, &StoredMembership::default()).unwrap();
+    assert_eq!(forced.entry, None);
+    assert_eq!((wal.last_index(), wal.meta(META_VOTE)), (None, None));
+}

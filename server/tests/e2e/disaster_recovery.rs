@@ -11,8 +11,8 @@ use keel_testkit::Cluster;
 use keel_testkit::etcdctl::{self, etcdctl};
 use keel_testkit::grpc;
 
-use crate::cluster;
 use crate::cluster_membership::member_cmd;
+use crate::{cluster, member};
 
 /// Member IDs from `etcdctl member list`.
 fn member_ids(endpoint: &str) -> Vec<u64> {
@@ -193,4 +193,19 @@ fn force_new_cluster_recovers_a_member_whose_peers_are_gone() {
         Some("two".into())
     );
     assert_eq!(on_m4, written);
+}
+
+/// On a new data dir the flag changes nothing: the member bootstraps as usual (etcd applies it
+/// only when a WAL exists).
+#[test]
+fn force_new_cluster_on_a_new_data_dir_bootstraps_as_usual() {
+    let (_guard, keel) = member(&["--force-new-cluster"]);
+    let ep = keel.endpoint();
+    etcdctl(&ep, &["put", "k", "v"]).ok();
+    assert_eq!(etcdctl::revision(&ep), 2);
+    assert_eq!(member_ids(&ep).len(), 1);
+    assert!(
+        keel.log()
+            .contains("--force-new-cluster: nothing to change")
+    );
 }
