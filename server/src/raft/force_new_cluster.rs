@@ -2,9 +2,9 @@
 //! its cluster ID and its member ID (etcd `restartAsStandaloneNode`, etcd
 //! `server/etcdserver/raft.go`), after the rest of the cluster is lost.
 //!
-//! Runs on the WAL before openraft starts. It appends one membership entry whose only voter is
-//! this member (its node record kept as it was), in a new term led by this member, and saves
-//! the vote for that term, then waits until both are fdatasync'ed. openraft then loads that
+//! Runs on the WAL before openraft starts. It saves a vote for itself in a new term, then
+//! appends one membership entry of that term whose only voter is this member (its node record
+//! kept as it was), and waits until both are fdatasync'ed. openraft then loads that
 //! entry as the effective membership (the last membership entry in the log wins), the member
 //! is the only voter, elects itself, and commits the entry with its first blank entry, which
 //! also stores the one-member list in the applied state (the `MemberList` source).
@@ -112,9 +112,12 @@ pub fn force_new_cluster(
         )),
     };
     let bytes = bincode::serialize(&entry)?;
-    wal.append(&[(log_id.index, bytes.as_slice())])?;
-    // Voted for itself in the new term: an election moves to term + 1 and wins alone.
-    let lsn = wal.set_meta(META_VOTE, &bincode::serialize(&Vote::new(term, id))?)?;
+    // The vote first (voted for itself in the new term; its election then wins alone): a crash
+    // between the two writes leaves either a higher vote alone, and a rerun picks a higher
+    // term, or both. Never an entry above the vote's term.
+    wal.set_meta(META_VOTE, &bincode::serialize(&Vote::new(term, id))?)?;
+    let lsn = wal.append(&[(log_id.index, bytes.as_slice())])?;
+    // Lsns become durable in order: this covers the vote too.
     wal.wait_durable(lsn)?;
     Ok(Forced {
         entry: Some(log_id),
