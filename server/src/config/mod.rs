@@ -15,6 +15,7 @@ mod error;
 mod maintenance;
 pub mod operator;
 mod qos;
+mod recovery;
 mod settings;
 mod tls;
 
@@ -27,6 +28,7 @@ pub use duration::{GoDuration, GoDurationError};
 pub use error::ConfigError;
 pub use maintenance::MaintenanceFlags;
 pub use operator::OperatorFlags;
+pub use recovery::RecoveryFlags;
 pub use tls::{SecurityFlags, is_https, listener_tls};
 
 use crate::raft::dial_override;
@@ -180,6 +182,10 @@ pub struct Config {
     #[command(flatten)]
     #[serde(flatten)]
     pub maintenance: MaintenanceFlags,
+    /// `--force-new-cluster`, `--max-snapshots`, `--max-wals` (issue 15 parts 7-8).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub recovery: RecoveryFlags,
 }
 
 impl Default for Config {
