@@ -171,6 +171,7 @@ impl Node {
             cluster_id,
             initial_members,
         } = bootstrap::identify(&bootstrap::Flags::from_config(&config), &backend, &peers).await?;
+        peers.set_cluster_id(cluster_id);
 
         let live = backend.into_live();
         let store = Arc::new(

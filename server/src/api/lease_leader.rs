@@ -164,10 +164,7 @@ async fn forward_renew(
 /// A client on the pooled peer connection to `url`.
 ///
 /// Errors: `Internal` for a URL that is not one (the leader's entry is corrupt).
-fn peer_client(
-    node: &Node,
-    url: &str,
-) -> Result<keel_proto::keelpb::peer_client::PeerClient<tonic::transport::Channel>, EtcdError> {
+fn peer_client(node: &Node, url: &str) -> Result<crate::raft::peers::PeerRpcClient, EtcdError> {
     node.cluster
         .peers
         .client(url)

@@ -22,6 +22,7 @@ mod lease_leader;
 mod lock;
 mod maintenance;
 mod peer;
+pub mod peer_cluster_id;
 mod qos;
 pub mod range_stream;
 pub mod require_leader;
@@ -42,6 +43,7 @@ use keel_proto::v3lockpb::lock_server::LockServer;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tonic::service::Routes;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::{Connected, TcpIncoming};
 
@@ -160,12 +162,14 @@ where
     IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let check = peer_cluster_id::ClusterIdCheck {
+        local: node.cluster_id,
+    };
+    let service = PeerServer::new(PeerService::new(node))
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
     Server::builder()
-        .add_service(
-            PeerServer::new(PeerService::new(node))
-                .max_decoding_message_size(usize::MAX)
-                .max_encoding_message_size(usize::MAX),
-        )
+        .add_service(InterceptedService::new(service, check))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())

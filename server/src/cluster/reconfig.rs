@@ -34,11 +34,10 @@ use keel_proto::etcdserverpb::{
     Member, MemberAddRequest, MemberAddResponse, MemberPromoteRequest, MemberPromoteResponse,
     MemberRemoveRequest, MemberRemoveResponse, MemberUpdateRequest, MemberUpdateResponse,
 };
-use keel_proto::keelpb::peer_client::PeerClient;
+
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{ChangeMembers, Membership};
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use super::Cluster;
 use super::members::{
@@ -46,7 +45,7 @@ use super::members::{
     to_member, validate_peer_urls,
 };
 use crate::error::EtcdError;
-use crate::raft::peers::{PeerFailure, classify, is_transport_failure, leader_url};
+use crate::raft::peers::{PeerFailure, PeerRpcClient, classify, is_transport_failure, leader_url};
 use crate::raft::types::{MemberNode, NodeId};
 
 /// etcd's `HealthInterval`: a voter counts as connected if it answered continuously for this
@@ -300,7 +299,7 @@ where
     Q: Clone,
     L: Fn(Q) -> LF,
     LF: Future<Output = Result<T>>,
-    R: Fn(PeerClient<Channel>, tonic::Request<Q>) -> RF,
+    R: Fn(PeerRpcClient, tonic::Request<Q>) -> RF,
     RF: Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
 {
     let deadline = Instant::now() + cluster.timing.request_timeout;

@@ -7,13 +7,19 @@
 //! creates a new network client for every heartbeat round and every read-index round, so
 //! without the pool each of them would open a TCP connection). A channel whose transport failed
 //! is dropped, so the next RPC reconnects (the member may have restarted).
+//!
+//! Every RPC carries this member's cluster ID in [`CLUSTER_ID_HEADER`] once it is known
+//! (etcd's `X-Etcd-Cluster-ID`), so a member of another cluster that reaches this one by a
+//! reused address is refused instead of joining its votes (`api::peer_cluster_id`).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keel_proto::keelpb::peer_client::PeerClient;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use super::dial_override::DialOverrides;
@@ -28,10 +34,36 @@ const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long an HTTP/2 ping may stay unanswered before the connection is dropped.
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// gRPC metadata key of the sender's cluster ID, lower-case hex (etcd's rafthttp header
+/// `X-Etcd-Cluster-ID`).
+pub const CLUSTER_ID_HEADER: &str = "x-etcd-cluster-id";
+
+/// A `keelpb.Peer` client on a pooled channel, stamping [`CLUSTER_ID_HEADER`].
+pub type PeerRpcClient = PeerClient<InterceptedService<Channel, ClusterIdStamp>>;
+
+/// Adds [`CLUSTER_ID_HEADER`] to each outgoing peer RPC once the cluster ID is known (0:
+/// not yet, while a joining member asks the cluster who it is).
+#[derive(Clone, Default)]
+pub struct ClusterIdStamp(Arc<AtomicU64>);
+
+impl Interceptor for ClusterIdStamp {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let id = self.0.load(Ordering::Relaxed);
+        if id != 0 {
+            let value = format!("{id:x}")
+                .parse()
+                .expect("hex digits are valid metadata");
+            req.metadata_mut().insert(CLUSTER_ID_HEADER, value);
+        }
+        Ok(req)
+    }
+}
+
 /// The pool of peer channels and the health table. Cheap to share behind an `Arc`.
 #[derive(Default)]
 pub struct Peers {
     channels: Mutex<HashMap<String, Channel>>,
+    cluster_id: ClusterIdStamp,
     dial_overrides: DialOverrides,
     /// How `https://` peer URLs are dialed (`None`: they cannot be).
     tls: Option<PeerConnector>,
@@ -73,6 +105,11 @@ impl Peers {
         self
     }
 
+    /// Stamps `cluster_id` on every RPC sent from now on ([`CLUSTER_ID_HEADER`]).
+    pub fn set_cluster_id(&self, cluster_id: u64) {
+        self.cluster_id.0.store(cluster_id, Ordering::Relaxed);
+    }
+
     /// The address a connection to the peer advertised at `url` actually dials: its override,
     /// or `url` itself.
     pub fn dial_url<'a>(&'a self, url: &'a str) -> &'a str {
@@ -86,7 +123,7 @@ impl Peers {
     /// ([`Peers::with_tls`]; without one it is dialed in plaintext and the peer refuses it).
     ///
     /// Errors: `url` (or its override) is not a valid URI.
-    pub fn client(&self, url: &str) -> Result<PeerClient<Channel>, tonic::transport::Error> {
+    pub fn client(&self, url: &str) -> Result<PeerRpcClient, tonic::transport::Error> {
         let channel = {
             let mut channels = self.channels.lock().expect("peer channel lock");
             match channels.get(url) {
@@ -114,9 +151,11 @@ impl Peers {
                 }
             }
         };
-        Ok(PeerClient::new(channel)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX))
+        Ok(
+            PeerClient::with_interceptor(channel, self.cluster_id.clone())
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX),
+        )
     }
 
     /// Drops the pooled channel of `url` after a transport failure; the next

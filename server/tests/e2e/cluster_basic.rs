@@ -328,3 +328,51 @@ fn over_deep_txns_are_refused_and_accepted_ones_survive_a_restart() {
         grpc::put(&mut kv, "after", "restart").await;
     });
 }
+
+/// A peer RPC stamped with another cluster's ID is refused with etcd's "cluster ID mismatch";
+/// one with this cluster's ID, or without the header (a joining member, a 0.1.0 member), is
+/// served. Members of a 3-member cluster stamp their own RPCs, so the cluster works.
+#[test]
+fn peer_rpcs_from_another_cluster_are_refused() {
+    use keel_proto::keelpb::ClusterInfoRequest;
+    use keel_proto::keelpb::peer_client::PeerClient;
+
+    let (_alone, c) = cluster(3, &[]);
+    let member = &c.members[0];
+    let cluster_id = grpc::status(&member.endpoint())
+        .expect("status")
+        .header
+        .expect("header")
+        .cluster_id;
+    let rt = grpc::runtime();
+    let ask = |stamp: Option<String>| {
+        rt.block_on(async {
+            let url = member.peer_url();
+            let mut peer = PeerClient::connect(url)
+                .await
+                .expect("connect to the peer URL");
+            let mut req = tonic::Request::new(ClusterInfoRequest {});
+            if let Some(id) = stamp {
+                req.metadata_mut()
+                    .insert("x-etcd-cluster-id", id.parse().expect("metadata"));
+            }
+            peer.cluster_info(req)
+                .await
+                .map(|r| r.into_inner().cluster_id)
+        })
+    };
+    assert_eq!(ask(None).expect("no header"), cluster_id);
+    assert_eq!(
+        ask(Some(format!("{cluster_id:x}"))).expect("same cluster"),
+        cluster_id
+    );
+    let refused = ask(Some(format!("{:x}", cluster_id ^ 1))).unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(refused.message(), "cluster ID mismatch");
+    // The members' own RPCs carry the right ID: writes still commit on all three.
+    let mut kv = rt.block_on(grpc::kv(&member.endpoint()));
+    let rev = rt.block_on(grpc::put(&mut kv, "after-check", "v"));
+    assert!(rev > 1, "the put committed at revision {rev}");
+    let index = grpc::status(&member.endpoint()).expect("status").raft_index;
+    c.wait_applied(index, Duration::from_secs(10));
+}
