@@ -21,8 +21,8 @@ use crate::auth::{AuthInfo, AuthState, TokenProvider};
 use crate::backend::{Backend, LiveTree, generation};
 use crate::backup::defragment;
 use crate::cluster::bootstrap::{self, Identity};
-use crate::cluster::corrupt;
 use crate::cluster::{Cluster, timing};
+use crate::cluster::{autocompact, corrupt};
 use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
 use crate::lease::runner::{self, RunnerConfig};
@@ -301,6 +301,7 @@ impl Node {
         )));
         node.clone().spawn_db_size_refresh();
         node.spawn_corrupt_check();
+        node.spawn_auto_compaction();
         node.spawn_token_sweep();
         tokio::spawn(runner::run(
             node.lessor.clone(),
@@ -836,6 +837,16 @@ impl Node {
         });
     }
 
+    /// etcd's auto-compaction (`--auto-compaction-mode`, `--auto-compaction-retention`): the
+    /// leader proposes compactions on etcd's schedule (`cluster::autocompact`).
+    fn spawn_auto_compaction(self: &Arc<Self>) {
+        // The flags were checked at start-up (`Config::normalize`).
+        if let Ok(Some(mode)) = self.config.maintenance.auto_compaction() {
+            let target = NodeCompactor(Arc::downgrade(self));
+            tokio::spawn(autocompact::run(mode, target, autocompact::TokioClock));
+        }
+    }
+
     /// Drops expired simple tokens about once a second (etcd's 1 s ticker); lookups also
     /// refuse expired tokens, so this only bounds memory.
     fn spawn_token_sweep(&self) {
@@ -964,5 +975,30 @@ impl runner::Proposer for NodeProposer {
     async fn propose(&self, req: raft_request::Request) -> Result<RaftResponse, EtcdError> {
         let node = self.0.upgrade().ok_or(EtcdError::Stopped)?;
         node.propose(req).await
+    }
+}
+
+/// The auto-compactor's member (`cluster::autocompact::Compactable`): the store revision,
+/// leadership, and compactions proposed through raft like any server-issued request.
+struct NodeCompactor(Weak<Node>);
+
+impl autocompact::Compactable for NodeCompactor {
+    fn revision(&self) -> Option<i64> {
+        Some(self.0.upgrade()?.store.get().current_revision())
+    }
+
+    fn is_leader(&self) -> bool {
+        self.0.upgrade().is_some_and(|n| n.cluster.is_leader())
+    }
+
+    async fn compact(&self, revision: i64) -> Result<(), EtcdError> {
+        let node = self.0.upgrade().ok_or(EtcdError::Stopped)?;
+        let request = keel_proto::etcdserverpb::CompactionRequest {
+            revision,
+            physical: false,
+        };
+        node.propose(raft_request::Request::Compaction(request))
+            .await
+            .map(|_| ())
     }
 }

@@ -1,6 +1,7 @@
 //! Running as one member of a multi-member cluster, on the same code path as a single member
 //! (docs/raft.md):
 //!
+//! - [`autocompact`] — the leader's auto-compaction (etcd's periodic and revision modes);
 //! - [`bootstrap`] — member and cluster IDs from `--initial-cluster*`, joining with `existing`;
 //! - [`timing`] — openraft timers from etcd's heartbeat and election timeout;
 //! - [`read_index`] (+ [`batch`]) — linearizable reads on any member, batched;
@@ -14,6 +15,7 @@
 //! bundles the handles and per-member state these need; the node owns one, and nothing here
 //! sees the node itself.
 
+pub mod autocompact;
 pub mod batch;
 pub mod bootstrap;
 pub mod corrupt;
