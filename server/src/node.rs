@@ -22,7 +22,7 @@ use crate::backend::{Backend, LiveTree, generation};
 use crate::backup::defragment;
 use crate::cluster::bootstrap::{self, Identity};
 use crate::cluster::{Cluster, timing};
-use crate::cluster::{autocompact, corrupt};
+use crate::cluster::{autocompact, compact_hash, corrupt};
 use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
 use crate::lease::runner::{self, RunnerConfig};
@@ -301,6 +301,7 @@ impl Node {
         )));
         node.clone().spawn_db_size_refresh();
         node.spawn_corrupt_check();
+        node.spawn_compact_hash_check();
         node.spawn_auto_compaction();
         node.spawn_token_sweep();
         tokio::spawn(runner::run(
@@ -821,20 +822,54 @@ impl Node {
                         member_hash = m.peer,
                         "found data inconsistency with peers: raising CORRUPT"
                     );
-                    if node.alarms.has(m.member, AlarmType::Corrupt) {
-                        continue;
-                    }
-                    let raise = AlarmRequest {
-                        action: AlarmAction::Activate as i32,
-                        member_id: m.member,
-                        alarm: AlarmType::Corrupt as i32,
-                    };
-                    if let Err(e) = node.propose(raft_request::Request::Alarm(raise)).await {
-                        tracing::warn!("raising the CORRUPT alarm: {e}");
-                    }
+                    node.raise_corrupt(m.member).await;
                 }
             }
         });
+    }
+
+    /// etcd's compact-hash check (`--experimental-compact-hash-check-enabled`, every
+    /// `--experimental-compact-hash-check-time`): every member keeps HashKV at its
+    /// compaction revisions, and the leader compares the peers' at the newest one they all
+    /// hold, raising CORRUPT for the member that differs (`cluster::compact_hash`).
+    fn spawn_compact_hash_check(self: &Arc<Self>) {
+        let Some(every) = self.config.maintenance.compact_hash_check() else {
+            return;
+        };
+        self.store.get().set_compact_hashing(true);
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut checker = compact_hash::Checker::default();
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(node) = weak.upgrade() else { return };
+                if !node.cluster.is_leader() {
+                    continue;
+                }
+                for member in checker.check(&node.cluster, node.request_timeout()).await {
+                    node.raise_corrupt(member).await;
+                }
+            }
+        });
+    }
+
+    /// Proposes CORRUPT for `member` (0: the whole cluster) unless it is raised already;
+    /// every member then refuses writes.
+    async fn raise_corrupt(&self, member: NodeId) {
+        if self.alarms.has(member, AlarmType::Corrupt) {
+            return;
+        }
+        let raise = AlarmRequest {
+            action: AlarmAction::Activate as i32,
+            member_id: member,
+            alarm: AlarmType::Corrupt as i32,
+        };
+        if let Err(e) = self.propose(raft_request::Request::Alarm(raise)).await {
+            tracing::warn!("raising the CORRUPT alarm: {e}");
+        }
     }
 
     /// etcd's auto-compaction (`--auto-compaction-mode`, `--auto-compaction-retention`): the

@@ -2,6 +2,7 @@
 //! (docs/raft.md):
 //!
 //! - [`autocompact`] — the leader's auto-compaction (etcd's periodic and revision modes);
+//! - [`corrupt`], [`compact_hash`] — the corruption checks (initial, periodic, compact-hash);
 //! - [`bootstrap`] — member and cluster IDs from `--initial-cluster*`, joining with `existing`;
 //! - [`timing`] — openraft timers from etcd's heartbeat and election timeout;
 //! - [`read_index`] (+ [`batch`]) — linearizable reads on any member, batched;
@@ -18,6 +19,7 @@
 pub mod autocompact;
 pub mod batch;
 pub mod bootstrap;
+pub mod compact_hash;
 pub mod corrupt;
 pub mod leadership;
 pub mod members;
