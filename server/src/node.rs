@@ -794,17 +794,9 @@ impl Node {
         if every.is_zero() {
             return;
         }
-        let weak = Arc::downgrade(self);
+        let mut ticks = LeaderTicks::new(self, every);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let Some(node) = weak.upgrade() else { return };
-                if !node.cluster.is_leader() {
-                    continue;
-                }
+            while let Some(node) = ticks.next().await {
                 let local = match corrupt::local_hash(&node.cluster).await {
                     Ok(h) => h,
                     Err(e) => {
@@ -837,18 +829,10 @@ impl Node {
             return;
         };
         self.store.get().set_compact_hashing(true);
-        let weak = Arc::downgrade(self);
+        let mut ticks = LeaderTicks::new(self, every);
         tokio::spawn(async move {
             let mut checker = compact_hash::Checker::default();
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let Some(node) = weak.upgrade() else { return };
-                if !node.cluster.is_leader() {
-                    continue;
-                }
+            while let Some(node) = ticks.next().await {
                 for member in checker.check(&node.cluster, node.request_timeout()).await {
                     node.raise_corrupt(member).await;
                 }
@@ -1035,5 +1019,39 @@ impl autocompact::Compactable for NodeCompactor {
         node.propose(raft_request::Request::Compaction(request))
             .await
             .map(|_| ())
+    }
+}
+
+/// The rounds of a leader-only background check: every interval (the first one interval
+/// after start), the node if it leads then; `None` once it is gone.
+struct LeaderTicks {
+    tick: tokio::time::Interval,
+    node: Weak<Node>,
+    started: bool,
+}
+
+impl LeaderTicks {
+    fn new(node: &Arc<Node>, every: Duration) -> LeaderTicks {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        LeaderTicks {
+            tick,
+            node: Arc::downgrade(node),
+            started: false,
+        }
+    }
+
+    async fn next(&mut self) -> Option<Arc<Node>> {
+        if !std::mem::replace(&mut self.started, true) {
+            // An interval's first tick is immediate.
+            self.tick.tick().await;
+        }
+        loop {
+            self.tick.tick().await;
+            let node = self.node.upgrade()?;
+            if node.cluster.is_leader() {
+                return Some(node);
+            }
+        }
     }
 }

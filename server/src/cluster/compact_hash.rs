@@ -78,7 +78,8 @@ pub fn judge(leader: NodeId, leader_hash: &CompactHash, answers: &[PeerAnswer]) 
         };
     }
     // etcd: the majority of all members (answering or not) is trusted.
-    let quorum = (answers.len() + 1) / 2 + 1;
+    let members = answers.len() + 1;
+    let quorum = members / 2 + 1;
     let majority = hashes
         .iter()
         .find(|(_, members)| members.len() >= quorum)

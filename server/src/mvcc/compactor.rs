@@ -243,16 +243,22 @@ fn run(shared: &Shared) {
                 "mvcc: physical compaction done"
             );
         }
-        {
-            let mut s = shared.lock();
-            s.physical = s.physical.max(job.revision);
-            shared.changed.notify_all();
-        }
         if let Some(view) = &job.hash {
+            // Physically done now (a `physical` compaction need not wait for the hash), but
+            // still busy: no later compaction may remove records in its own batch while the
+            // hash reads them.
+            {
+                let mut s = shared.lock();
+                s.physical = s.physical.max(job.revision);
+                shared.changed.notify_all();
+            }
             compute_hash(shared, view, job.revision);
         }
+        // Done and idle in one step: a waiter that sees the revision physical also sees the
+        // compactor idle (the next compaction may then remove records inline).
         let mut s = shared.lock();
         s.busy = false;
+        s.physical = s.physical.max(job.revision);
         shared.changed.notify_all();
     }
 }

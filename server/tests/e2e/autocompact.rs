@@ -17,8 +17,8 @@ use keel_proto::etcdserverpb::{
 };
 use keel_testkit::etcdctl::etcdctl;
 use keel_testkit::{Member, grpc};
-use prost::Message;
 
+use crate::corrupt::corrupt_value;
 use crate::{cluster, keel_bin, member};
 
 /// The compact revision `endpoint` reports (`HashKV.compact_revision`; -1 before the first
@@ -204,28 +204,6 @@ fn revision_mode_keeps_the_last_n_revisions() {
     });
 }
 
-/// Rewrites the value of every record of `key` in the stopped member's store (as the
-/// periodic corruption check's test does).
-fn corrupt_value(member: &Member, key: &[u8]) {
-    let backend =
-        keel_server::backend::Backend::open(&member.data_dir().join("member/db")).unwrap();
-    let tree = backend.tree();
-    let mut changed = 0;
-    for kv in tree.scan_prefix(b"k") {
-        let (rkey, value) = kv.unwrap();
-        let Ok(mut record) = keel_proto::mvccpb::KeyValue::decode(value.as_ref()) else {
-            continue;
-        };
-        if record.key == key && !record.value.is_empty() {
-            record.value = b"bit rot".to_vec();
-            tree.insert(rkey, record.encode_to_vec()).unwrap();
-            changed += 1;
-        }
-    }
-    assert!(changed > 0, "no record of {key:?} to corrupt");
-    backend.flush().unwrap();
-}
-
 #[test]
 fn compact_hash_check_raises_corrupt_for_the_member_whose_store_differs() {
     let (_alone, mut c) = cluster(
@@ -380,8 +358,7 @@ fn sigkill_during_an_auto_compaction_loses_no_acknowledged_write() {
     let log = keel.log();
     let rebuilt = log
         .lines()
-        .filter(|l| l.contains("mvcc: key index rebuilt"))
-        .next_back()
+        .rfind(|l| l.contains("mvcc: key index rebuilt"))
         .expect("rebuild line");
     let leftovers: u64 = rebuilt
         .split_once("leftover_records=")

@@ -12,8 +12,9 @@ use prost::Message;
 
 use crate::cluster;
 
-/// Rewrites the value of every record of `key` in the stopped member's store.
-fn corrupt_value(member: &Member, key: &[u8]) {
+/// Rewrites the value of every record of `key` in the stopped member's store (also used by
+/// the compact-hash check's test, `autocompact.rs`).
+pub(crate) fn corrupt_value(member: &Member, key: &[u8]) {
     let backend =
         keel_server::backend::Backend::open(&member.data_dir().join("member/db")).unwrap();
     let tree = backend.tree();
