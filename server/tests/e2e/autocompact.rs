@@ -18,7 +18,7 @@ use keel_proto::etcdserverpb::{
 use keel_testkit::etcdctl::etcdctl;
 use keel_testkit::{Member, grpc};
 
-use crate::corrupt::corrupt_value;
+use crate::corrupt::{assert_corrupt_everywhere, corrupt_value};
 use crate::{cluster, keel_bin, member};
 
 /// The compact revision `endpoint` reports (`HashKV.compact_revision`; -1 before the first
@@ -232,24 +232,7 @@ fn compact_hash_check_raises_corrupt_for_the_member_whose_store_differs() {
     etcdctl(&c.endpoints(), &["put", "b", "3"]).ok();
     let rev = keel_testkit::etcdctl::revision(&c.endpoints());
     etcdctl(&c.endpoints(), &["compact", &rev.to_string()]).ok();
-    let id = c.member_id(f).unwrap();
-    let expected = format!("memberID:{id} alarm:CORRUPT ");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for m in &c.members {
-        let ep = m.endpoint();
-        while !grpc::status(&ep).unwrap().errors.contains(&expected) {
-            assert!(
-                Instant::now() < deadline,
-                "{ep} does not list {expected}: {:?}\n{}",
-                grpc::status(&ep).unwrap().errors,
-                c.log_tails()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        etcdctl(&ep, &["put", "x", "y"]).fails_with("Error: etcdserver: corrupt cluster");
-    }
-    let alarms = etcdctl(&c.endpoints(), &["alarm", "list"]);
-    assert_eq!(alarms.ok().lines(), [expected.as_str()], "only that member");
+    assert_corrupt_everywhere(&c, f);
     let leader_log = c.members[leader].log();
     assert!(
         leader_log.contains("Detected compaction hash mismatch"),
