@@ -21,8 +21,8 @@ use crate::auth::{AuthInfo, AuthState, TokenProvider};
 use crate::backend::{Backend, LiveTree, generation};
 use crate::backup::defragment;
 use crate::cluster::bootstrap::{self, Identity};
-use crate::cluster::corrupt;
 use crate::cluster::{Cluster, timing};
+use crate::cluster::{autocompact, compact_hash, corrupt};
 use crate::config::{Config, split_urls};
 use crate::error::EtcdError;
 use crate::lease::runner::{self, RunnerConfig};
@@ -313,6 +313,8 @@ impl Node {
         ));
         node.clone().spawn_db_size_refresh();
         node.spawn_corrupt_check();
+        node.spawn_compact_hash_check();
+        node.spawn_auto_compaction();
         node.spawn_token_sweep();
         tokio::spawn(runner::run(
             node.lessor.clone(),
@@ -812,17 +814,9 @@ impl Node {
         if every.is_zero() {
             return;
         }
-        let weak = Arc::downgrade(self);
+        let mut ticks = LeaderTicks::new(self, every);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let Some(node) = weak.upgrade() else { return };
-                if !node.cluster.is_leader() {
-                    continue;
-                }
+            while let Some(node) = ticks.next().await {
                 let local = match corrupt::local_hash(&node.cluster).await {
                     Ok(h) => h,
                     Err(e) => {
@@ -840,20 +834,56 @@ impl Node {
                         member_hash = m.peer,
                         "found data inconsistency with peers: raising CORRUPT"
                     );
-                    if node.alarms.has(m.member, AlarmType::Corrupt) {
-                        continue;
-                    }
-                    let raise = AlarmRequest {
-                        action: AlarmAction::Activate as i32,
-                        member_id: m.member,
-                        alarm: AlarmType::Corrupt as i32,
-                    };
-                    if let Err(e) = node.propose(raft_request::Request::Alarm(raise)).await {
-                        tracing::warn!("raising the CORRUPT alarm: {e}");
-                    }
+                    node.raise_corrupt(m.member).await;
                 }
             }
         });
+    }
+
+    /// etcd's compact-hash check (`--experimental-compact-hash-check-enabled`, every
+    /// `--experimental-compact-hash-check-time`): every member keeps HashKV at its
+    /// compaction revisions, and the leader compares the peers' at the newest one they all
+    /// hold, raising CORRUPT for the member that differs (`cluster::compact_hash`).
+    fn spawn_compact_hash_check(self: &Arc<Self>) {
+        let Some(every) = self.config.maintenance.compact_hash_check() else {
+            return;
+        };
+        self.store.get().set_compact_hashing(true);
+        let mut ticks = LeaderTicks::new(self, every);
+        tokio::spawn(async move {
+            let mut checker = compact_hash::Checker::default();
+            while let Some(node) = ticks.next().await {
+                for member in checker.check(&node.cluster, node.request_timeout()).await {
+                    node.raise_corrupt(member).await;
+                }
+            }
+        });
+    }
+
+    /// Proposes CORRUPT for `member` (0: the whole cluster) unless it is raised already;
+    /// every member then refuses writes.
+    async fn raise_corrupt(&self, member: NodeId) {
+        if self.alarms.has(member, AlarmType::Corrupt) {
+            return;
+        }
+        let raise = AlarmRequest {
+            action: AlarmAction::Activate as i32,
+            member_id: member,
+            alarm: AlarmType::Corrupt as i32,
+        };
+        if let Err(e) = self.propose(raft_request::Request::Alarm(raise)).await {
+            tracing::warn!("raising the CORRUPT alarm: {e}");
+        }
+    }
+
+    /// etcd's auto-compaction (`--auto-compaction-mode`, `--auto-compaction-retention`): the
+    /// leader proposes compactions on etcd's schedule (`cluster::autocompact`).
+    fn spawn_auto_compaction(self: &Arc<Self>) {
+        // The flags were checked at start-up (`Config::normalize`).
+        if let Ok(Some(mode)) = self.config.maintenance.auto_compaction() {
+            let target = NodeCompactor(Arc::downgrade(self));
+            tokio::spawn(autocompact::run(mode, target, autocompact::TokioClock));
+        }
     }
 
     /// Drops expired simple tokens about once a second (etcd's 1 s ticker); lookups also
@@ -984,5 +1014,64 @@ impl runner::Proposer for NodeProposer {
     async fn propose(&self, req: raft_request::Request) -> Result<RaftResponse, EtcdError> {
         let node = self.0.upgrade().ok_or(EtcdError::Stopped)?;
         node.propose(req).await
+    }
+}
+
+/// The auto-compactor's member (`cluster::autocompact::Compactable`): the store revision,
+/// leadership, and compactions proposed through raft like any server-issued request.
+struct NodeCompactor(Weak<Node>);
+
+impl autocompact::Compactable for NodeCompactor {
+    fn revision(&self) -> Option<i64> {
+        Some(self.0.upgrade()?.store.get().current_revision())
+    }
+
+    fn is_leader(&self) -> bool {
+        self.0.upgrade().is_some_and(|n| n.cluster.is_leader())
+    }
+
+    async fn compact(&self, revision: i64) -> Result<(), EtcdError> {
+        let node = self.0.upgrade().ok_or(EtcdError::Stopped)?;
+        let request = keel_proto::etcdserverpb::CompactionRequest {
+            revision,
+            physical: false,
+        };
+        node.propose(raft_request::Request::Compaction(request))
+            .await
+            .map(|_| ())
+    }
+}
+
+/// The rounds of a leader-only background check: every interval (the first one interval
+/// after start), the node if it leads then; `None` once it is gone.
+struct LeaderTicks {
+    tick: tokio::time::Interval,
+    node: Weak<Node>,
+    started: bool,
+}
+
+impl LeaderTicks {
+    fn new(node: &Arc<Node>, every: Duration) -> LeaderTicks {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        LeaderTicks {
+            tick,
+            node: Arc::downgrade(node),
+            started: false,
+        }
+    }
+
+    async fn next(&mut self) -> Option<Arc<Node>> {
+        if !std::mem::replace(&mut self.started, true) {
+            // An interval's first tick is immediate.
+            self.tick.tick().await;
+        }
+        loop {
+            self.tick.tick().await;
+            let node = self.node.upgrade()?;
+            if node.cluster.is_leader() {
+                return Some(node);
+            }
+        }
     }
 }

@@ -185,11 +185,13 @@ impl Peer for PeerService {
         ))
     }
 
-    /// This member's HashKV at the requested revision (the corruption checks).
+    /// This member's HashKV at the requested revision (the corruption checks): the hash
+    /// kept at that compaction revision if there is one (etcd's `HashByRev`; it answers even
+    /// once a later compaction passed the revision), else computed now.
     async fn hash_kv(&self, r: Request<HashKvRequest>) -> Result<Response<HashKvResponse>, Status> {
         let store = self.node.store.get();
         let revision = r.into_inner().revision;
-        let h = tokio::task::spawn_blocking(move || store.hash_kv(revision))
+        let h = tokio::task::spawn_blocking(move || store.hash_at_compaction(revision))
             .await
             .map_err(|e| Status::internal(format!("hash task: {e}")))??;
         Ok(Response::new(HashKvResponse {

@@ -662,6 +662,8 @@ impl AppliedState for Applier {
         if let (Some(a), Some(applied)) = (self.qos.admission(), ci.applied) {
             a.load().set_applied(applied.index);
         }
+        // The new store hashes its compactions if the old one did (compact-hash check).
+        store.set_compact_hashing(self.store.compact_hashing());
         self.store = store.clone();
         self.shared.set(store);
         if let Some(hub) = &self.watch {

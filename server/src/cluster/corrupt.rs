@@ -10,7 +10,9 @@
 //! - periodic (`--experimental-corrupt-check-time`): the leader runs [`find_mismatches`] and
 //!   raises CORRUPT for each follower that differs (node.rs proposes the alarm);
 //! - initial (`--experimental-initial-corrupt-check`): a starting member runs it and refuses
-//!   to serve when any peer differs.
+//!   to serve when any peer differs;
+//! - compact-hash (`--experimental-compact-hash-check-enabled`): [`super::compact_hash`],
+//!   on the hashes kept at compaction revisions, over the same peer RPC ([`peer_hashes`]).
 
 use std::time::Duration;
 
@@ -56,6 +58,27 @@ pub async fn find_mismatches(
     local: &HashKv,
     timeout: Duration,
 ) -> Vec<Mismatch> {
+    let mut found = Vec::new();
+    for (id, answer) in peer_hashes(cluster, local.hash_revision, timeout).await {
+        match answer {
+            Ok(peer) => found.extend(compare(id, local, &peer)),
+            Err(why) => {
+                tracing::warn!(peer = %format!("{id:x}"), error = %why, "corruption check: cannot get the peer's hash; skipped")
+            }
+        }
+    }
+    found
+}
+
+/// Every other member's answer to `keelpb.Peer/HashKv` at `revision` (all asked at once, each
+/// bounded by `timeout`), or why there is none (unreachable, timed out, the revision
+/// compacted there). A peer answers from its compaction hashes when it keeps one for
+/// `revision` (`MvccStore::hash_at_compaction`).
+pub async fn peer_hashes(
+    cluster: &Cluster,
+    revision: i64,
+    timeout: Duration,
+) -> Vec<(NodeId, Result<HashKvResponse, String>)> {
     let membership = cluster.membership();
     let asks = membership
         .nodes()
@@ -64,9 +87,7 @@ pub async fn find_mismatches(
         .map(|(id, url)| async move {
             let answer = match cluster.peers.client(&url) {
                 Ok(mut c) => {
-                    let call = c.hash_kv(HashKvRequest {
-                        revision: local.hash_revision,
-                    });
+                    let call = c.hash_kv(HashKvRequest { revision });
                     match tokio::time::timeout(timeout, call).await {
                         Ok(Ok(r)) => Ok(r.into_inner()),
                         Ok(Err(s)) => Err(s.message().to_string()),
@@ -77,16 +98,7 @@ pub async fn find_mismatches(
             };
             (id, answer)
         });
-    let mut found = Vec::new();
-    for (id, answer) in futures::future::join_all(asks).await {
-        match answer {
-            Ok(peer) => found.extend(compare(id, local, &peer)),
-            Err(why) => {
-                tracing::warn!(peer = %format!("{id:x}"), error = %why, "corruption check: cannot get the peer's hash; skipped")
-            }
-        }
-    }
-    found
+    futures::future::join_all(asks).await
 }
 
 /// etcd's rule: a mismatch only when both compact revisions are equal.

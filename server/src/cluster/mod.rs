@@ -1,6 +1,8 @@
 //! Running as one member of a multi-member cluster, on the same code path as a single member
 //! (docs/raft.md):
 //!
+//! - [`autocompact`] — the leader's auto-compaction (etcd's periodic and revision modes);
+//! - [`corrupt`], [`compact_hash`] — the corruption checks (initial, periodic, compact-hash);
 //! - [`bootstrap`] — member and cluster IDs from `--initial-cluster*`, joining with `existing`;
 //! - [`timing`] — openraft timers from etcd's heartbeat and election timeout;
 //! - [`read_index`] (+ [`batch`]) — linearizable reads on any member, batched;
@@ -14,8 +16,10 @@
 //! bundles the handles and per-member state these need; the node owns one, and nothing here
 //! sees the node itself.
 
+pub mod autocompact;
 pub mod batch;
 pub mod bootstrap;
+pub mod compact_hash;
 pub mod corrupt;
 pub mod leadership;
 pub mod members;

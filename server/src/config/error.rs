@@ -131,6 +131,12 @@ pub enum ConfigError {
         /// Why it cannot be used.
         reason: String,
     },
+    /// `--auto-compaction-mode` is neither `periodic` nor `revision` (etcd's text).
+    #[error("unknown auto-compaction-mode {0:?}")]
+    CompactionMode(String),
+    /// `--auto-compaction-retention` does not parse (etcd's text, with Go's parse error).
+    #[error("error parsing CompactionRetention: {0}")]
+    CompactionRetention(String),
 }
 
 impl ConfigError {

@@ -1,12 +1,16 @@
-//! etcd's maintenance flags (issue 15): the corruption checks.
+//! etcd's maintenance flags (issue 15): the corruption checks and auto-compaction.
+
+use std::time::Duration;
 
 use clap::{ArgAction, Args};
 use serde::Deserialize;
 
-use super::GoDuration;
+use super::{ConfigError, GoDuration};
+use crate::cluster::autocompact::{self, Mode};
 
-/// The corruption-check flags, with etcd 3.5's names (3.6 drops the `experimental-`
-/// prefix of the periodic one: `--corrupt-check-time`).
+/// The corruption-check and auto-compaction flags, with etcd 3.5's names (3.6 drops the
+/// `experimental-` prefix of the corruption-check ones: `--corrupt-check-time`,
+/// `--compact-hash-check-time`).
 #[derive(Args, Debug, Clone, Deserialize)]
 #[serde(rename_all = "kebab-case", default)]
 pub struct MaintenanceFlags {
@@ -21,13 +25,244 @@ pub struct MaintenanceFlags {
     /// `--experimental-corrupt-check-time`).
     #[arg(long, default_value = "0s")]
     pub experimental_corrupt_check_time: GoDuration,
+    /// Enable the leader's check of the members' hashes at their compaction revisions (etcd
+    /// 3.5 `--experimental-compact-hash-check-enabled`, off by default).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+        default_value_t = false, default_missing_value = "true")]
+    pub experimental_compact_hash_check_enabled: bool,
+    /// How often the leader runs the compact-hash check (a Go duration; etcd
+    /// `--experimental-compact-hash-check-time`, default 1m).
+    #[arg(long, default_value = "1m")]
+    pub experimental_compact_hash_check_time: GoDuration,
+    /// Interpret `--auto-compaction-retention` as an amount of time (`periodic`) or a number
+    /// of revisions (`revision`) (etcd `--auto-compaction-mode`).
+    #[arg(long, default_value = "periodic")]
+    pub auto_compaction_mode: String,
+    /// Auto compaction retention for the mvcc key value store: a Go duration or a bare
+    /// number of hours (`periodic`), or a number of revisions (`revision`); `0` turns
+    /// auto-compaction off (etcd `--auto-compaction-retention`).
+    #[arg(long, default_value = "0")]
+    pub auto_compaction_retention: String,
+    /// Keel: how often revision-mode auto-compaction compacts (etcd's fixed `revInterval`,
+    /// 5m; tests shorten it).
+    #[arg(long, default_value = "5m")]
+    pub auto_compaction_revision_interval: GoDuration,
 }
 
 impl Default for MaintenanceFlags {
     fn default() -> MaintenanceFlags {
         MaintenanceFlags {
             experimental_initial_corrupt_check: true,
-            experimental_corrupt_check_time: GoDuration(std::time::Duration::ZERO),
+            experimental_corrupt_check_time: GoDuration(Duration::ZERO),
+            experimental_compact_hash_check_enabled: false,
+            experimental_compact_hash_check_time: GoDuration(Duration::from_secs(60)),
+            auto_compaction_mode: autocompact::MODE_PERIODIC.to_string(),
+            auto_compaction_retention: "0".to_string(),
+            auto_compaction_revision_interval: GoDuration(autocompact::REV_INTERVAL),
         }
+    }
+}
+
+impl MaintenanceFlags {
+    /// The auto-compaction of `--auto-compaction-mode` and `--auto-compaction-retention`
+    /// (etcd `parseCompactionRetention` and `embed.Config.Validate`); `None` when the
+    /// retention is zero (off).
+    ///
+    /// Errors: etcd's texts, `unknown auto-compaction-mode "x"` and `error parsing
+    /// CompactionRetention: time: invalid duration "x"`.
+    pub fn auto_compaction(&self) -> Result<Option<Mode>, ConfigError> {
+        let mode = self.auto_compaction_mode.as_str();
+        if ![autocompact::MODE_PERIODIC, autocompact::MODE_REVISION].contains(&mode) {
+            return Err(ConfigError::CompactionMode(mode.to_string()));
+        }
+        let text = self.auto_compaction_retention.trim();
+        // etcd: a non-negative integer is hours (periodic) or revisions (revision);
+        // anything else is a Go duration, in revision mode taken as its nanoseconds.
+        let retention = match text.parse::<i64>() {
+            Ok(n) if n >= 0 => match mode {
+                autocompact::MODE_REVISION => Retention::Revisions(n),
+                _ => Retention::Time(Duration::from_secs(3600u64.saturating_mul(n as u64))),
+            },
+            parsed => {
+                let go = text.parse::<GoDuration>().map_err(|_| {
+                    let why = if parsed.is_ok() || text.parse::<f64>().is_ok() {
+                        "missing unit in duration"
+                    } else {
+                        "invalid duration"
+                    };
+                    ConfigError::CompactionRetention(format!("time: {why} {text:?}"))
+                })?;
+                match mode {
+                    autocompact::MODE_REVISION => {
+                        Retention::Revisions(i64::try_from(go.0.as_nanos()).unwrap_or(i64::MAX))
+                    }
+                    _ => Retention::Time(go.0),
+                }
+            }
+        };
+        Ok(match retention {
+            Retention::Time(d) if !d.is_zero() => Some(Mode::Periodic(d)),
+            Retention::Revisions(n) if n > 0 => Some(Mode::Revision {
+                retention: n,
+                interval: self.auto_compaction_revision_interval.0,
+            }),
+            _ => None,
+        })
+    }
+
+    /// How often the leader runs the compact-hash check (`None`: off).
+    pub fn compact_hash_check(&self) -> Option<Duration> {
+        let every = self.experimental_compact_hash_check_time.0;
+        (self.experimental_compact_hash_check_enabled && !every.is_zero()).then_some(every)
+    }
+}
+
+enum Retention {
+    Time(Duration),
+    Revisions(i64),
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::Config;
+
+    fn parse(args: &[&str]) -> Result<Option<Mode>, String> {
+        let mut all = vec!["keel"];
+        all.extend_from_slice(args);
+        Config::parse_from(all)
+            .maintenance
+            .auto_compaction()
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_match_etcd() {
+        let m = Config::default().maintenance;
+        assert_eq!(m.auto_compaction_mode, "periodic");
+        assert_eq!(m.auto_compaction_retention, "0");
+        assert_eq!(m.auto_compaction().unwrap(), None, "off by default");
+        assert!(!m.experimental_compact_hash_check_enabled);
+        assert_eq!(
+            m.experimental_compact_hash_check_time.0,
+            Duration::from_secs(60)
+        );
+        assert_eq!(m.compact_hash_check(), None);
+        assert_eq!(
+            m.auto_compaction_revision_interval.0,
+            Duration::from_secs(300)
+        );
+        let d = MaintenanceFlags::default();
+        assert_eq!(
+            (d.auto_compaction_mode, d.auto_compaction_retention),
+            (m.auto_compaction_mode, m.auto_compaction_retention)
+        );
+    }
+
+    #[test]
+    fn retention_parses_as_etcd_does() {
+        let hour = Duration::from_secs(3600);
+        assert_eq!(
+            parse(&["--auto-compaction-retention", "1"]),
+            Ok(Some(Mode::Periodic(hour))),
+            "a bare number is hours"
+        );
+        assert_eq!(
+            parse(&["--auto-compaction-retention", "5s"]),
+            Ok(Some(Mode::Periodic(Duration::from_secs(5))))
+        );
+        assert_eq!(
+            parse(&["--auto-compaction-retention=1h30m"]),
+            Ok(Some(Mode::Periodic(hour + hour / 2)))
+        );
+        assert_eq!(
+            parse(&[
+                "--auto-compaction-mode",
+                "revision",
+                "--auto-compaction-retention",
+                "100"
+            ]),
+            Ok(Some(Mode::Revision {
+                retention: 100,
+                interval: Duration::from_secs(300)
+            }))
+        );
+        assert_eq!(
+            parse(&[
+                "--auto-compaction-mode=revision",
+                "--auto-compaction-retention=7",
+                "--auto-compaction-revision-interval=2s"
+            ]),
+            Ok(Some(Mode::Revision {
+                retention: 7,
+                interval: Duration::from_secs(2)
+            }))
+        );
+        // etcd takes a duration's nanoseconds as the revision count.
+        assert_eq!(
+            parse(&[
+                "--auto-compaction-mode",
+                "revision",
+                "--auto-compaction-retention",
+                "1us"
+            ]),
+            Ok(Some(Mode::Revision {
+                retention: 1000,
+                interval: Duration::from_secs(300)
+            }))
+        );
+        assert_eq!(parse(&["--auto-compaction-retention", "0s"]), Ok(None));
+        assert_eq!(
+            parse(&[
+                "--auto-compaction-mode",
+                "revision",
+                "--auto-compaction-retention",
+                "0"
+            ]),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn bad_values_get_etcds_texts() {
+        // As etcd 3.4.23 prints them.
+        assert_eq!(
+            parse(&[
+                "--auto-compaction-mode",
+                "foo",
+                "--auto-compaction-retention",
+                "1"
+            ]),
+            Err(r#"unknown auto-compaction-mode "foo""#.to_string())
+        );
+        assert_eq!(
+            parse(&["--auto-compaction-retention", "abc"]),
+            Err(r#"error parsing CompactionRetention: time: invalid duration "abc""#.to_string())
+        );
+        assert_eq!(
+            parse(&["--auto-compaction-retention=-1"]),
+            Err(
+                r#"error parsing CompactionRetention: time: missing unit in duration "-1""#
+                    .to_string()
+            )
+        );
+        let mut c = Config::parse_from(["keel", "--auto-compaction-retention", "x1"]);
+        assert!(c.normalize().is_err(), "checked at start-up");
+    }
+
+    #[test]
+    fn compact_hash_check_flags() {
+        let c = Config::parse_from([
+            "keel",
+            "--experimental-compact-hash-check-enabled",
+            "--experimental-compact-hash-check-time",
+            "2s",
+        ]);
+        assert_eq!(
+            c.maintenance.compact_hash_check(),
+            Some(Duration::from_secs(2))
+        );
     }
 }

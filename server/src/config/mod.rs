@@ -178,7 +178,7 @@ pub struct Config {
     #[command(flatten)]
     #[serde(flatten)]
     pub operator: OperatorFlags,
-    /// Corruption checks (etcd's flags; issue 15 part 5).
+    /// Corruption checks and auto-compaction (etcd's flags; issue 15 parts 5 and 6).
     #[command(flatten)]
     #[serde(flatten)]
     pub maintenance: MaintenanceFlags,
@@ -259,6 +259,7 @@ impl Config {
         self.qos_file_rules()?;
         self.check_security()?;
         self.operator.check()?;
+        self.maintenance.auto_compaction()?;
         // etcd's embed.Config.Validate order: heartbeat, election, then their ratio.
         if self.heartbeat_interval == 0 {
             return Err(ConfigError::HeartbeatZero);

@@ -47,7 +47,9 @@ mod tests_perf;
 #[cfg(test)]
 mod tests_scenarios;
 
-pub use compactor::{BATCH_PAUSE, BATCH_REMOVALS, INLINE_REMOVALS};
+pub use compactor::{
+    BATCH_PAUSE, BATCH_REMOVALS, COMPACT_HASHES_KEPT, CompactHash, INLINE_REMOVALS,
+};
 pub use events::EventBatch;
 pub use hash::{Crc32c, HashKv, crc32c};
 pub use revision::Revision;

@@ -9,7 +9,7 @@ use keel_proto::mvccpb::{Event, KeyValue};
 
 use super::MvccError;
 use super::codec::{self, FORMAT_VERSION};
-use super::compactor::{Compactor, INLINE_REMOVALS, Job};
+use super::compactor::{CompactHash, Compactor, INLINE_REMOVALS, Job};
 use super::hash::{self, HashKv};
 use super::index::Index;
 use super::key_index::RevInfo;
@@ -72,11 +72,13 @@ pub struct MvccStore {
     writer_active: AtomicBool,
     /// Highest compact revision whose record removals may already be in sled. Raised
     /// before a compaction batch is applied.
-    pub(super) compact_floor: AtomicI64,
+    pub(super) compact_floor: Arc<AtomicI64>,
     /// Removes compacted records that did not fit in the compaction's own batch.
     pub(super) compactor: Compactor,
     /// Records a compaction removes in its own batch ([`INLINE_REMOVALS`]; tests lower it).
     pub(super) inline_removals: AtomicUsize,
+    /// Whether the compactor hashes each compaction revision ([`MvccStore::set_compact_hashing`]).
+    compact_hashing: AtomicBool,
 }
 
 impl MvccStore {
@@ -130,7 +132,9 @@ impl MvccStore {
             .collect();
         records.sort_unstable();
         let physical = if records.is_empty() { compact_rev } else { -1 };
-        let compactor = Compactor::start(live.clone(), physical).map_err(MvccError::Thread)?;
+        let compact_floor = Arc::new(AtomicI64::new(compact_rev));
+        let compactor = Compactor::start(live.clone(), physical, compact_floor.clone())
+            .map_err(MvccError::Thread)?;
         tracing::info!(
             records = rebuilt.records,
             scan_ms = rebuilt.times[0].as_millis() as u64,
@@ -146,6 +150,7 @@ impl MvccStore {
             compactor.submit(Job {
                 revision: compact_rev,
                 records,
+                hash: None,
             });
         }
         Ok(MvccStore {
@@ -157,9 +162,10 @@ impl MvccStore {
             })),
             staged: Mutex::new(Staged::default()),
             writer_active: AtomicBool::new(false),
-            compact_floor: AtomicI64::new(compact_rev),
+            compact_floor,
             compactor,
             inline_removals: AtomicUsize::new(INLINE_REMOVALS),
+            compact_hashing: AtomicBool::new(false),
         })
     }
 
@@ -214,6 +220,55 @@ impl MvccStore {
     /// the async runtime) after the compaction entry is applied.
     pub fn wait_physical_compaction(&self, revision: i64, timeout: Duration) -> bool {
         self.compactor.wait(revision, timeout)
+    }
+
+    /// Turns compaction hashes on or off (etcd's `hashStorage`; the compact-hash corruption
+    /// check, `cluster::compact_hash`). Turning them on also hashes the current compaction
+    /// revision, in the background, so a restarted member has its newest hash again.
+    pub fn set_compact_hashing(&self, on: bool) {
+        let was = self.compact_hashing.swap(on, Ordering::AcqRel);
+        let view = self.view();
+        if on && !was && view.compact_rev >= 0 {
+            self.compactor.submit(Job {
+                revision: view.compact_rev,
+                records: Vec::new(),
+                hash: Some(view),
+            });
+        }
+    }
+
+    /// Whether compaction hashes are on.
+    pub fn compact_hashing(&self) -> bool {
+        self.compact_hashing.load(Ordering::Acquire)
+    }
+
+    /// The last compaction hashes ([`super::COMPACT_HASHES_KEPT`] at most), newest first.
+    pub fn compact_hashes(&self) -> Vec<CompactHash> {
+        self.compactor.hashes()
+    }
+
+    /// HashKV at compaction revision `revision`: the kept hash, else computed now (possible
+    /// while the store still holds `revision`), as etcd's `HashByRev`. The [`HashKv`] carries
+    /// the store's current compact and current revisions.
+    ///
+    /// Errors: as [`MvccStore::hash_kv`] when nothing is kept for `revision`.
+    pub fn hash_at_compaction(&self, revision: i64) -> Result<HashKv, EtcdError> {
+        let kept = self
+            .compact_hashes()
+            .into_iter()
+            .find(|h| h.revision == revision);
+        match kept {
+            Some(h) => {
+                let view = self.view();
+                Ok(HashKv {
+                    hash: h.hash,
+                    compact_revision: view.compact_rev,
+                    hash_revision: revision,
+                    current_revision: view.rev,
+                })
+            }
+            None => self.hash_kv(revision),
+        }
     }
 
     /// Lowers the number of records a compaction removes in its own batch, so tests reach
@@ -317,10 +372,16 @@ impl MvccStore {
         let started = std::time::Instant::now();
         std::mem::take(&mut group.batch).commit(self.tree.get().tree())?;
         crate::metrics::disk().observe_backend_commit(started.elapsed());
-        if let Some(view) = group.view.take() {
-            self.publish(view);
+        let published = group.view.take();
+        if let Some(view) = &published {
+            self.publish(view.clone());
         }
-        for job in std::mem::take(&mut group.jobs) {
+        let hashing = self.compact_hashing();
+        for mut job in std::mem::take(&mut group.jobs) {
+            // Only the group's last compaction can be hashed from the published view.
+            job.hash = published
+                .clone()
+                .filter(|v| hashing && v.compact_rev == job.revision);
             self.compactor.submit(job);
         }
         Ok(group.into_events())

@@ -241,3 +241,88 @@ fn store_is_shareable_and_write_txn_is_send() {
     shareable::<std::sync::Arc<MvccStore>>();
     sendable::<super::WriteTxn<'static>>();
 }
+
+/// Waits (bounded) until the store keeps a compaction hash for `revision`.
+fn wait_for_compact_hash(f: &Fixture, revision: i64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !f
+        .store
+        .compact_hashes()
+        .iter()
+        .any(|h| h.revision == revision)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no hash at {revision}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn compaction_hashes_are_kept_newest_first_and_served_after_later_compactions() {
+    let f = fixture();
+    f.store.set_compact_hashing(true);
+    for i in 0..40 {
+        f.put(&format!("k{}", i % 7), &format!("v{i}"));
+    }
+    let compactions = [6, 11, 16];
+    // HashKV at a revision does not depend on compaction progress (hash.rs), so the hashes
+    // taken before compacting are the ones the compactions must keep.
+    let before: Vec<u32> = compactions
+        .iter()
+        .map(|&c| f.store.hash_kv(c).unwrap().hash)
+        .collect();
+    for &c in &compactions {
+        f.compact(c).unwrap();
+        wait_for_compact_hash(&f, c);
+    }
+    let kept: Vec<(i64, u32)> = f
+        .store
+        .compact_hashes()
+        .iter()
+        .map(|h| (h.revision, h.hash))
+        .collect();
+    assert_eq!(kept, [(16, before[2]), (11, before[1]), (6, before[0])]);
+    assert_eq!(f.store.hash_kv(6), Err(EtcdError::Compacted));
+    let served = f.store.hash_at_compaction(6).unwrap();
+    assert_eq!(
+        (served.hash, served.hash_revision, served.compact_revision),
+        (before[0], 6, 16),
+        "a kept hash answers below the compact revision"
+    );
+    // Not kept but still held: computed, as etcd's HashByRev.
+    assert_eq!(
+        f.store.hash_at_compaction(30).unwrap().hash,
+        f.store.hash_kv(30).unwrap().hash
+    );
+    assert_eq!(f.store.hash_at_compaction(8), Err(EtcdError::Compacted));
+    // Only the last ten.
+    for c in 17..=28 {
+        f.compact(c).unwrap();
+    }
+    wait_for_compact_hash(&f, 28);
+    let revisions: Vec<i64> = f
+        .store
+        .compact_hashes()
+        .iter()
+        .map(|h| h.revision)
+        .collect();
+    assert_eq!(revisions, (19..=28).rev().collect::<Vec<_>>());
+    // After a reopen nothing is kept until hashing is turned on; then the current
+    // compaction's hash comes back, equal to the one taken before.
+    let h28 = f.store.compact_hashes()[0].hash;
+    let f = f.reopen();
+    assert!(f.store.compact_hashes().is_empty());
+    f.store.set_compact_hashing(true);
+    wait_for_compact_hash(&f, 28);
+    assert_eq!(f.store.compact_hashes()[0].hash, h28);
+    // Off: a compaction is not hashed.
+    f.store.set_compact_hashing(false);
+    f.compact(30).unwrap();
+    assert!(
+        f.store
+            .wait_physical_compaction(30, std::time::Duration::from_secs(20))
+    );
+    assert_eq!(f.store.compact_hashes().len(), 1);
+}

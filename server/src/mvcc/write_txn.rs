@@ -348,6 +348,7 @@ impl<'a> WriteTxn<'a> {
         let mut job = self.compaction_job.take().unwrap_or(Job {
             revision: rev,
             records: Vec::new(),
+            hash: None,
         });
         // A compaction staged earlier in this group has not reached the compactor yet.
         let idle = self.store.compactor.idle() && self.store.staged().jobs.is_empty();

@@ -12,8 +12,9 @@ use prost::Message;
 
 use crate::cluster;
 
-/// Rewrites the value of every record of `key` in the stopped member's store.
-fn corrupt_value(member: &Member, key: &[u8]) {
+/// Rewrites the value of every record of `key` in the stopped member's store (also used by
+/// the compact-hash check's test, `autocompact.rs`).
+pub(crate) fn corrupt_value(member: &Member, key: &[u8]) {
     let backend =
         keel_server::backend::Backend::open(&member.data_dir().join("member/db")).unwrap();
     let tree = backend.tree();
@@ -78,6 +79,13 @@ fn a_member_with_altered_data_is_refused_at_start_and_raised_corrupt_by_the_lead
     c.members[f].terminate();
     corrupt_value(&c.members[f], b"a");
     c.members[f].restart();
+    assert_corrupt_everywhere(&c, f);
+}
+
+/// Waits (20 s at most) until every member of `c` lists CORRUPT for member `f` and refuses
+/// writes with `etcdserver: corrupt cluster` while still serving reads; then checks that this
+/// is the only alarm. Also used by the compact-hash check's test (`autocompact.rs`).
+pub(crate) fn assert_corrupt_everywhere(c: &keel_testkit::Cluster, f: usize) {
     let id = c.member_id(f).unwrap();
     let expected = format!("memberID:{id} alarm:CORRUPT ");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -97,5 +105,5 @@ fn a_member_with_altered_data_is_refused_at_start_and_raised_corrupt_by_the_lead
         assert_eq!(got.ok().lines().len(), 1, "reads still work");
     }
     let alarms = etcdctl(&c.endpoints(), &["alarm", "list"]);
-    assert_eq!(alarms.ok().lines(), [expected.as_str()]);
+    assert_eq!(alarms.ok().lines(), [expected.as_str()], "only that member");
 }

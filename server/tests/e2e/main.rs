@@ -10,6 +10,7 @@
 
 mod auth;
 mod auth_permissions;
+mod autocompact;
 mod cluster_basic;
 mod cluster_failover;
 mod cluster_five;
