@@ -48,13 +48,15 @@ async fn fill(endpoint: &str) {
     }
 }
 
-/// Longest call of a loop that ran `op` until `stop`, and how many calls it made.
-#[derive(Debug, Default, Clone, Copy)]
+/// Longest call of a loop that ran `op` until `stop`, how many calls it made, and every
+/// call's start and duration (to tell stalls during the defragment from the box's own).
+#[derive(Debug, Default, Clone)]
 struct Stalls {
     max: Duration,
     /// When the longest call began.
     at: Option<Instant>,
     calls: usize,
+    each: Vec<(Instant, Duration)>,
 }
 
 impl Stalls {
@@ -64,6 +66,17 @@ impl Stalls {
             (self.max, self.at) = (took, Some(began));
         }
         self.calls += 1;
+        self.each.push((began, took));
+    }
+
+    /// The longest call that overlapped `[from, to]` (`inside`), or that did not.
+    fn longest(&self, from: Instant, to: Instant, inside: bool) -> Duration {
+        self.each
+            .iter()
+            .filter(|(began, took)| (*began <= to && *began + *took >= from) == inside)
+            .map(|(_, took)| *took)
+            .max()
+            .unwrap_or_default()
     }
 }
 
@@ -150,12 +163,14 @@ fn defrag_shrinks_a_live_store_while_reads_and_writes_go_on() {
         })
     };
     let (linearizable, serializable) = (reader(false), reader(true));
-    std::thread::sleep(Duration::from_millis(300));
+    // 2 s of calls before the defragment: the box's own stalls, to compare with.
+    std::thread::sleep(Duration::from_secs(2));
     let started = Instant::now();
     eprintln!("defrag starts at {:?}", std::time::SystemTime::now());
     // etcdctl's default 5 s command timeout is short for a debug build on a busy box.
     let out = etcdctl(&ep, &["defrag", "--command-timeout=60s"]);
     let took = started.elapsed();
+    let ended = Instant::now();
     out.ok();
     assert!(
         out.lines()
@@ -184,6 +199,17 @@ fn defrag_shrinks_a_live_store_while_reads_and_writes_go_on() {
         writes.max,
         since(&writes),
         writes.calls
+    );
+    let window = |s: &Stalls, inside| s.longest(started, ended, inside);
+    eprintln!(
+        "longest calls overlapping the defrag: linearizable read {:?}, serializable read {:?}, \
+         write {:?}; outside it: {:?}, {:?}, {:?}",
+        window(&reads, true),
+        window(&local_reads, true),
+        window(&writes, true),
+        window(&reads, false),
+        window(&local_reads, false),
+        window(&writes, false)
     );
     let log = std::fs::read_to_string(keel.log_path()).unwrap_or_default();
     for line in log.lines().filter(|l| l.contains("defragment: ")) {
