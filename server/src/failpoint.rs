@@ -45,3 +45,17 @@ pub fn crash(name: &str) -> ! {
     eprintln!("keel: failpoint {name} fired: aborting");
     std::process::abort()
 }
+
+/// An injected I/O error: when failpoint `name` fires with `return`, the `errno` error
+/// (`libc::ENOSPC`, `libc::EIO`, ...) the caller must report in place of the real call's
+/// result, exactly as if the kernel had returned it. `None` otherwise, and always without the
+/// `failpoints` feature.
+#[inline(always)]
+pub fn io_error(name: &str, errno: i32) -> Option<std::io::Error> {
+    if hit(name) {
+        eprintln!("keel: failpoint {name} fired: injecting os error {errno}");
+        Some(std::io::Error::from_raw_os_error(errno))
+    } else {
+        None
+    }
+}

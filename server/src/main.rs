@@ -157,6 +157,15 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         _ = keel_server::cluster::removal::removed(&node.cluster) => {
             Err(anyhow::anyhow!("the member has been permanently removed from the cluster"))
         }
+        fence = keel_server::fence::fenced(&node) => {
+            // As etcd's `lg.Fatal`: no graceful shutdown, whose store flush would hit the
+            // failed disk (and may hang on it). Everything acknowledged is in the WAL.
+            eprintln!(
+                "keel: stopping after a disk failure ({}); restart the member to recover from its WAL",
+                fence.reason
+            );
+            std::process::exit(1)
+        }
         Some(res) = servers.join_next() => match res {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e),
