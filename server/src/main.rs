@@ -103,6 +103,9 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         false => None,
     };
 
+    // Failpoint builds: `<data-dir>/failpoints` changes failpoints at run time.
+    #[cfg(feature = "failpoints")]
+    keel_server::failpoint::watch_file(config.data_dir().join("failpoints"));
     let node = Node::start(config).await?;
     tracing::info!(
         member_id = format!("{:x}", node.id),
