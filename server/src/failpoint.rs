@@ -76,18 +76,31 @@ pub fn watch_file(path: std::path::PathBuf) {
                 for name in armed.drain(..) {
                     fail::remove(name);
                 }
-                for entry in text.split([';', '\n']).map(str::trim).filter(|e| !e.is_empty()) {
+                for entry in text
+                    .split([';', '\n'])
+                    .map(str::trim)
+                    .filter(|e| !e.is_empty())
+                {
                     let Some((name, actions)) = entry.split_once('=') else {
-                        eprintln!("keel: failpoint file {}: bad entry {entry:?}", path.display());
+                        eprintln!(
+                            "keel: failpoint file {}: bad entry {entry:?}",
+                            path.display()
+                        );
                         continue;
                     };
                     match fail::cfg(name.trim(), actions.trim()) {
                         Ok(()) => armed.push(name.trim().to_string()),
-                        Err(e) => eprintln!("keel: failpoint file {}: {entry:?}: {e}", path.display()),
+                        Err(e) => {
+                            eprintln!("keel: failpoint file {}: {entry:?}: {e}", path.display())
+                        }
                     }
                 }
                 if last.is_some() || !text.trim().is_empty() {
-                    eprintln!("keel: failpoints from {}: {:?}", path.display(), text.trim());
+                    eprintln!(
+                        "keel: failpoints from {}: {:?}",
+                        path.display(),
+                        text.trim()
+                    );
                 }
                 last = Some(text);
             }
