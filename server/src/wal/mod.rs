@@ -430,6 +430,13 @@ impl Wal {
         })
     }
 
+    /// Makes the WAL behave as if `what` had just failed with `err` (the writer's failure path).
+    #[cfg(test)]
+    pub(crate) fn inject_io_failure(&self, what: &str, err: std::io::Error) {
+        let _ = self.shared.lock_writer().fail(what, err);
+        self.shared.work.notify_one();
+    }
+
     /// Counters since open.
     pub fn stats(&self) -> WalStats {
         let s = &self.shared.stats;

@@ -268,6 +268,11 @@ mod tests {
             FaultKind::ALL.to_vec()
         );
         assert!(FaultKind::parse_list("none").unwrap().is_empty());
+        assert_eq!(
+            FaultKind::parse_list("slow-fsync,kill").unwrap(),
+            vec![FaultKind::SlowFsync, FaultKind::Kill]
+        );
+        assert_eq!(FaultKind::SlowFsync.name(), "slow-fsync");
         assert!(
             FaultKind::parse_list("")
                 .unwrap_err()
