@@ -28,6 +28,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         // Services and methods Keel does not implement yet answer UNIMPLEMENTED.
         .generate_default_stubs(true)
+        // Structure-aware fuzz inputs (feature `arbitrary`, server/tests/fuzz).
+        .type_attribute(
+            ".",
+            "#[cfg_attr(feature = \"arbitrary\", derive(arbitrary::Arbitrary))]",
+        )
         .file_descriptor_set_path(&descriptors)
         .compile_protos(&files, &include)?;
     // etcd's gateway (3.4/3.5 jsonpb OrigName, 3.6 UseProtoNames) discards unknown fields.

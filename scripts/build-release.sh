@@ -28,7 +28,10 @@ target="${KEEL_RELEASE_TARGET:-${KEEL_RELEASE_CACHE:-$HOME/.cache/keel}/target}"
 mkdir -p "$cache"
 (
   cd "$src"
+  # opt-level 1 and no debug info: the upgrade suite needs the old release's behaviour, not
+  # its speed, and a cold CI run builds it (KEEL_RELEASE_OPT_LEVEL=3 for a faithful build).
   CARGO_TARGET_DIR="$target" CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}" \
+    CARGO_PROFILE_RELEASE_OPT_LEVEL="${KEEL_RELEASE_OPT_LEVEL:-1}" CARGO_PROFILE_RELEASE_DEBUG=false \
     cargo build --release --locked -p keel-server >&2
 )
 # The server binary's name in that release (keel or keel-server).

@@ -153,6 +153,12 @@ if [ "$run_cargo" -eq 1 ]; then
         echo "$layers_out"
         record FAIL "scripts/layers.sh: upward imports (listed above)"
     fi
+    # The write-path timeline joiner (docs/benchmarks.md, issue 20 part 1) on synthetic logs.
+    if python3 "$REPO/scripts/put-trace.py" --self-test; then
+        record ok "scripts/put-trace.py --self-test"
+    else
+        record FAIL "scripts/put-trace.py --self-test"
+    fi
 fi
 
 # ---- failpoints (docs/failpoints.md) --------------------------------------------------------
@@ -214,8 +220,7 @@ fi
 # Upgrade compatibility (docs/upgrades.md): a 3-member 0.1.0 cluster rolled to this build and,
 # after Maintenance.Downgrade ENABLE 0.1, back to 0.1.0, under
 # the chaos workload. The 0.1.0 binary comes from ~/.cache/keel/0.1.0/keel, built once by
-# scripts/build-release.sh (a cold release build of 0fddff7: ~9 min on 2 idle cores; the run
-# itself ~2 min). KEEL_SKIP_UPGRADE=1 skips the phase.
+# scripts/build-release.sh (a cold build of 0fddff7 at opt-level 1; the run itself ~2 min). KEEL_SKIP_UPGRADE=1 skips the phase.
 if [ "$run_cargo" -eq 1 ] && [ "${KEEL_SKIP_UPGRADE:-0}" != 1 ]; then
     phase "upgrade: keel-chaos upgrade --from 0.1.0 --to this build"
     if old_bin="$("$REPO/scripts/build-release.sh" 0fddff7 0.1.0)"; then

@@ -1,6 +1,7 @@
 //! Criterion: the MVCC store (sled-backed, no raft) over 1M keys of 16 B with 256 B values:
-//! single-key put (one write txn and sled batch per put), single-key range, `count_only` and
-//! `limit 10` over all keys, and the key index rebuild when the store is opened.
+//! single-key put (one write txn and sled batch per put), single-key range, `count_only`,
+//! `limit 10`, `limit 10` keys only and the count query (`limit 1` with its value, response
+//! encoded) over all keys, and the key index rebuild when the store is opened.
 //!
 //! The 1M-key store is loaded once (1000 puts per write txn, one revision each) and shared by
 //! every group. Puts run after the range groups, so the rebuild also indexes their records.
@@ -61,6 +62,32 @@ fn mvcc(c: &mut Criterion) {
                 })
                 .expect("range");
             assert_eq!(r.kvs.len(), 10);
+        })
+    });
+    // The count query of issue 20 part 7 (`etcdctl get "" --from-key --limit 1`): exact
+    // count, `more`, one kv with its value, and the response encoded as gRPC sends it.
+    group.bench_function("count_query_limit_1_all_encoded", |b| {
+        b.iter(|| {
+            let r = store
+                .range(&RangeRequest {
+                    limit: 1,
+                    ..all_keys()
+                })
+                .expect("range");
+            assert_eq!((r.count, r.more, r.kvs.len()), (KEYS as i64, true, 1));
+            prost::Message::encode_to_vec(&r)
+        })
+    });
+    group.bench_function("keys_only_limit_10_all", |b| {
+        b.iter(|| {
+            let r = store
+                .range(&RangeRequest {
+                    limit: 10,
+                    keys_only: true,
+                    ..all_keys()
+                })
+                .expect("range");
+            assert_eq!((r.count, r.more, r.kvs.len()), (KEYS as i64, true, 10));
         })
     });
     let value = vec![b'w'; 256];

@@ -32,12 +32,14 @@ use crate::mvcc::{MvccStore, SharedStore};
 use crate::qos::{Admission, LoadGauge, RuleChange, RuleSet};
 use crate::raft::dial_override;
 use crate::raft::export::ExportLocks;
+use crate::raft::force_new_cluster::restart_as_standalone;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, into_result};
+use crate::raft::trace::Stage;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, StateMachine};
 use crate::version::{ClusterVersion, Downgrade, Version, gates};
-use crate::wal::{Wal, WalOptions};
+use crate::wal::Wal;
 use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 
 /// gRPC response metadata key of `keelpb.Peer/Forward`: the raft log index of the proposed
@@ -144,7 +146,7 @@ impl Node {
             .with_context(|| format!("cannot prepare the store in {}", db_dir.display()))?;
 
         let wal = Arc::new(
-            tokio::task::block_in_place(|| Wal::open(&wal_dir, WalOptions::default()))
+            tokio::task::block_in_place(|| Wal::open(&wal_dir, config.wal_options()))
                 .with_context(|| format!("cannot open WAL in {}", wal_dir.display()))?,
         );
         let backend = Backend::open(&db_real)
@@ -206,6 +208,9 @@ impl Node {
             .context("cannot start the watch sync thread")?;
         applier.set_watch_hub(watch.clone());
         applier.set_admission(qos.clone());
+        if config.recovery.force_new_cluster {
+            restart_as_standalone(&wal, id, cluster_id, applier.membership())?;
+        }
         let sm = StateMachine::new(applier, snap_dir);
         let export_locks = sm.export_locks();
 
@@ -225,6 +230,7 @@ impl Node {
         .validate()?;
         let network = PeerNetwork::new(peers.clone());
         let load = qos.load().clone();
+        let retained_wal = wal.clone();
         let log_store =
             LogStore::with_commit_hook(wal.clone(), Arc::new(move |i| load.set_committed(i)));
         let raft = Raft::new(id, Arc::new(raft_config), network, log_store, sm).await?;
@@ -303,6 +309,11 @@ impl Node {
         tokio::spawn(crate::cluster::leadership::monitor(Arc::downgrade(
             &node.cluster,
         )));
+        tokio::spawn(crate::raft::retention::run(
+            node.raft.clone(),
+            retained_wal,
+            node.config.recovery.max_wals as usize,
+        ));
         node.clone().spawn_db_size_refresh();
         node.spawn_corrupt_check();
         node.spawn_token_sweep();
@@ -500,8 +511,16 @@ impl Node {
             return Err(EtcdError::Timeout);
         }
         loop {
+            let proposed_us = crate::raft::trace::start();
             match self.raft.client_write(Request(req.clone())).await {
-                Ok(resp) => return into_result(resp.data.0).map(|r| (r, resp.log_id.index)),
+                Ok(resp) => {
+                    if proposed_us != 0 {
+                        let index = resp.log_id.index;
+                        crate::raft::trace::mark_proposed(req.id, index, proposed_us);
+                        crate::raft::trace::mark(Stage::Response, index, index, 0);
+                    }
+                    return into_result(resp.data.0).map(|r| (r, resp.log_id.index));
+                }
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                     match f.leader_node {
                         Some(leader) if f.leader_id != Some(self.id) => {

@@ -122,6 +122,12 @@ impl Member {
         self
     }
 
+    /// Replaces the spec used by later starts (e.g. the same spec with a one-off flag such as
+    /// `--force-new-cluster`; the data dir stays the spec's).
+    pub fn set_spec(&mut self, spec: MemberSpec) {
+        self.spec = spec;
+    }
+
     /// The member's `--name` (empty if the spec has none).
     pub fn name(&self) -> &str {
         self.spec.get_name().unwrap_or_default()

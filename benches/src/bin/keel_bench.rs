@@ -16,7 +16,7 @@ use keel_benches::keel_bench::report::{Latency, Summary, over_slow_share};
 use keel_benches::keel_bench::runner::{self, Plan, Stop};
 use keel_benches::keel_bench::watch;
 use keel_benches::keel_bench::workloads::{
-    AuthWorker, KvRequest, KvWorker, LeaseWorker, read_share,
+    AuthWorker, KvRequest, KvWorker, LeaseWorker, RangeShape, read_share,
 };
 use keel_client::{Client, ClientError, ClientOptions, RetryPolicy};
 
@@ -110,12 +110,29 @@ async fn run(cli: Cli) -> Result<Summary, ClientError> {
             end,
             consistency,
             stream,
+            from_key,
+            limit,
+            keys_only,
+            count_only,
         } => {
+            // etcdctl `--from-key`: `range_end` "\0", and an absent or empty KEY is "\0".
+            let (key, end) = if *from_key {
+                let k = key.as_deref().filter(|k| !k.is_empty()).unwrap_or("\0");
+                (Some(k.as_bytes().to_vec()), vec![0])
+            } else {
+                let k = key.as_ref().map(|k| k.as_bytes().to_vec());
+                (k, end.as_deref().unwrap_or("").as_bytes().to_vec())
+            };
             let request = KvRequest::Range {
-                key: key.as_ref().map(|k| k.as_bytes().to_vec()),
-                end: end.as_deref().unwrap_or("").as_bytes().to_vec(),
+                key,
+                end,
                 serializable: serializable(*consistency),
                 stream: *stream,
+                shape: RangeShape {
+                    limit: *limit,
+                    keys_only: *keys_only,
+                    count_only: *count_only,
+                },
             };
             (runner::run(&plan, kv(request)).await, None)
         }

@@ -129,6 +129,19 @@ pub enum Workload {
         /// ranges), merged by keel-client; `Range` where the member lacks it.
         #[arg(long)]
         stream: bool,
+        /// Every key from KEY on (etcdctl `--from-key`; without KEY: from `\0`, all keys):
+        /// `range_end` `\0`, END must be absent.
+        #[arg(long, conflicts_with = "END")]
+        from_key: bool,
+        /// `RangeRequest.limit` (0 = no limit; etcdctl `--limit`).
+        #[arg(long, default_value_t = 0)]
+        limit: i64,
+        /// `RangeRequest.keys_only` (etcdctl `--keys-only`).
+        #[arg(long)]
+        keys_only: bool,
+        /// `RangeRequest.count_only` (etcdctl `--count-only`).
+        #[arg(long)]
+        count_only: bool,
     },
     /// Txns of `--txn-ops` puts on random keys (etcd `benchmark txn-put`).
     TxnPut {
@@ -249,6 +262,31 @@ mod tests {
         assert_eq!(tls.key.as_deref(), Some(std::path::Path::new("k.pem")));
         assert!(
             matches!(cli.workload, Workload::Range { key: Some(ref k), end: None, stream: true, .. } if k == "foo")
+        );
+        // The count query of issue 20: `etcdctl get "" --from-key --limit 1`.
+        let cli = Cli::try_parse_from([
+            "keel-bench",
+            "range",
+            "--from-key",
+            "--limit",
+            "1",
+            "--keys-only",
+        ])
+        .expect("parses");
+        assert!(matches!(
+            cli.workload,
+            Workload::Range {
+                key: None,
+                from_key: true,
+                limit: 1,
+                keys_only: true,
+                count_only: false,
+                ..
+            }
+        ));
+        assert!(
+            Cli::try_parse_from(["keel-bench", "range", "a", "b", "--from-key"]).is_err(),
+            "--from-key and END exclude each other"
         );
         assert!(
             Cli::try_parse_from(["keel-bench", "--total", "5", "--duration", "1s", "put"]).is_err(),

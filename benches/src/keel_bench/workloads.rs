@@ -20,6 +20,8 @@ pub enum KvRequest {
         serializable: bool,
         /// Through `RangeStream` (keel-client `range_stream`).
         stream: bool,
+        /// `limit`, `keys_only` and `count_only` of the request.
+        shape: RangeShape,
     },
     /// A txn of `ops` puts of random keys.
     TxnPut { ops: usize },
@@ -27,6 +29,18 @@ pub enum KvRequest {
     TxnMixed { read_share: f64, serializable: bool },
     /// A range (share `read_share`) or a put of a random key.
     Mixed { read_share: f64, serializable: bool },
+}
+
+/// The result-shaping fields of a range (etcd `RangeRequest`): `limit` (0 = none),
+/// `keys_only`, `count_only`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RangeShape {
+    /// `RangeRequest.limit`.
+    pub limit: i64,
+    /// `RangeRequest.keys_only`.
+    pub keys_only: bool,
+    /// `RangeRequest.count_only`.
+    pub count_only: bool,
 }
 
 /// A worker of the KV workloads.
@@ -100,8 +114,14 @@ impl Worker for KvWorker {
                 end,
                 serializable,
                 stream,
+                shape,
             } => {
-                let range = self.range_op(key.as_deref(), &end, serializable);
+                let range = RangeRequest {
+                    limit: shape.limit,
+                    keys_only: shape.keys_only,
+                    count_only: shape.count_only,
+                    ..self.range_op(key.as_deref(), &end, serializable)
+                };
                 if stream {
                     self.client.range_stream(range).await.map(drop)
                 } else {

@@ -15,6 +15,7 @@ mod error;
 mod maintenance;
 pub mod operator;
 mod qos;
+mod recovery;
 mod settings;
 mod tls;
 
@@ -27,6 +28,7 @@ pub use duration::{GoDuration, GoDurationError};
 pub use error::ConfigError;
 pub use maintenance::MaintenanceFlags;
 pub use operator::OperatorFlags;
+pub use recovery::RecoveryFlags;
 pub use tls::{SecurityFlags, is_https, listener_tls};
 
 use crate::raft::dial_override;
@@ -40,8 +42,11 @@ pub const MAX_ELECTION_TIMEOUT_MS: u64 = 50_000;
 
 /// Command-line flags of `keel`, with etcd's names and defaults.
 #[derive(Parser, Debug, Clone, Deserialize)]
+// `args_override_self`: a flag given twice keeps its last value, as Go's `flag` package does
+// for etcd (`--name a --name b` is `b`), instead of clap's "cannot be used multiple times".
 #[command(name = "keel", version = concat!(env!("CARGO_PKG_VERSION"), " (etcd API ", "3.6.0", ")"),
-    about = "Keel: a raft-replicated key-value store that speaks the etcd v3 API")]
+    about = "Keel: a raft-replicated key-value store that speaks the etcd v3 API",
+    args_override_self = true)]
 #[serde(rename_all = "kebab-case", default)]
 pub struct Config {
     /// Human-readable name for this member.
@@ -177,6 +182,10 @@ pub struct Config {
     #[command(flatten)]
     #[serde(flatten)]
     pub maintenance: MaintenanceFlags,
+    /// `--force-new-cluster`, `--max-snapshots`, `--max-wals` (issue 15 parts 7-8).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub recovery: RecoveryFlags,
 }
 
 impl Default for Config {

@@ -144,10 +144,7 @@ const UNSUPPORTED_ETCD_FLAGS: &[&str] = &[
     "proxy-dial-timeout",
     "proxy-write-timeout",
     "proxy-read-timeout",
-    "force-new-cluster",
     "unsafe-no-fsync",
-    "max-snapshots",
-    "max-wals",
     "auto-compaction-mode",
     "auto-compaction-retention",
     "initial-election-tick-advance",
@@ -209,6 +206,9 @@ mod tests {
             );
         }
         assert!(accepted.contains(&"experimental-initial-corrupt-check"));
+        for built in ["force-new-cluster", "max-snapshots", "max-wals"] {
+            assert!(accepted.contains(&built), "--{built}");
+        }
     }
 
     #[test]
@@ -278,8 +278,12 @@ mod tests {
             Some("--discovery".to_string())
         );
         assert_eq!(
+            unsupported_etcd_flag(&["keel", "--enable-v2"]),
+            Some("--enable-v2".to_string())
+        );
+        assert_eq!(
             unsupported_etcd_flag(&["keel", "--force-new-cluster"]),
-            Some("--force-new-cluster".to_string())
+            None
         );
         assert_eq!(
             unsupported_etcd_flag(&["keel", "--name", "discovery"]),

@@ -125,6 +125,22 @@ mod tests {
     }
 
     #[test]
+    fn a_repeated_flag_keeps_its_last_value_as_in_etcd() {
+        let c = Config::parse_from([
+            "keel",
+            "--name",
+            "a",
+            "--snapshot-count",
+            "5",
+            "--name=b",
+            "--snapshot-count",
+            "7",
+        ]);
+        assert_eq!(c.name, "b");
+        assert_eq!(c.snapshot_count, 7);
+    }
+
+    #[test]
     fn flags_reach_the_watch_and_lease_settings() {
         let c = Config::parse_from([
             "keel",

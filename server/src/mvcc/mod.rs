@@ -34,6 +34,8 @@ mod write_txn;
 
 #[cfg(test)]
 pub(crate) mod test_support;
+#[cfg(test)]
+mod tests_count;
 /// Scenario tests: the goldenscripts in `testscripts/` (docs/testing.md), and the runner
 /// frame and etcd request vocabulary the lease, watch and raft runners share.
 #[cfg(test)]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
 
 use super::MvccStore;
+use super::test_support::load_scrambled;
 
 const KEYS: usize = 1_000_000;
 const PER_ENTRY: usize = 1000;
@@ -57,19 +58,7 @@ fn all_keys() -> RangeRequest {
 /// Puts every key once more (scrambled), in entries of `PER_ENTRY` puts.
 fn load(store: &MvccStore, value: u8) -> Duration {
     let t = Instant::now();
-    for entry in 0..KEYS / PER_ENTRY {
-        let mut w = store.write();
-        for j in 0..PER_ENTRY {
-            let i = (entry * PER_ENTRY + j).wrapping_mul(7_919) % KEYS;
-            w.put(&PutRequest {
-                key: key(i),
-                value: vec![value; 32],
-                ..Default::default()
-            })
-            .unwrap();
-        }
-        w.commit().unwrap();
-    }
+    load_scrambled(store, KEYS, PER_ENTRY, |i| (key(i), vec![value; 32]));
     t.elapsed()
 }
 

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageIOError, Vote};
 
+use super::trace::{self, Stage};
 use super::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
 use crate::wal::{Lsn, Wal, WalError};
 
@@ -177,6 +178,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.wal
             .set_meta(META_COMMITTED, &bytes)
             .map_err(|e| StorageIOError::write_logs(&e))?;
+        if let Some(c) = committed {
+            trace::mark(Stage::Commit, c.index, c.index, 0);
+        }
         if let (Some(hook), Some(c)) = (&self.on_commit, committed) {
             hook(c.index);
         }
@@ -217,6 +221,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .collect::<Result<_, _>>()
             .map_err(|e| StorageIOError::write_logs(&e))?;
         let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
+        let traced = trace::covered(&encoded, |e| e.0);
+        if let Some((first, last)) = traced {
+            trace::mark(Stage::Append, first, last, 0);
+        }
         let lsn = self
             .wal
             .append(&refs)
@@ -224,7 +232,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Group commit: the WAL's sync thread fires this after the fdatasync covering `lsn`.
         self.wal.on_durable(
             lsn,
-            Box::new(move |r| callback.log_io_completed(r.map_err(|e| io_err(&e)))),
+            Box::new(move |r| {
+                if let Some((first, last)) = traced {
+                    trace::mark(Stage::Durable, first, last, 0);
+                }
+                callback.log_io_completed(r.map_err(|e| io_err(&e)))
+            }),
         );
         Ok(())
     }

@@ -5,15 +5,20 @@
 
 pub mod dial_override;
 pub mod export;
+pub mod force_new_cluster;
 pub mod log_store;
 pub mod network;
 pub mod peers;
 pub mod proposer;
+pub mod retention;
 pub mod snapshot;
 pub mod state_machine;
+pub mod trace;
 pub mod types;
 pub mod wait;
 
+#[cfg(test)]
+mod force_new_cluster_test;
 #[cfg(test)]
 mod recovery_test;
 #[cfg(test)]

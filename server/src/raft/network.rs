@@ -32,6 +32,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::peers::{Peers, is_transport_failure};
+use super::trace::{self, Stage};
 use super::types::{MemberNode, NodeId, TypeConfig};
 
 /// First wait after a transport failure; doubles per failure up to [`BACKOFF_MAX`].
@@ -142,7 +143,15 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>>
     {
         self.peers.count_append(rpc.entries.len());
-        self.call(Rpc::Append, &rpc, &option).await
+        let traced = trace::covered(&rpc.entries, |e| e.log_id.index);
+        if let Some((first, last)) = traced {
+            trace::mark(Stage::AeSend, first, last, self.target);
+        }
+        let result = self.call(Rpc::Append, &rpc, &option).await;
+        if let (Some((first, last)), Ok(_)) = (traced, &result) {
+            trace::mark(Stage::AeAck, first, last, self.target);
+        }
+        result
     }
 
     async fn install_snapshot(

@@ -19,6 +19,7 @@ use keel_proto::keelpb::{RaftRequest, RaftResponse, RequestBatch, raft_request, 
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use super::trace::Stage;
 use crate::error::EtcdError;
 
 /// Most requests in one batch entry.
@@ -41,6 +42,8 @@ pub type ProposeFn = Arc<
 struct Pending {
     request: RaftRequest,
     bytes: usize,
+    /// When it was queued (`trace::start`: 0 when the timeline is off).
+    queued_us: u64,
     reply: oneshot::Sender<Result<RaftResponse, EtcdError>>,
 }
 
@@ -69,6 +72,7 @@ impl Proposer {
             .send(Pending {
                 request,
                 bytes,
+                queued_us: super::trace::start(),
                 reply,
             })
             .await
@@ -113,6 +117,11 @@ async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
     crate::metrics::keel()
         .proposal_batch_requests
         .observe(batch.len() as f64);
+    // The queue is FIFO: the first request waited longest.
+    if batch[0].queued_us != 0 {
+        let id = batch[0].request.id;
+        super::trace::mark_at(Stage::Receive, id, id, 0, batch[0].queued_us);
+    }
     if batch.len() == 1 {
         let p = batch.pop().expect("one request");
         let _ = p.reply.send(propose(p.request).await);

@@ -5,12 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
-use keel_proto::keelpb::{RaftRequest, raft_request};
 use openraft::{CommittedLeaderId, EntryPayload, Membership, Vote};
 
 use super::log_store::{META_COMMITTED, META_VOTE};
-use super::types::{Entry, LogId, MemberNode, Raft, Request};
+use super::types::{Entry, LogId, MemberNode, Raft};
 use super::{LogStore, PeerNetwork};
 use crate::wal::{Wal, WalOptions};
 
@@ -31,20 +29,7 @@ fn entries() -> Vec<Entry> {
         log_id: log_id(0),
         payload: EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1u64])], nodes)),
     }];
-    for i in 1..=5u64 {
-        out.push(Entry {
-            log_id: log_id(i),
-            payload: EntryPayload::Normal(Request(RaftRequest {
-                auth_header: None,
-                id: i,
-                request: Some(raft_request::Request::Put(PutRequest {
-                    key: format!("k{i}").into_bytes(),
-                    value: b"v".to_vec(),
-                    ..Default::default()
-                })),
-            })),
-        });
-    }
+    out.extend((1..=5).map(|i| super::test_support::put_entry(log_id(i), i)));
     out
 }
 
@@ -88,22 +73,8 @@ async fn committed_entries_missing_from_the_store_are_applied_on_restart() {
         .applied_index_at_least(Some(5), "re-apply committed entries")
         .await
         .expect("committed entries re-applied after restart");
-    let resp = shared
-        .get()
-        .range(&RangeRequest {
-            key: b"k".to_vec(),
-            range_end: b"l".to_vec(),
-            ..Default::default()
-        })
-        .unwrap();
-    let got: Vec<(Vec<u8>, i64)> = resp
-        .kvs
-        .iter()
-        .map(|kv| (kv.key.clone(), kv.mod_revision))
-        .collect();
-    let want: Vec<(Vec<u8>, i64)> = (1..=5)
-        .map(|i| (format!("k{i}").into_bytes(), i as i64 + 1))
-        .collect();
+    let got = super::test_support::k_revisions(&shared);
+    let want = super::test_support::k_applied_in_order(5);
     assert_eq!(
         got, want,
         "each committed put applied exactly once, in log order"

@@ -139,6 +139,11 @@ fn walk(
     if u32::from_le_bytes(stored) != expected {
         return Err(invalid("snapshot checksum mismatch"));
     }
+    // The checksum ends the file: bytes after it mean the file is not the one written
+    // (found by fuzzing, server/tests/fuzz).
+    if r.read(&mut [0u8; 1])? != 0 {
+        return Err(invalid("snapshot has bytes after its checksum"));
+    }
     Ok(meta)
 }
 
@@ -289,5 +294,19 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         assert_eq!(applied, 0);
+    }
+
+    #[test]
+    fn bytes_after_the_checksum_fail_verification() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.snap");
+        let records = [(b"k".to_vec(), b"v".to_vec())];
+        write_records(&path, &meta(), records.iter().map(|(k, v)| Ok((k, v)))).unwrap();
+        assert_eq!(verify(&mut File::open(&path).unwrap()).unwrap(), meta());
+        let mut bytes = fs::read(&path).unwrap();
+        bytes.push(0);
+        fs::write(&path, &bytes).unwrap();
+        let err = verify(&mut File::open(&path).unwrap()).unwrap_err();
+        assert_eq!(err.to_string(), "snapshot has bytes after its checksum");
     }
 }

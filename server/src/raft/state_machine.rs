@@ -346,14 +346,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Compaction deletes records a running export may still need: wait for it, and keep
         // exports out until the group (and so the compaction) is in sled.
         let mut exclusive = None;
+        let mut indexes: Option<(u64, u64)> = None;
         for entry in entries {
             if exclusive.is_none() && is_compaction(&entry) {
                 exclusive = Some(self.export_lock.clone().write_owned().await);
             }
+            let i = entry.log_id.index;
+            indexes = Some(indexes.map_or((i, i), |(first, _)| (first, i)));
             responses.push(self.applier.stage(&entry)?);
         }
         // One sled batch for everything openraft handed over (see mvcc/staged.rs).
         self.applier.flush()?;
+        if let Some((first, last)) = indexes {
+            super::trace::mark(super::trace::Stage::Apply, first, last, 0);
+        }
         crate::metrics::keel()
             .apply_group_entries
             .observe(responses.len() as f64);

@@ -4,7 +4,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
+use keel_proto::keelpb::{RaftRequest, raft_request};
+use openraft::EntryPayload;
+
 use super::StateMachine;
+use super::types::{Entry, LogId, Request};
 use crate::apply::Applier;
 use crate::backend::schema;
 use crate::membership::Attributes;
@@ -22,4 +27,44 @@ pub fn state_machine(dir: &Path) -> (StateMachine, Arc<SharedStore>) {
     let applier = Applier::open(tree, store, attributes).unwrap();
     let shared = applier.shared_store().clone();
     (StateMachine::new(applier, snap_dir), shared)
+}
+
+/// Log entry `log_id` holding a Put of `k{i}` = `v` (request id `i`).
+pub fn put_entry(log_id: LogId, i: u64) -> Entry {
+    Entry {
+        log_id,
+        payload: EntryPayload::Normal(Request(RaftRequest {
+            auth_header: None,
+            id: i,
+            request: Some(raft_request::Request::Put(PutRequest {
+                key: format!("k{i}").into_bytes(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            })),
+        })),
+    }
+}
+
+/// The `k*` keys `shared` serves, with their mod revisions.
+pub fn k_revisions(shared: &SharedStore) -> Vec<(Vec<u8>, i64)> {
+    shared
+        .get()
+        .range(&RangeRequest {
+            key: b"k".to_vec(),
+            range_end: b"l".to_vec(),
+            ..Default::default()
+        })
+        .unwrap()
+        .kvs
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.mod_revision))
+        .collect()
+}
+
+/// What [`k_revisions`] gives after the puts `k1..=kn` applied once each, in log order, on an
+/// empty store (revision 1).
+pub fn k_applied_in_order(n: u64) -> Vec<(Vec<u8>, i64)> {
+    (1..=n)
+        .map(|i| (format!("k{i}").into_bytes(), i as i64 + 1))
+        .collect()
 }

@@ -437,6 +437,19 @@ impl Wal {
         self.shared.work.notify_one();
     }
 
+    /// The live segments, oldest first: for each, the highest entry index ever written into
+    /// it (`None`: none, e.g. a segment holding only its metadata snapshot). A purge to at
+    /// least a segment's value makes that segment (and every older one) obsolete. `.spare`
+    /// files are not live segments.
+    pub fn segments(&self) -> Vec<Option<u64>> {
+        self.shared
+            .lock_writer()
+            .segments
+            .iter()
+            .map(|s| s.max_index)
+            .collect()
+    }
+
     /// Counters since open.
     pub fn stats(&self) -> WalStats {
         let s = &self.shared.stats;

@@ -248,6 +248,32 @@ fn purge_hides_entries_and_deletes_whole_segments_but_keeps_meta() {
     assert_eq!(wal.meta(1).as_deref(), Some(&b"vote-a"[..]));
 }
 
+/// `segments()` lists each live segment's highest index; purging to one of them removes that
+/// segment and every older one (what `--max-wals` relies on, raft/retention.rs).
+#[test]
+fn segments_report_their_highest_index_and_a_purge_to_one_drops_that_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = WalOptions {
+        recycle_segments: 0,
+        ..opts(4096)
+    };
+    let wal = Wal::open(dir.path(), o).unwrap();
+    append_each(&wal, 1, 200, 100);
+    wal.sync().unwrap();
+    let segs = wal.segments();
+    assert_eq!(segs.len(), files(dir.path(), ".wal").len());
+    assert!(segs.len() >= 4, "{segs:?}");
+    assert_eq!(*segs.last().unwrap(), Some(200));
+    let maxes: Vec<u64> = segs.iter().flatten().copied().collect();
+    assert!(maxes.windows(2).all(|w| w[0] < w[1]), "{segs:?}");
+    let cut = segs[1].expect("the second segment holds entries");
+    wal.purge_to(cut).unwrap();
+    wal.sync().unwrap();
+    assert_eq!(wal.segments(), segs[2..].to_vec());
+    assert_eq!(files(dir.path(), ".wal").len(), segs.len() - 2);
+    assert_eq!(wal.read(cut + 1).unwrap(), Some(data(cut + 1, 100)));
+}
+
 #[test]
 fn purge_past_the_end_empties_the_log_and_appends_resume_above_it() {
     let dir = tempfile::tempdir().unwrap();
