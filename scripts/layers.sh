@@ -11,7 +11,7 @@
 # tests may wire components from above the module they test.
 set -euo pipefail
 cd "${1:-$(dirname "$0")/..}/server/src"
-declare -A rank=([main]=99 [lib]=99 [api]=90 [node]=80 [config]=75 [cluster]=60
+declare -A rank=([main]=99 [lib]=99 [api]=90 [fence]=85 [node]=80 [config]=75 [cluster]=60
   [backup]=57 [apply]=55 [qos]=54 [auth]=52 [membership]=50 [alarm]=48 [version]=46 [lease]=45 [watch]=40 [raft]=35 [cindex]=30 [mvcc]=25
   [etcd_db]=27 [backend]=20 [wal]=15 [tls]=10 [metrics]=5 [logging]=95 [error]=1 [failpoint]=1)
 found=0

@@ -28,7 +28,7 @@ struct Cli {
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     duration: Duration,
     /// Comma-separated faults: kill, pause, partition, latency, transfer, member, compact,
-    /// failpoint; `all` for every one; `none` for no faults.
+    /// failpoint, slow-fsync; `all` for every one; `none` for no faults.
     #[arg(long, default_value = "kill,pause,partition", value_parser = FaultKind::parse_list)]
     faults: FaultList,
     /// RNG seed of the fault schedule and the workload (random when not given; always
@@ -192,6 +192,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 FaultKind::Pause,
                 FaultKind::Member,
                 FaultKind::Failpoint,
+                FaultKind::SlowFsync,
             ];
             anyhow::ensure!(
                 !cli.faults.iter().any(|k| racing.contains(k)),
@@ -216,10 +217,12 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         cli.fault_min <= cli.fault_max,
         "--fault-min exceeds --fault-max"
     );
-    let wants_failpoints = cli.inject.is_some() || cli.faults.contains(&FaultKind::Failpoint);
+    let wants_failpoints = cli.inject.is_some()
+        || cli.faults.contains(&FaultKind::Failpoint)
+        || cli.faults.contains(&FaultKind::SlowFsync);
     if wants_failpoints && !keel_chaos::run::binary::has_failpoints(&binary)? {
         anyhow::bail!(
-            "{} was built without failpoints, which --inject and --faults failpoint need: \
+            "{} was built without failpoints, which --inject and --faults failpoint/slow-fsync need: \
              build it with `cargo build --release -p keel-server --features failpoints` and \
              pass it with --keel-bin (CI: $KEEL_FAILPOINTS_BIN)",
             binary.display()

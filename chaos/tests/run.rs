@@ -129,3 +129,18 @@ fn stale_reads_are_reported_as_violations() {
     assert!(totals.violations > 0, "stale reads went unnoticed\n{dump}");
     assert_eq!(run.code, Some(1), "{dump}");
 }
+
+/// The CI short form of `--faults slow-fsync` (docs/chaos.md, "Slow disks"): 20 s with one
+/// member at a time (the leader half the time) delaying each WAL fdatasync by 100-500 ms,
+/// 0 violations.
+#[test]
+fn slow_fsync_run_has_no_violations() {
+    let keel = failpoints_binary();
+    let (run, totals) = run_chaos(&keel, "slow-fsync", &[], Duration::from_secs(150));
+    let dump = run.dump();
+    assert_eq!(run.code, Some(0), "{dump}");
+    assert_eq!(totals.violations, 0, "{dump}");
+    assert!(totals.faults >= 2, "only {totals:?} in 20 s\n{dump}");
+    assert!(totals.ops >= 100, "only {totals:?} in 20 s\n{dump}");
+    assert!(run.stderr.contains("wal_slow_fsync=sleep("), "{dump}");
+}

@@ -18,6 +18,7 @@ pub mod config;
 pub mod error;
 pub mod etcd_db;
 pub mod failpoint;
+pub mod fence;
 pub mod lease;
 pub mod logging;
 pub mod membership;

@@ -103,6 +103,9 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         false => None,
     };
 
+    // Failpoint builds: `<data-dir>/failpoints` changes failpoints at run time.
+    #[cfg(feature = "failpoints")]
+    keel_server::failpoint::watch_file(config.data_dir().join("failpoints"));
     let node = Node::start(config).await?;
     tracing::info!(
         member_id = format!("{:x}", node.id),
@@ -156,6 +159,15 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: shutting down"); Ok(()) }
         _ = keel_server::cluster::removal::removed(&node.cluster) => {
             Err(anyhow::anyhow!("the member has been permanently removed from the cluster"))
+        }
+        fence = keel_server::fence::fenced(&node) => {
+            // As etcd's `lg.Fatal`: no graceful shutdown, whose store flush would hit the
+            // failed disk (and may hang on it). Everything acknowledged is in the WAL.
+            eprintln!(
+                "keel: stopping after a disk failure ({}); restart the member to recover from its WAL",
+                fence.reason
+            );
+            std::process::exit(1)
         }
         Some(res) = servers.join_next() => match res {
             Ok(Ok(())) => Ok(()),

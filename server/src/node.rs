@@ -73,6 +73,8 @@ pub struct Node {
     pub cluster_id: u64,
     /// The raft handle.
     pub raft: Raft,
+    /// The raft log (shared with the log store); `fence` reads its sticky failure.
+    pub wal: Arc<Wal>,
     /// The current MVCC store.
     pub store: Arc<SharedStore>,
     /// Published member attributes (names, client URLs).
@@ -230,7 +232,8 @@ impl Node {
         let network = PeerNetwork::new(peers.clone());
         let load = qos.load().clone();
         let retained_wal = wal.clone();
-        let log_store = LogStore::with_commit_hook(wal, Arc::new(move |i| load.set_committed(i)));
+        let log_store =
+            LogStore::with_commit_hook(wal.clone(), Arc::new(move |i| load.set_committed(i)));
         let raft = Raft::new(id, Arc::new(raft_config), network, log_store, sm).await?;
 
         if !raft.is_initialized().await? {
@@ -265,6 +268,7 @@ impl Node {
             id,
             cluster_id,
             raft,
+            wal,
             store: shared,
             attributes,
             config,
@@ -678,6 +682,30 @@ impl Node {
             } else {
                 EtcdError::Timeout
             }),
+        }
+    }
+
+    /// Sends `request` straight to `leader` (`keelpb.Peer/Forward`), bypassing this member's
+    /// raft: how a fencing member whose own raft stopped raises NOSPACE (`fence.rs`).
+    ///
+    /// Errors: the leader's answer, `NoLeader` when it cannot be reached, `Timeout` at
+    /// `deadline`.
+    pub(crate) async fn forward_request(
+        &self,
+        leader: &MemberNode,
+        request: raft_request::Request,
+        deadline: tokio::time::Instant,
+    ) -> Result<RaftResponse, EtcdError> {
+        let req = RaftRequest {
+            auth_header: None,
+            id: self.next_request_id.fetch_add(1, Ordering::Relaxed),
+            request: Some(request),
+        };
+        match self.forward(leader, req, deadline).await {
+            Ok((resp, _)) => into_result(resp),
+            Err(PeerFailure::Answer(e)) => Err(e),
+            Err(PeerFailure::NotDelivered) => Err(EtcdError::NoLeader),
+            Err(PeerFailure::Ambiguous) => Err(EtcdError::Timeout),
         }
     }
 

@@ -20,6 +20,9 @@ use keel_proto::etcdserverpb::{
 };
 use keel_testkit::{Cluster, Member, grpc};
 
+#[path = "failpoints/disk.rs"]
+mod disk;
+
 /// The `keel` under test: always the one cargo built for this test binary, with the
 /// `failpoints` feature (a `$KEEL_BIN` would be a build without failpoints).
 fn keel_bin() -> PathBuf {

@@ -89,6 +89,18 @@ impl Default for WalOptions {
     }
 }
 
+/// Why a WAL stopped taking writes ([`Wal::failure`]). A stopped WAL is never resumed in
+/// place: the member fences itself and a restart runs recovery (docs/wal.md, "Disk full and
+/// I/O errors").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WalFailure {
+    /// The failed operation, its file and the OS error, e.g. `fdatasync .../0000…0001-….wal:
+    /// No space left on device (os error 28)`.
+    pub reason: String,
+    /// Whether the OS error was ENOSPC (the disk is full).
+    pub no_space: bool,
+}
+
 /// Counters since open, for metrics and benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WalStats {
@@ -405,6 +417,23 @@ impl Wal {
             .lock_writer()
             .failed
             .get_or_insert_with(|| reason.to_string());
+        self.shared.work.notify_one();
+    }
+
+    /// Why the WAL stopped taking writes, if a write or fdatasync failed since open: the first
+    /// failure, which every later write and waiter also reports ([`WalError::Failed`]).
+    pub fn failure(&self) -> Option<WalFailure> {
+        let w = self.shared.lock_writer();
+        w.failed.clone().map(|reason| WalFailure {
+            reason,
+            no_space: w.failed_no_space,
+        })
+    }
+
+    /// Makes the WAL behave as if `what` had just failed with `err` (the writer's failure path).
+    #[cfg(test)]
+    pub(crate) fn inject_io_failure(&self, what: &str, err: std::io::Error) {
+        let _ = self.shared.lock_writer().fail(what, err);
         self.shared.work.notify_one();
     }
 

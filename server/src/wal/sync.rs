@@ -148,7 +148,8 @@ pub(crate) fn run(shared: Arc<Shared>) {
             Err(e) => {
                 let reason = e.to_string();
                 tracing::error!(error = %reason, "WAL fdatasync failed; refusing further writes");
-                shared.lock_writer().failed.get_or_insert(reason);
+                // Never retried (fsyncgate): the kernel may have dropped the dirty pages.
+                shared.lock_writer().record_failure(reason, e.source_io());
             }
         }
     }
@@ -228,16 +229,30 @@ enum SyncError {
     FsyncDir(#[source] io::Error),
 }
 
+impl SyncError {
+    fn source_io(&self) -> &io::Error {
+        match self {
+            SyncError::Fdatasync { source, .. } | SyncError::Rename { source, .. } => source,
+            SyncError::FsyncDir(source) => source,
+        }
+    }
+}
+
 /// fdatasyncs the segments oldest first and names each unnamed one after it and all earlier
 /// ones are durable, so a named segment is never preceded by a torn one.
 fn sync_segments(shared: &Shared, segments: &[Arc<Segment>]) -> Result<(), SyncError> {
     for seg in segments {
         // `sleep(ms)` here models a slow disk.
         crate::failpoint::crash_point!("wal_slow_fsync");
-        seg.sync_data().map_err(|source| SyncError::Fdatasync {
-            path: seg.path(),
-            source,
-        })?;
+        // `wal_fsync_enospc` / `wal_fsync_eio`: the fdatasync fails (docs/failpoints.md).
+        let injected = crate::failpoint::io_error("wal_fsync_enospc", libc::ENOSPC)
+            .or_else(|| crate::failpoint::io_error("wal_fsync_eio", libc::EIO));
+        injected
+            .map_or_else(|| seg.sync_data(), Err)
+            .map_err(|source| SyncError::Fdatasync {
+                path: seg.path(),
+                source,
+            })?;
         shared.stats.fdatasyncs.fetch_add(1, Ordering::Relaxed);
         if !seg.is_named() {
             seg.rename_to_final().map_err(|source| SyncError::Rename {

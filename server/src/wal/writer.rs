@@ -57,6 +57,8 @@ pub(crate) struct Writer {
     pub shutdown: bool,
     /// Set after any failed write or fdatasync; every later write is refused.
     pub failed: Option<String>,
+    /// Whether that first failure was ENOSPC (the member raises NOSPACE before it fences).
+    pub failed_no_space: bool,
     /// Purged segment files kept for recycling.
     pub spares: Vec<PathBuf>,
     /// Purges waiting for their record to be durable before segments are removed: (lsn, index).
@@ -92,6 +94,7 @@ impl Writer {
             kick: false,
             shutdown: false,
             failed: None,
+            failed_no_space: false,
             spares,
             pending_purges: Vec::new(),
             buf: Vec::new(),
@@ -115,8 +118,16 @@ impl Writer {
     pub(crate) fn fail(&mut self, what: &str, err: io::Error) -> WalError {
         let reason = format!("{what}: {err}");
         tracing::error!(error = %reason, "WAL write failed; refusing further writes");
-        self.failed.get_or_insert(reason);
+        self.record_failure(reason, &err);
         WalError::Io(err)
+    }
+
+    /// Makes `reason` the sticky failure unless an earlier one is recorded.
+    pub(crate) fn record_failure(&mut self, reason: String, err: &io::Error) {
+        if self.failed.is_none() {
+            self.failed = Some(reason);
+            self.failed_no_space = err.raw_os_error() == Some(libc::ENOSPC);
+        }
     }
 
     /// Writes `records` as one contiguous batch into the current segment, rolling over first if
@@ -151,7 +162,9 @@ impl Writer {
             let _ = seg.write_at(&self.buf[..torn], start);
             crate::failpoint::crash("wal_torn_write");
         }
-        if let Err(e) = seg.write_at(&self.buf, start) {
+        if let Err(e) = injected_write_error(&seg, &self.buf, start)
+            .map_or_else(|| seg.write_at(&self.buf, start), Err)
+        {
             return Err(self.fail(&format!("write {}", seg.path().display()), e));
         }
         self.offset += self.buf.len() as u64;
@@ -292,4 +305,14 @@ impl Writer {
         }
         victims
     }
+}
+
+/// The failpoints `wal_write_enospc` and `wal_write_eio` (docs/failpoints.md): a short write
+/// (the first half of the batch reaches the file, as when `write(2)` fills the disk part-way)
+/// followed by that error, which the writer then handles as a real one.
+fn injected_write_error(seg: &Segment, buf: &[u8], start: u64) -> Option<io::Error> {
+    let err = crate::failpoint::io_error("wal_write_enospc", libc::ENOSPC)
+        .or_else(|| crate::failpoint::io_error("wal_write_eio", libc::EIO))?;
+    let _ = seg.write_at(&buf[..buf.len() / 2], start);
+    Some(err)
 }

@@ -6,6 +6,7 @@
 //! re-added), so the cluster always comes back. Each fault is recorded as a [`FaultRecord`].
 
 mod admin;
+mod disk;
 mod network;
 mod process;
 
@@ -40,11 +41,14 @@ pub enum FaultKind {
     Compact,
     /// Restart a member with a crash failpoint armed, then restart it normally.
     Failpoint,
+    /// Restart the leader or a random member with a 100-500 ms delay before each WAL
+    /// fdatasync (failpoint `wal_slow_fsync`), keep it leading if it led, then heal.
+    SlowFsync,
 }
 
 impl FaultKind {
     /// Every kind, in `--faults all` order.
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 9] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Partition,
@@ -53,6 +57,7 @@ impl FaultKind {
         FaultKind::Member,
         FaultKind::Compact,
         FaultKind::Failpoint,
+        FaultKind::SlowFsync,
     ];
 
     /// The `--faults` name.
@@ -66,6 +71,7 @@ impl FaultKind {
             FaultKind::Member => "member",
             FaultKind::Compact => "compact",
             FaultKind::Failpoint => "failpoint",
+            FaultKind::SlowFsync => "slow-fsync",
         }
     }
 
@@ -209,6 +215,7 @@ async fn inject(
         FaultKind::Kill => process::kill(cluster, hold, rng).await,
         FaultKind::Pause => process::pause(cluster, hold, rng).await,
         FaultKind::Failpoint => process::failpoint_crash(cluster, hold, rng).await,
+        FaultKind::SlowFsync => disk::slow_fsync(cluster, hold, rng).await,
         FaultKind::Partition => {
             network::partition(cluster, hold, rng, plan.symmetric_partitions_only).await
         }
@@ -261,6 +268,11 @@ mod tests {
             FaultKind::ALL.to_vec()
         );
         assert!(FaultKind::parse_list("none").unwrap().is_empty());
+        assert_eq!(
+            FaultKind::parse_list("slow-fsync,kill").unwrap(),
+            vec![FaultKind::SlowFsync, FaultKind::Kill]
+        );
+        assert_eq!(FaultKind::SlowFsync.name(), "slow-fsync");
         assert!(
             FaultKind::parse_list("")
                 .unwrap_err()

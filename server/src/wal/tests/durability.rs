@@ -226,3 +226,37 @@ fn a_panicking_callback_does_not_stop_group_commit() {
         "sync thread still running"
     );
 }
+
+#[test]
+fn failure_reports_the_first_error_and_whether_the_disk_was_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    let done = wal.append(&[(1, b"a")]).unwrap();
+    wal.wait_durable(done).unwrap();
+    assert_eq!(wal.failure(), None);
+    wal.inject_io_failure("write seg", std::io::Error::from_raw_os_error(libc::ENOSPC));
+    // A later, different error does not replace the first one.
+    wal.inject_io_failure(
+        "fdatasync seg",
+        std::io::Error::from_raw_os_error(libc::EIO),
+    );
+    let f = wal.failure().expect("the WAL failed");
+    assert!(f.no_space);
+    assert!(
+        f.reason.starts_with("write seg: No space left on device"),
+        "{}",
+        f.reason
+    );
+    match wal.append(&[(2, b"b")]) {
+        Err(WalError::Failed(reason)) => assert_eq!(reason, f.reason),
+        other => panic!("{other:?}"),
+    }
+    // EIO is not a full disk.
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    wal.inject_io_failure(
+        "fdatasync seg",
+        std::io::Error::from_raw_os_error(libc::EIO),
+    );
+    assert!(!wal.failure().unwrap().no_space);
+}
