@@ -163,10 +163,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 mark_compacted,
             };
             let member = data_dir.join("member");
-            let db_dir = member.join("db");
             if member.exists() {
                 anyhow::bail!("data-dir {} exists", data_dir.display());
             }
+            // Restore into `member.restoring` and rename it to `member` once complete and
+            // durable: an interrupted restore never leaves a `member` dir that keel would
+            // start on with part of the data. A leftover of an earlier one is discarded.
+            let staging = data_dir.join(STAGING_DIR);
+            if staging.exists() {
+                std::fs::remove_dir_all(&staging)?;
+            }
+            std::fs::create_dir_all(&staging)?;
+            let db_dir = staging.join("db");
             let total = EtcdDb::open(
                 &file,
                 if skip_hash_check {
@@ -181,8 +189,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let restored = restore::restore(&file, &db_dir, opts, &|n| bar.inc(n))?;
             bar.finish_and_clear();
             for d in ["wal", "snap"] {
-                std::fs::create_dir_all(member.join(d))?;
+                std::fs::create_dir_all(staging.join(d))?;
             }
+            sync_dir(&staging)?;
+            std::fs::rename(&staging, &member)?;
+            sync_dir(&data_dir)?;
             println!(
                 "restored {} into {}: {} records, revision {}, compact revision {}, {} leases, {} users, {} roles",
                 file.display(),
@@ -335,4 +346,12 @@ fn humanize_bytes(s: u64) -> String {
     } else {
         format!("{val:.0} {}", SIZES[e as usize])
     }
+}
+
+/// Where `snapshot restore` builds the member dir before renaming it to `member`.
+const STAGING_DIR: &str = "member.restoring";
+
+/// fsyncs a directory, so the entries created or renamed in it are durable.
+fn sync_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
 }

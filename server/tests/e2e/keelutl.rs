@@ -3,7 +3,8 @@
 //! serving the same keys with the same revisions, versions and leases; a Keel snapshot
 //! restored into three data dirs (each with its own `--name`) gives a 3-member cluster that
 //! elects a leader and serves the data. `keelutl snapshot status` prints what etcdctl
-//! prints; `keelutl hashkv` and `keelutl defrag` work on a stopped member.
+//! prints; `keelutl hashkv` and `keelutl defrag` work on a stopped member. A restore killed
+//! with SIGKILL leaves no `member` dir (only its staging dir), and the rerun restores it all.
 //!
 //! The live etcd part needs `etcd` and `etcdctl` (skips without them unless
 //! `KEEL_REQUIRE_ETCD=1`).
@@ -237,4 +238,111 @@ fn a_keel_snapshot_restores_into_a_three_member_cluster() {
     restored.members[0].restart();
     let (_, after) = served(&restored.members[0].endpoint(), &[]);
     assert_eq!(after.len(), kvs.len() + 1);
+}
+
+/// `keelutl snapshot restore` builds `member.restoring` and renames it to `member` at the end:
+/// SIGKILL while it writes the store leaves no `member` dir for keel to start on with part of
+/// the data, and running the same restore again discards the leftover and restores every key.
+#[test]
+fn a_restore_killed_midway_leaves_no_member_dir_and_a_rerun_restores_everything() {
+    use keel_proto::etcdserverpb::{PutRequest, RequestOp, TxnRequest, request_op};
+
+    let (guard, source) = crate::member(&[]);
+    let ep = source.endpoint();
+    let rt = keel_testkit::grpc::runtime();
+    rt.block_on(async {
+        let mut kv = keel_testkit::grpc::kv(&ep).await;
+        for batch in 0..400 {
+            let success = (0..100)
+                .map(|i| RequestOp {
+                    request: Some(request_op::Request::RequestPut(PutRequest {
+                        key: format!("key/{batch:04}/{i:03}").into_bytes(),
+                        value: vec![b'v'; 200],
+                        ..Default::default()
+                    })),
+                })
+                .collect();
+            kv.txn(TxnRequest {
+                success,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("big.snapshot");
+    etcdctl(&ep, &["snapshot", "save", snap.to_str().unwrap()]).ok();
+    let (rev, kvs) = served(&ep, &["--keys-only"]);
+    assert_eq!(kvs.len(), 40_000);
+    drop(source);
+    drop(guard);
+
+    let p = ports::free_ports(2);
+    let mut m = Member::new(&keel_bin(), MemberSpec::single("r1", p[0], p[1]));
+    let data = m.data_dir();
+    let member_dir = data.join("member");
+    let staging = data.join("member.restoring");
+    let restore_args = |spec: &MemberSpec| -> Vec<String> {
+        let mut args = vec![
+            "snapshot".to_string(),
+            "restore".into(),
+            snap.display().to_string(),
+        ];
+        for (flag, value) in spec.settings() {
+            if [
+                "name",
+                "data-dir",
+                "initial-cluster",
+                "initial-advertise-peer-urls",
+            ]
+            .contains(&flag)
+            {
+                args.push(format!("--{flag}={value}"));
+            }
+        }
+        args
+    };
+    // Kill as soon as the store exists, then once 20 ms into writing it.
+    for extra_wait in [Duration::ZERO, Duration::from_millis(20)] {
+        let mut child = std::process::Command::new(keel_testkit::keelutl_binary!())
+            .args(restore_args(m.spec()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !staging.join("db").exists() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "keelutl ended before writing the store"
+            );
+            assert!(std::time::Instant::now() < deadline, "no store after 60 s");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(extra_wait);
+        let finished = child.try_wait().unwrap().is_some();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            !finished,
+            "the restore finished within {extra_wait:?}; the test needs a bigger store"
+        );
+        assert!(
+            !member_dir.exists(),
+            "a killed restore left {}",
+            member_dir.display()
+        );
+    }
+    // The rerun discards the leftover staging dir and restores everything.
+    let out = keelutl(
+        &restore_args(m.spec())
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(out.stdout.starts_with("restored "), "{out:#?}");
+    assert!(member_dir.exists() && !staging.exists());
+    m.restart();
+    assert_eq!(served(&m.endpoint(), &["--keys-only"]), (rev, kvs));
 }
