@@ -8,6 +8,12 @@
 //! checks a client's own call gets. The identity is resolved again for every call, as
 //! etcd reuses the caller's token: a token that expires while a Lock waits fails the next
 //! call with the auth error.
+//!
+//! Errors keep their text but an etcd server error (one of `rpctypes`' catalogue) comes back
+//! with code `Unknown` ([`as_client_error`]): etcd's Lock and Election servers get it through
+//! clientv3, whose `toErr` turns it into a plain `rpctypes.EtcdError`, which gRPC then sends
+//! as `Unknown` (etcd 3.4.23: Lock with an unknown lease answers code 2, where a Put with it
+//! answers 5).
 
 use std::sync::Arc;
 
@@ -17,8 +23,9 @@ use keel_proto::etcdserverpb::{
     DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest, RangeRequest, RangeResponse,
     TxnRequest, TxnResponse,
 };
+use keel_proto::rpctypes::RpcError;
 use tonic::metadata::MetadataMap;
-use tonic::{Extensions, Request, Status};
+use tonic::{Code, Extensions, Request, Status};
 
 use super::{NO_LEASE, SESSION_TTL};
 use crate::api::credentials::auth_info;
@@ -59,11 +66,17 @@ impl Caller {
     /// `etcdserver: too many requests`.
     pub async fn admit(&self, method: Method, key: &[u8], range_end: &[u8]) -> Result<(), Status> {
         let probe = self.request(());
-        let ai = auth_info(&self.node, &probe).await?;
+        let ai = auth_info(&self.node, &probe)
+            .await
+            .map_err(|e| as_client_error(e.into()))?;
         let info = RequestInfo::new(method)
             .keys(key, range_end)
             .user(admit::user(&ai));
-        drop(admit::admit(&self.node, &info).await?);
+        drop(
+            admit::admit(&self.node, &info)
+                .await
+                .map_err(as_client_error)?,
+        );
         Ok(())
     }
 
@@ -79,14 +92,16 @@ impl Caller {
     ///
     /// Errors: those of the client's own Txn (validation, auth, quota, raft).
     pub async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, Status> {
-        Ok(self.kv().txn(self.request(req)).await?.into_inner())
+        let answer = self.kv().txn(self.request(req)).await;
+        Ok(answer.map_err(as_client_error)?.into_inner())
     }
 
     /// `KV.Range` as the client (linearizable unless `req.serializable`).
     ///
     /// Errors: those of the client's own Range.
     pub async fn range(&self, req: RangeRequest) -> Result<RangeResponse, Status> {
-        Ok(self.kv().range(self.request(req)).await?.into_inner())
+        let answer = self.kv().range(self.request(req)).await;
+        Ok(answer.map_err(as_client_error)?.into_inner())
     }
 
     /// `KV.DeleteRange` of the single `key` as the client.
@@ -97,11 +112,8 @@ impl Caller {
             key,
             ..Default::default()
         };
-        Ok(self
-            .kv()
-            .delete_range(self.request(req))
-            .await?
-            .into_inner())
+        let answer = self.kv().delete_range(self.request(req)).await;
+        Ok(answer.map_err(as_client_error)?.into_inner())
     }
 
     /// The first steps of Lock and Campaign (etcd's `NewMutex`/`NewElection` plus the
@@ -133,11 +145,8 @@ impl Caller {
             id: NO_LEASE,
         };
         let service = LeaseService::new(self.node.clone());
-        Ok(service
-            .lease_grant(self.request(grant))
-            .await?
-            .into_inner()
-            .id)
+        let answer = service.lease_grant(self.request(grant)).await;
+        Ok(answer.map_err(as_client_error)?.into_inner().id)
     }
 
     /// Runs `cleanup` on a new task if the returned guard is dropped while still armed: how
@@ -155,6 +164,16 @@ impl Caller {
                 tokio::spawn(cleanup(caller));
             })),
         }
+    }
+}
+
+/// `status` as etcd's Lock and Election servers answer an error of their in-process client:
+/// an etcd server error (found by its text, as clientv3's `rpctypes.Error` finds it) with code
+/// `Unknown` and the same text; any other status (a cancelled or timed-out call) unchanged.
+pub fn as_client_error(status: Status) -> Status {
+    match RpcError::from_message(status.message()) {
+        Some(e) => Status::new(Code::Unknown, e.message()),
+        None => status,
     }
 }
 
@@ -186,4 +205,25 @@ pub struct Entry {
     pub lease: i64,
     /// The caller's key, `name/<lease hex>`.
     pub key: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_errors_come_back_as_unknown_with_their_text() {
+        let lease = as_client_error(Status::not_found("etcdserver: requested lease not found"));
+        assert_eq!(
+            (lease.code(), lease.message()),
+            (Code::Unknown, "etcdserver: requested lease not found")
+        );
+        let denied = as_client_error(Status::permission_denied("etcdserver: permission denied"));
+        assert_eq!(denied.code(), Code::Unknown);
+        let cancelled = as_client_error(Status::cancelled("the client went away"));
+        assert_eq!(
+            (cancelled.code(), cancelled.message()),
+            (Code::Cancelled, "the client went away")
+        );
+    }
 }
