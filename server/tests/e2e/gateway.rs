@@ -219,6 +219,12 @@ fn kv_routes_answer_etcds_json() {
     let bad = post(&ep, "/v3/kv/put", "notjson");
     assert_eq!(bad.status, 400);
     assert_eq!(bad.json()["code"], 3);
+    // Streaming routes answer a body they cannot decode with 500 / code 2, as etcd 3.4.23's.
+    for route in ["/v3/watch", "/v3/lease/keepalive"] {
+        let bad_stream = post(&ep, route, "{bad");
+        assert_eq!(bad_stream.status, 500, "{route}: {}", bad_stream.body);
+        assert_eq!(bad_stream.json()["code"], 2, "{route}");
+    }
     // A value near the default --max-request-bytes (1.5 MiB) fits the HTTP body limit
     // despite base64; one over it gets etcd's error from the gRPC layer.
     let big = "v".repeat(1024 * 1024);

@@ -33,7 +33,9 @@ struct Chunk<'a, T> {
 /// The request messages of `body`: a sequence of JSON objects, or one default message for
 /// an empty body.
 ///
-/// Errors: JSON that is not the message: `InvalidArgument` with serde's text.
+/// Errors: JSON that is not the message: `Unknown` with serde's text. grpc-gateway's
+/// streaming handlers fail that way (etcd 3.4.23: `{bad` on `/v3/watch` or
+/// `/v3/lease/keepalive` answers 500, `"code":2`), where unary routes answer 400, code 3.
 fn decode_all<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Vec<Req>, Status> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(vec![Req::default()]);
@@ -41,7 +43,7 @@ fn decode_all<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Vec<Req>, 
     serde_json::Deserializer::from_slice(body)
         .into_iter::<Req>()
         .collect::<Result<_, _>>()
-        .map_err(|e| Status::invalid_argument(e.to_string()))
+        .map_err(|e| Status::unknown(e.to_string()))
 }
 
 /// `messages` as the body of a gRPC request: each one framed (uncompressed flag, 4-byte
