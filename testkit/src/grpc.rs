@@ -10,7 +10,8 @@ use keel_proto::etcdserverpb::lease_client::LeaseClient;
 use keel_proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use keel_proto::etcdserverpb::watch_client::WatchClient;
 use keel_proto::etcdserverpb::{
-    PutRequest, RangeRequest, RangeResponse, StatusRequest, StatusResponse,
+    PutRequest, RangeRequest, RangeResponse, RequestOp, StatusRequest, StatusResponse, TxnRequest,
+    request_op,
 };
 use keel_proto::v3electionpb::election_client::ElectionClient;
 use keel_proto::v3lockpb::lock_client::LockClient;
@@ -124,6 +125,35 @@ pub async fn put(kv: &mut KvClient<Channel>, key: &str, value: impl AsRef<[u8]>)
         .unwrap_or_else(|s| panic!("put {key}: {s:?}"))
         .into_inner();
     resp.header.expect("PutResponse.header is set").revision
+}
+
+/// Puts every `(key, value)` of `kvs`, `per_txn` puts to a Txn (at most `--max-txn-ops`,
+/// 128 by default), in order; panics on an error. Loads a large store in few requests.
+pub async fn put_all(
+    kv: &mut KvClient<Channel>,
+    kvs: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+    per_txn: usize,
+) {
+    let mut kvs = kvs.into_iter().peekable();
+    while kvs.peek().is_some() {
+        let success = kvs
+            .by_ref()
+            .take(per_txn.max(1))
+            .map(|(key, value)| RequestOp {
+                request: Some(request_op::Request::RequestPut(PutRequest {
+                    key,
+                    value,
+                    ..Default::default()
+                })),
+            })
+            .collect();
+        kv.txn(TxnRequest {
+            success,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("put_all txn: {s:?}"));
+    }
 }
 
 /// Linearizable Range over `[key, range_end)` at the current revision (`range_end` empty =

@@ -8,10 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use keel_proto::etcdserverpb::{
-    CompactionRequest, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
-    request_op,
-};
+use keel_proto::etcdserverpb::{CompactionRequest, DeleteRangeRequest, PutRequest, RangeRequest};
 use keel_testkit::etcdctl::{etcdctl, hashkv};
 use keel_testkit::{Member, grpc};
 
@@ -28,24 +25,8 @@ fn key(i: usize) -> Vec<u8> {
 /// Writes `KEYS` keys of 1 KiB, 100 per txn.
 async fn fill(endpoint: &str) {
     let mut kv = grpc::kv(endpoint).await;
-    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
-        let success = chunk
-            .iter()
-            .map(|&i| RequestOp {
-                request: Some(request_op::Request::RequestPut(PutRequest {
-                    key: key(i),
-                    value: vec![b'v'; VALUE],
-                    ..Default::default()
-                })),
-            })
-            .collect();
-        kv.txn(TxnRequest {
-            success,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    }
+    let kvs = (0..KEYS).map(|i| (key(i), vec![b'v'; VALUE]));
+    grpc::put_all(&mut kv, kvs, 100).await;
 }
 
 /// Longest call of a loop that ran `op` until `stop`, how many calls it made, and every

@@ -245,30 +245,13 @@ fn a_keel_snapshot_restores_into_a_three_member_cluster() {
 /// the data, and running the same restore again discards the leftover and restores every key.
 #[test]
 fn a_restore_killed_midway_leaves_no_member_dir_and_a_rerun_restores_everything() {
-    use keel_proto::etcdserverpb::{PutRequest, RequestOp, TxnRequest, request_op};
-
     let (guard, source) = crate::member(&[]);
     let ep = source.endpoint();
     let rt = keel_testkit::grpc::runtime();
     rt.block_on(async {
         let mut kv = keel_testkit::grpc::kv(&ep).await;
-        for batch in 0..400 {
-            let success = (0..100)
-                .map(|i| RequestOp {
-                    request: Some(request_op::Request::RequestPut(PutRequest {
-                        key: format!("key/{batch:04}/{i:03}").into_bytes(),
-                        value: vec![b'v'; 200],
-                        ..Default::default()
-                    })),
-                })
-                .collect();
-            kv.txn(TxnRequest {
-                success,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        }
+        let kvs = (0..40_000).map(|i| (format!("key/{i:06}").into_bytes(), vec![b'v'; 200]));
+        keel_testkit::grpc::put_all(&mut kv, kvs, 100).await;
     });
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("big.snapshot");

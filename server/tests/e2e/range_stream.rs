@@ -8,8 +8,7 @@ use std::time::Instant;
 
 use keel_proto::etcdserverpb::kv_client::KvClient;
 use keel_proto::etcdserverpb::range_request::{SortOrder, SortTarget};
-use keel_proto::etcdserverpb::request_op::Request as Op;
-use keel_proto::etcdserverpb::{PutRequest, RangeRequest, RangeResponse, RequestOp, TxnRequest};
+use keel_proto::etcdserverpb::{RangeRequest, RangeResponse};
 use keel_testkit::grpc::{self, prefix_end, runtime};
 use prost::Message;
 use tonic::transport::Channel;
@@ -26,23 +25,8 @@ async fn kv(endpoint: &str) -> KvClient<Channel> {
 async fn fill(kv: &mut KvClient<Channel>, prefix: &str, n: usize, value_len: usize) {
     let value = vec![b'v'; value_len];
     let per_txn = (32 * 1024 / value_len.max(1)).clamp(1, 128);
-    for start in (0..n).step_by(per_txn) {
-        let success = (start..n.min(start + per_txn))
-            .map(|i| RequestOp {
-                request: Some(Op::RequestPut(PutRequest {
-                    key: format!("{prefix}{i:07}").into_bytes(),
-                    value: value.clone(),
-                    ..Default::default()
-                })),
-            })
-            .collect();
-        kv.txn(TxnRequest {
-            success,
-            ..Default::default()
-        })
-        .await
-        .expect("fill txn");
-    }
+    let kvs = (0..n).map(|i| (format!("{prefix}{i:07}").into_bytes(), value.clone()));
+    grpc::put_all(kv, kvs, per_txn).await;
 }
 
 /// Every chunk of one RangeStream call.
