@@ -98,6 +98,11 @@ if ! command -v etcd >/dev/null; then
     apt_install etcd-server
 fi
 export KEEL_REQUIRE_ETCD="${KEEL_REQUIRE_ETCD:-1}"
+# gdb prints the stacks of a hung test binary before the watchdog kills it (below).
+if ! command -v gdb >/dev/null; then
+    note "installing gdb (for the test-binary watchdog's stack dumps)"
+    apt_install gdb || echo "warning: no gdb; a hung test binary is killed without its stacks" >&2
+fi
 if ! command -v python3 >/dev/null; then
     note "installing python3"
     apt_install python3 python3-venv
@@ -133,12 +138,54 @@ TARGET_DIR="$(cargo metadata --format-version 1 --no-deps |
 KEEL_BIN="${KEEL_BIN:-$TARGET_DIR/release/keel}"
 
 keel_pid=""
+watchdog_pid=""
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/keel-test.XXXXXX")"
 cleanup() {
     if [ -n "$keel_pid" ] && kill -0 "$keel_pid" 2>/dev/null; then kill -KILL "$keel_pid" || true; fi
+    if [ -n "$watchdog_pid" ]; then kill "$watchdog_pid" 2>/dev/null || true; fi
     rm -rf "$workdir"
 }
 trap cleanup EXIT
+
+# ---- test-binary watchdog ---------------------------------------------------------------------
+# A hung test binary (a deadlock) must fail its target, not eat CI's whole time limit: any
+# process running a test executable ($TARGET_DIR/release/deps/...) for longer than
+# TEST_BINARY_LIMIT_S gets its threads' stacks printed (gdb, when installed) and is killed
+# with its descendants (the keel members it started); `cargo test --no-fail-fast` then goes
+# on with the next target and reports this one failed. The slowest binary takes about 4 min.
+TEST_BINARY_LIMIT_S="${KEEL_TEST_BINARY_LIMIT_S:-900}"
+descendants() { # descendants <pid>: prints every descendant's PID, deepest last
+    local child
+    for child in $(pgrep -P "$1" || true); do
+        echo "$child"
+        descendants "$child"
+    done
+}
+watchdog() {
+    local pid age
+    while sleep 10; do
+        for pid in $(pgrep -f "^$TARGET_DIR/release/deps/" || true); do
+            age="$(ps -o etimes= -p "$pid" 2>/dev/null | tr -d ' ')"
+            [ -n "$age" ] && [ "$age" -gt "$TEST_BINARY_LIMIT_S" ] || continue
+            {
+                echo "==> WATCHDOG: test binary $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) (PID $pid) ran ${age} s > ${TEST_BINARY_LIMIT_S} s; its threads:"
+                if command -v gdb >/dev/null; then
+                    timeout 120 gdb -p "$pid" -batch -ex "thread apply all bt 40" 2>&1 | grep -E '^(Thread|#)' || true
+                else
+                    for t in /proc/"$pid"/task/*; do echo "$(cat "$t/comm" 2>/dev/null) in $(cat "$t/wchan" 2>/dev/null)"; done
+                fi
+                echo "==> WATCHDOG: killing PID $pid and its descendants"
+            } >&2
+            echo "$pid $age" >>"$workdir/watchdog-killed"
+            # shellcheck disable=SC2046
+            kill -KILL "$pid" $(descendants "$pid") 2>/dev/null || true
+        done
+    done
+}
+if [ "$run_cargo" -eq 1 ]; then
+    watchdog &
+    watchdog_pid=$!
+fi
 
 # ---------------------------------------------------------------------------------------------
 # 2. + 3. build once in release, then run every cargo test
@@ -363,6 +410,9 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 phase "summary"
+if [ -s "$workdir/watchdog-killed" ]; then
+    record FAIL "watchdog killed $(wc -l <"$workdir/watchdog-killed") hung test binary(ies) after ${TEST_BINARY_LIMIT_S} s (stacks above)"
+fi
 echo
 echo "==================== summary ($(($(date +%s) - started)) s) ===================="
 for line in "${timings[@]}"; do echo "time $line"; done

@@ -27,13 +27,29 @@
 //! after the copy's write. Compaction may therefore run during the copy: its removals are
 //! changes like any other, so no compacted record survives into the new file, and
 //! `HashKV` is the same before and after (tested).
+//!
+//! Why two threads, a *feed* and a *follower*: sled 0.34 takes one process-wide lock for
+//! every tree (`concurrency_control`): `apply_batch` holds it exclusively for the whole
+//! batch and, inside, blocks on each write's subscriber slot when the subscriber's channel
+//! (1,024 slots) is full; any write to the new tree needs the same lock shared. A single
+//! thread that both drained the feed and wrote the new tree therefore deadlocked with the
+//! first `apply_batch` of more changes than the channel had room for (seen in CI: the
+//! member's apply and the rewrite stopped for good). The feed thread only moves events from
+//! sled's channel to an unbounded queue and never takes a sled lock, so a source write
+//! never waits for the new tree; the queue holds the changes made while the follower is
+//! behind (bounded by the writes of one defragment).
+//!
+//! How the follower knows it has every change at the switch: [`Rewrite::finish`] makes a
+//! *fence*, a `compare_and_swap` of the never-written key [`FENCE`] from absent to absent.
+//! It changes nothing a reader can see, but sled gives it a change event (a removal) after
+//! every earlier write's, so when the feed reaches it, every change made before the switch
+//! is queued.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use sled::{Event, IVec, Subscriber};
 
@@ -43,9 +59,9 @@ use super::{BackendError, CACHE_BYTES, Generation, LiveTree, schema};
 const COPY_BATCH: usize = 1000;
 /// Most events the follower applies under one hold of its lock.
 const FOLLOW_BATCH: usize = 1000;
-/// How long the follower sleeps when no change is ready: bounds the switch pause's wait
-/// for the follower to apply the last changes.
-const FOLLOW_POLL: Duration = Duration::from_millis(1);
+/// The fence key (see the module docs). No component writes a key starting with `0xff`
+/// (`schema`), and the fence itself never stores it.
+pub const FENCE: &[u8] = b"\xffkeel/defrag-fence";
 
 /// Keys of the new member tree the follower has written (the copy must not overwrite them).
 type Touched = Arc<Mutex<HashSet<IVec>>>;
@@ -57,7 +73,9 @@ pub struct Rewrite {
     db: sled::Db,
     tree: sled::Tree,
     touched: Touched,
-    stop: Arc<AtomicBool>,
+    /// The feed thread: sled's change channel to the follower's queue, up to the fence.
+    feed: Option<JoinHandle<()>>,
+    /// The follower thread: the queue to the new tree; returns the changes applied.
     follower: Option<JoinHandle<Result<u64, BackendError>>>,
 }
 
@@ -79,7 +97,7 @@ impl Rewrite {
             db,
             tree,
             touched: Touched::default(),
-            stop: Arc::new(AtomicBool::new(false)),
+            feed: None,
             follower: None,
         })
     }
@@ -92,13 +110,29 @@ impl Rewrite {
     pub fn follow(&mut self) -> Result<(), BackendError> {
         assert!(self.follower.is_none(), "defragment: followed twice");
         let subscriber = self.source.tree().watch_prefix(Vec::<u8>::new());
-        let (tree, touched, stop) = (self.tree.clone(), self.touched.clone(), self.stop.clone());
+        let (queue, changes) = mpsc::channel();
+        let spawn_error = |e| BackendError::Storage(sled::Error::Io(e));
+        let feed = std::thread::Builder::new()
+            .name("keel-defrag-feed".into())
+            .spawn(move || feed(subscriber, &queue))
+            .map_err(spawn_error)?;
+        let (tree, touched) = (self.tree.clone(), self.touched.clone());
         let follower = std::thread::Builder::new()
             .name("keel-defrag-follow".into())
-            .spawn(move || follow(subscriber, &tree, &touched, &stop))
-            .map_err(|e| BackendError::Storage(sled::Error::Io(e)))?;
-        self.follower = Some(follower);
-        Ok(())
+            .spawn(move || follow(&changes, &tree, &touched));
+        match follower {
+            Ok(f) => {
+                self.feed = Some(feed);
+                self.follower = Some(f);
+                Ok(())
+            }
+            Err(e) => {
+                // The feed ends at the fence, and its queue with it.
+                fence(self.source.tree())?;
+                let _ = feed.join();
+                Err(spawn_error(e))
+            }
+        }
     }
 
     /// Copies every tree of the live database into the new one (writers may run), then
@@ -176,15 +210,25 @@ impl Rewrite {
         Ok((Generation::new(db, tree), followed))
     }
 
+    /// Fences the live tree, waits for the feed to reach the fence and for the follower to
+    /// apply everything before it; returns the changes applied.
     fn stop_follower(&mut self) -> Result<u64, BackendError> {
-        self.stop.store(true, Ordering::Release);
-        match self.follower.take().map(|f| f.join()) {
-            Some(Ok(r)) => r,
-            Some(Err(_)) => Err(BackendError::Storage(sled::Error::ReportableBug(
-                "defragment: the follower thread panicked".into(),
-            ))),
-            None => Ok(0),
+        let Some(follower) = self.follower.take() else {
+            return Ok(0);
+        };
+        let fenced = fence(self.source.tree());
+        // Without a fence the feed only ends with the live tree; leave it (and the
+        // follower) running rather than wait for that.
+        fenced?;
+        let panicked = |what: &str| {
+            BackendError::Storage(sled::Error::ReportableBug(format!(
+                "defragment: the {what} thread panicked"
+            )))
+        };
+        if let Some(feed) = self.feed.take() {
+            feed.join().map_err(|_| panicked("feed"))?;
         }
+        follower.join().map_err(|_| panicked("follower"))?
     }
 }
 
@@ -196,34 +240,51 @@ impl Drop for Rewrite {
     }
 }
 
-/// The follower: applies every change of the live tree to `dst` until `stop` is set and no
-/// change is pending. Returns the changes applied.
+/// Makes the fence on `live`: a change event after every earlier write's, with nothing
+/// written (`compare_and_swap` of [`FENCE`] from absent to absent).
+///
+/// Errors: sled I/O.
+fn fence(live: &sled::Tree) -> Result<(), BackendError> {
+    live.compare_and_swap(FENCE, None::<&[u8]>, None::<&[u8]>)?
+        .map_err(|e| {
+            BackendError::Storage(sled::Error::ReportableBug(format!(
+                "defragment: the fence key {FENCE:?} holds {:?}",
+                e.current
+            )))
+        })
+}
+
+/// The feed: moves every change of the live tree from sled's channel to `queue`, in order,
+/// up to the fence. It takes no sled lock (the subscriber's blocking iterator waits on the
+/// channel and on each write's slot only), so a write to the live tree never waits for it
+/// for long (see the module docs). Ends early when the follower has gone or the live tree's
+/// change feed closed.
+fn feed(subscriber: Subscriber, queue: &mpsc::Sender<Event>) {
+    for event in subscriber {
+        if matches!(&event, Event::Remove { key } if key.as_ref() == FENCE) {
+            return;
+        }
+        if queue.send(event).is_err() {
+            return;
+        }
+    }
+}
+
+/// The follower: applies every change from the feed to `dst` until the feed ends. Returns
+/// the changes applied.
+///
+/// Errors: sled I/O on `dst` (the rewrite is then abandoned).
 fn follow(
-    mut subscriber: Subscriber,
+    changes: &mpsc::Receiver<Event>,
     dst: &sled::Tree,
     touched: &Mutex<HashSet<IVec>>,
-    stop: &AtomicBool,
 ) -> Result<u64, BackendError> {
     let mut applied = 0u64;
     let mut events = Vec::with_capacity(FOLLOW_BATCH);
-    loop {
-        // Read before polling: once `stop` is set every change is already in the feed
-        // (sled fills a change's slot before the write returns), so an empty poll after
-        // seeing it means the follower is done.
-        let stopping = stop.load(Ordering::Acquire);
-        while events.len() < FOLLOW_BATCH {
-            match next_change(&mut subscriber)? {
-                Some(e) => events.push(e),
-                None => break,
-            }
-        }
-        if events.is_empty() {
-            if stopping {
-                return Ok(applied);
-            }
-            std::thread::sleep(FOLLOW_POLL);
-            continue;
-        }
+    // Blocks for the first change, then takes what is queued, up to a batch.
+    while let Ok(first) = changes.recv() {
+        events.push(first);
+        events.extend(changes.try_iter().take(FOLLOW_BATCH - 1));
         // One write per change, not a sled batch (see `Rewrite::copy`).
         let mut touched = touched.lock().unwrap_or_else(|e| e.into_inner());
         for e in events.drain(..) {
@@ -240,25 +301,7 @@ fn follow(
             }
         }
     }
-}
-
-/// The next change if one is ready, without waiting. Polls the subscriber as a future:
-/// sled 0.34's `next_timeout` never gets past the slot of a write that turned out to be a
-/// no-op (its `OneShot::wait_timeout` reports the dropped slot as an error forever), while
-/// the future skips such slots. A write still in flight is `None` (polled again later).
-///
-/// Errors: the live tree's change feed closed (its tree was dropped).
-fn next_change(subscriber: &mut Subscriber) -> Result<Option<Event>, BackendError> {
-    use std::future::Future;
-    use std::task::{Context, Poll, Waker};
-    let mut cx = Context::from_waker(Waker::noop());
-    match std::pin::Pin::new(subscriber).poll(&mut cx) {
-        Poll::Ready(Some(e)) => Ok(Some(e)),
-        Poll::Ready(None) => Err(BackendError::Storage(sled::Error::ReportableBug(
-            "defragment: the live tree's change feed closed".into(),
-        ))),
-        Poll::Pending => Ok(None),
-    }
+    Ok(applied)
 }
 
 #[cfg(test)]

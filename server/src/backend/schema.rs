@@ -36,6 +36,9 @@
 //! | `s/cluster_version` | version (staged by apply) | the cluster version, `major.minor` UTF-8; absent = not decided (0.1) |
 //! | `s/downgrade` | version (staged by apply) | the target of an enabled downgrade, `major.minor` UTF-8; absent = none |
 //!
+//! No key starts with `0xff`: the defragment's fence (`backend/defrag.rs`, `FENCE`) is such a
+//! key, and it is never stored (a change event with nothing written).
+//!
 //! Keys of [`LOCAL_TREE`]:
 //!
 //! | key | owner | value |

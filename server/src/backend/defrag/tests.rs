@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
+use std::time::Duration;
 
 use super::*;
 use crate::backend::{Backend, generation};
@@ -121,4 +122,43 @@ fn the_new_generation_holds_only_the_live_data() {
     }
     assert!(!old_dir.exists(), "the old generation is removed");
     assert_eq!(generation::prepare(&link).unwrap(), next_dir);
+}
+
+/// sled's `apply_batch` holds its process-wide lock exclusively while it waits for room in
+/// each subscriber's channel (1,024 slots); a follower that needed that lock to drain the
+/// channel deadlocked with the first batch larger than the room left (CI, 2026-12-01).
+#[test]
+fn batches_larger_than_the_change_channel_do_not_wait_for_the_follower() {
+    let d = tempfile::tempdir().unwrap();
+    let (live, link) = live_in(d.path());
+    let tree = live.tree();
+    let mut rw = Rewrite::open(&live, &generation::next(&link).unwrap()).unwrap();
+    rw.follow().unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    let writer = {
+        let tree = tree.clone();
+        std::thread::spawn(move || {
+            for round in 0..5u32 {
+                let mut batch = sled::Batch::default();
+                for i in 0..5_000u32 {
+                    batch.insert(&i.to_be_bytes(), &round.to_be_bytes());
+                }
+                tree.apply_batch(batch).unwrap();
+            }
+            done.send(()).unwrap();
+        })
+    };
+    // Bounded: a deadlock fails here instead of hanging the test binary (the stuck
+    // threads are leaked: dropping the rewrite would wait for them).
+    if finished.recv_timeout(Duration::from_secs(60)).is_err() {
+        std::mem::forget(rw);
+        panic!("five 5,000-key batches did not finish within 60 s while the rewrite followed");
+    }
+    writer.join().unwrap();
+    rw.copy(&|_| {}).unwrap();
+    let (next, followed) = rw.finish().unwrap();
+    assert_eq!(followed, 25_000, "every change, and not the fence");
+    assert_eq!(contents(next.tree()), contents(&tree));
+    assert_eq!(tree.get(FENCE).unwrap(), None, "the fence writes nothing");
+    assert_eq!(next.tree().get(FENCE).unwrap(), None);
 }
