@@ -7,8 +7,8 @@
 #      Python venv at ~/.venv-conformance with the gRPC stubs of the conformance suite;
 #   2. builds and tests the failpoint `keel` (`--features failpoints`, kept as
 #      release/keel-failpoints, exported as KEEL_FAILPOINTS_BIN), then builds the workspace
-#      once, in release (`cargo test --release --workspace --no-run`), and the criterion
-#      benches (build only);
+#      once, in release, with the criterion benches (build only):
+#      `cargo test --release --workspace --all-targets --no-run`;
 #   3. runs `cargo test --release --workspace` (unit, proptest and end-to-end tests; the
 #      end-to-end tests start the `keel` binary built in step 2; keel-chaos's tests run a 20 s
 #      kill/pause/partition smoke, the stale-read proof and a 20 s `--traffic kubernetes`
@@ -233,19 +233,16 @@ fi
 # ---- end of failpoints ----------------------------------------------------------------------
 
 if [ "$run_cargo" -eq 1 ] || [ ! -x "$KEEL_BIN" ]; then
-    phase "build: cargo test --release --workspace --no-run"
-    if ! cargo test --release --workspace --no-run; then
+    # --all-targets also builds the criterion micro-benchmarks (issue 6; they only need to
+    # build here, and `cargo test` alone skips bench targets) in the SAME feature resolution
+    # as the tests: a separate `cargo build --benches` resolves keel-server's features without
+    # the dev-dependencies and compiled it a second time (3-5 min).
+    phase "build: cargo test --release --workspace --all-targets --no-run"
+    if ! cargo test --release --workspace --all-targets --no-run; then
         echo "RESULT: FAILED (the release build of the workspace failed)"
         exit 1
     fi
-    # The criterion micro-benchmarks only need to build here (issue 6); `cargo test` does not
-    # compile bench targets. They reuse every release artifact built above.
-    phase "build: cargo build --release -p keel-benches --benches"
-    if cargo build --release -p keel-benches --benches; then
-        record ok "criterion benches build"
-    else
-        record FAIL "cargo build --release -p keel-benches --benches"
-    fi
+    record ok "release build of every target (criterion benches included)"
     # failpoints: the normal build must have put the normal binary back in place.
     if [ -e "$KEEL_FAILPOINTS_BIN" ] && cmp -s "$KEEL_BIN" "$KEEL_FAILPOINTS_BIN"; then
         echo "RESULT: FAILED ($KEEL_BIN is still the failpoint build)"
