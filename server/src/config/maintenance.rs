@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::{ArgAction, Args};
 use serde::Deserialize;
 
+use super::duration::parse_go;
 use super::{ConfigError, GoDuration};
 use crate::cluster::autocompact::{self, Mode};
 
@@ -41,7 +42,7 @@ pub struct MaintenanceFlags {
     /// Auto compaction retention for the mvcc key value store: a Go duration or a bare
     /// number of hours (`periodic`), or a number of revisions (`revision`); `0` turns
     /// auto-compaction off (etcd `--auto-compaction-retention`).
-    #[arg(long, default_value = "0")]
+    #[arg(long, default_value = "0", allow_hyphen_values = true)]
     pub auto_compaction_retention: String,
     /// Keel: how often revision-mode auto-compaction compacts (etcd's fixed `revInterval`,
     /// 5m; tests shorten it).
@@ -76,27 +77,29 @@ impl MaintenanceFlags {
             return Err(ConfigError::CompactionMode(mode.to_string()));
         }
         let text = self.auto_compaction_retention.trim();
-        // etcd: a non-negative integer is hours (periodic) or revisions (revision);
-        // anything else is a Go duration, in revision mode taken as its nanoseconds.
+        // etcd: an empty value is the default, 0 (off).
+        let text = if text.is_empty() { "0" } else { text };
+        // etcd `parseCompactionRetention`: a non-negative integer is hours (periodic) or
+        // revisions (revision); anything else is a Go duration, in revision mode taken as
+        // its nanoseconds.
         let retention = match text.parse::<i64>() {
             Ok(n) if n >= 0 => match mode {
                 autocompact::MODE_REVISION => Retention::Revisions(n),
                 _ => Retention::Time(Duration::from_secs(3600u64.saturating_mul(n as u64))),
             },
-            parsed => {
-                let go = text.parse::<GoDuration>().map_err(|_| {
-                    let why = if parsed.is_ok() || text.parse::<f64>().is_ok() {
-                        "missing unit in duration"
-                    } else {
-                        "invalid duration"
-                    };
-                    ConfigError::CompactionRetention(format!("time: {why} {text:?}"))
+            _ => {
+                let nanos =
+                    parse_go(text).map_err(|e| ConfigError::CompactionRetention(e.to_string()))?;
+                // Go takes a negative duration; a negative retention means nothing useful,
+                // so Keel refuses it (docs/compat.md).
+                let nanos = u64::try_from(nanos).map_err(|_| {
+                    ConfigError::CompactionRetention(format!("negative retention {text:?}"))
                 })?;
                 match mode {
                     autocompact::MODE_REVISION => {
-                        Retention::Revisions(i64::try_from(go.0.as_nanos()).unwrap_or(i64::MAX))
+                        Retention::Revisions(i64::try_from(nanos).unwrap_or(i64::MAX))
                     }
-                    _ => Retention::Time(go.0),
+                    _ => Retention::Time(Duration::from_nanos(nanos)),
                 }
             }
         };
@@ -247,6 +250,37 @@ mod tests {
                 r#"error parsing CompactionRetention: time: missing unit in duration "-1""#
                     .to_string()
             )
+        );
+        assert_eq!(
+            parse(&["--auto-compaction-retention", "5x"]),
+            Err(
+                r#"error parsing CompactionRetention: time: unknown unit "x" in duration "5x""#
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            parse(&["--auto-compaction-retention", "10000000h"]),
+            Err(
+                r#"error parsing CompactionRetention: time: invalid duration "10000000h""#
+                    .to_string()
+            )
+        );
+        // Go's flag package takes the next argument as the value even when it starts with -.
+        assert_eq!(
+            parse(&["--auto-compaction-retention", "-1"]),
+            Err(
+                r#"error parsing CompactionRetention: time: missing unit in duration "-1""#
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            parse(&["--auto-compaction-retention", "-1h"]),
+            Err(r#"error parsing CompactionRetention: negative retention "-1h""#.to_string())
+        );
+        assert_eq!(
+            parse(&["--auto-compaction-retention="]),
+            Ok(None),
+            "empty is off"
         );
         let mut c = Config::parse_from(["keel", "--auto-compaction-retention", "x1"]);
         assert!(c.normalize().is_err(), "checked at start-up");
