@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use keel_chaos::run::resources::read_json_lines;
 use keel_chaos::run::summary::{Totals, parse_totals};
 use keel_testkit::process::{Output, run_bounded};
 
@@ -46,16 +47,54 @@ fn run_chaos(keel: &Path, faults: &str, args: &[&str], limit: Duration) -> (Outp
     (run, totals)
 }
 
+/// The smoke also samples resources (docs/chaos.md, "Soak") every 2 s: every member must
+/// have samples over the run with a live process's RSS and fds and its preallocated WAL.
 #[test]
 fn kill_pause_partition_run_has_no_violations() {
     let keel = keel_testkit::keel_binary!();
-    let (run, totals) = run_chaos(&keel, "kill,pause,partition", &[], Duration::from_secs(150));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let samples_path = dir.path().join("resources.jsonl");
+    let (run, totals) = run_chaos(
+        &keel,
+        "kill,pause,partition",
+        &[
+            "--sample-every",
+            "2s",
+            "--resources-out",
+            samples_path.to_str().expect("utf-8 temp path"),
+        ],
+        Duration::from_secs(150),
+    );
     let dump = run.dump();
     assert_eq!(run.code, Some(0), "{dump}");
     assert_eq!(totals.violations, 0, "{dump}");
     assert!(totals.faults >= 3, "only {totals:?} in 20 s\n{dump}");
     assert!(totals.ops >= 200, "only {totals:?} in 20 s\n{dump}");
     assert!(run.stdout.contains("seed: "), "{dump}");
+
+    let samples = read_json_lines(&samples_path).expect("the --resources-out file");
+    for member in ["m1", "m2", "m3"] {
+        let mine: Vec<_> = samples.iter().filter(|s| s.member == member).collect();
+        // 20 s at one sample per 2 s; a killed member misses some while it is down.
+        assert!(mine.len() >= 5, "{member}: {} samples\n{dump}", mine.len());
+        assert!(
+            mine.iter().any(|s| s.t_secs >= 15.0),
+            "{member}: no late sample"
+        );
+        for s in &mine {
+            assert!(s.rss_kib > 1024, "{member}: {s:?}");
+            assert!(s.fds >= 10, "{member}: {s:?}");
+            assert!(s.pid > 0 && s.epoch >= 1, "{member}: {s:?}");
+            // The first WAL segment is preallocated (docs/wal.md) from the first start.
+            assert!(s.wal_bytes >= 1 << 20, "{member}: {s:?}");
+        }
+        assert!(
+            run.stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("  {member} samples "))),
+            "no resources line for {member}\n{dump}"
+        );
+    }
 }
 
 /// The CI short form of `--traffic kubernetes` (docs/kubernetes.md): 20 s of apiserver-shaped
