@@ -183,3 +183,61 @@ fn slow_fsync_run_has_no_violations() {
     assert!(totals.ops >= 100, "only {totals:?} in 20 s\n{dump}");
     assert!(run.stderr.contains("wal_slow_fsync=sleep("), "{dump}");
 }
+
+/// `keel-chaos resource-summary` re-reads a `--resources-out` file and applies the bounds
+/// (docs/chaos.md, "Soak"): a member over `--max-fds` fails it with exit status 1 and names
+/// the member; within the bounds it exits 0.
+#[test]
+fn resource_summary_applies_the_bounds_to_a_samples_file() {
+    use keel_chaos::run::resources::{Sample, write_json_lines};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("resources.jsonl");
+    // m1: 100 MiB flat for 10 minutes with 40 fds; m2: 120 fds at one sample.
+    let mut samples: Vec<Sample> = (0..=10u32)
+        .map(|i| Sample {
+            t_secs: f64::from(i) * 60.0,
+            member: "m1".into(),
+            epoch: 1,
+            pid: 11,
+            rss_kib: 100 * 1024,
+            fds: 40,
+            wal_bytes: 64 << 20,
+            snap_bytes: 0,
+            db_bytes: 1 << 20,
+        })
+        .collect();
+    samples.push(Sample {
+        member: "m2".into(),
+        pid: 12,
+        fds: 120,
+        ..samples[3].clone()
+    });
+    write_json_lines(&path, &samples).expect("write samples");
+    let summary = |bounds: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel-chaos"));
+        command
+            .args(["--duration", "12m"])
+            .args(bounds)
+            .arg("resource-summary")
+            .arg(&path);
+        run_bounded(&mut command, "", Duration::from_secs(30))
+    };
+    let over = summary(&["--max-fds", "100", "--max-rss-growth-mib-per-min", "0.5"]);
+    let dump = over.dump();
+    assert_eq!(over.code, Some(1), "{dump}");
+    assert!(
+        over.stdout
+            .contains("resource bound exceeded: m2: 120 open fds, bound 100"),
+        "{dump}"
+    );
+    assert!(!over.stdout.contains("bound exceeded: m1"), "{dump}");
+    // The default warm-up of a 12 minute run is 2 minutes.
+    assert!(over.stdout.contains("resources (warm-up 120s;"), "{dump}");
+    assert!(
+        over.stdout
+            .contains("  m1 samples 11 processes 1 rss warm-up 100.0 max 100.0 slope +0.000"),
+        "{dump}"
+    );
+    let within = summary(&["--max-fds", "120", "--max-disk-mib", "65"]);
+    assert_eq!(within.code, Some(0), "{}", within.dump());
+}
