@@ -15,7 +15,7 @@ use keel_chaos::run::ports::PortRange;
 use keel_chaos::run::resource_summary::{
     ResourceBounds, default_warmup, render as render_resources, summarise,
 };
-use keel_chaos::run::resources::{read_json_lines, write_json_lines};
+use keel_chaos::run::resources::read_json_lines;
 use keel_chaos::run::summary::{RunHeader, render};
 use keel_chaos::run::upgrade::UpgradePlan;
 use keel_chaos::run::workload::WorkloadSpec;
@@ -109,7 +109,7 @@ struct Cli {
     /// (docs/chaos.md, "Soak").
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     sample_every: Duration,
-    /// Write every resource sample here, one JSON object per line.
+    /// Write every resource sample here, one JSON object per line, as it is taken.
     #[arg(long)]
     resources_out: Option<PathBuf>,
     /// Samples before this (since the workload started) are warm-up, not in the RSS growth
@@ -218,6 +218,7 @@ fn resource_spec(cli: &Cli) -> ResourceSpec {
             max_fds: cli.max_fds,
             max_disk_mib: cli.max_disk_mib,
         },
+        out: cli.resources_out.clone(),
     }
 }
 
@@ -374,7 +375,6 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         eprintln!("chaos: history written to {}", path.display());
     }
     if let Some(path) = &cli.resources_out {
-        write_json_lines(path, &result.samples)?;
         eprintln!(
             "chaos: {} resource samples written to {}",
             result.samples.len(),

@@ -100,6 +100,8 @@ pub struct ResourceSpec {
     /// Samples before this (since the workload started) are warm-up: not in the slope.
     pub warmup: Duration,
     pub bounds: resource_summary::ResourceBounds,
+    /// Every sample is appended here as a JSON line when taken (`--resources-out`).
+    pub out: Option<PathBuf>,
 }
 
 /// What a run produced.
@@ -198,7 +200,10 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
     ));
 
     let sample_stop = Arc::new(AtomicBool::new(false));
-    let sample_log = Arc::new(resources::SampleLog::default());
+    let sample_log = Arc::new(match &spec.resources.out {
+        Some(path) => resources::SampleLog::to_file(path)?,
+        None => resources::SampleLog::default(),
+    });
     let sampler = tokio::spawn(resources::run_sampler(
         cluster.clone(),
         spec.resources.every,

@@ -46,10 +46,36 @@ pub struct Sample {
     pub db_bytes: u64,
 }
 
-/// The samples of a run, shared between the sampler task and the run.
+/// The samples of a run, shared between the sampler task and the run; with a file, every
+/// sample is also appended to it as a JSON line when taken, so an interrupted run keeps them.
 #[derive(Default)]
 pub struct SampleLog {
     pub samples: Mutex<Vec<Sample>>,
+    file: Option<Mutex<fs::File>>,
+}
+
+impl SampleLog {
+    /// A log that also writes to `path` (created or truncated now).
+    ///
+    /// Errors: creating the file.
+    pub fn to_file(path: &Path) -> std::io::Result<SampleLog> {
+        Ok(SampleLog {
+            samples: Mutex::default(),
+            file: Some(Mutex::new(fs::File::create(path)?)),
+        })
+    }
+
+    /// Records `s`; a failed file write is reported once per sample on stderr, never fatal.
+    fn push(&self, s: Sample) {
+        if let Some(file) = &self.file {
+            let mut line = serde_json::to_vec(&s).expect("a Sample serialises");
+            line.push(b'\n');
+            if let Err(e) = file.lock().expect("sample file lock").write_all(&line) {
+                eprintln!("chaos: resource sample not written: {e}");
+            }
+        }
+        self.samples.lock().expect("sample log lock").push(s);
+    }
 }
 
 /// Samples every `every` until `stop` is set (checked at least every 200 ms), starting now.
@@ -87,7 +113,7 @@ pub async fn run_sampler(
                 .ok()
                 .flatten();
                 if let Some(s) = sample {
-                    log.samples.lock().expect("sample log lock").push(s);
+                    log.push(s);
                 }
             }
         }
@@ -213,6 +239,30 @@ mod tests {
         assert!(r.fds >= 3, "stdin, stdout, stderr at least: {}", r.fds);
         assert_eq!(r.wal_bytes, 4096);
         assert_eq!((r.snap_bytes, r.db_bytes), (0, 0));
+    }
+
+    #[test]
+    fn a_file_log_has_every_sample_as_soon_as_it_is_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.jsonl");
+        let log = SampleLog::to_file(&path).unwrap();
+        let r = read_sample(std::process::id(), dir.path()).unwrap();
+        let s = Sample {
+            t_secs: 1.0,
+            member: "m1".into(),
+            epoch: 1,
+            pid: std::process::id(),
+            rss_kib: r.rss_kib,
+            fds: r.fds,
+            wal_bytes: 0,
+            snap_bytes: 0,
+            db_bytes: 0,
+        };
+        log.push(s.clone());
+        assert_eq!(read_json_lines(&path).unwrap(), vec![s.clone()]);
+        log.push(s.clone());
+        assert_eq!(read_json_lines(&path).unwrap().len(), 2);
+        assert_eq!(log.samples.lock().unwrap().len(), 2);
     }
 
     #[test]
