@@ -1,6 +1,7 @@
 //! `keel-chaos`: runs a chaos run against a real Keel cluster and prints the report.
-//! Exit status: 0 without violations, 1 with violations, 2 on harness errors (the cluster
-//! did not start, converge, or a member did not come back). See docs/chaos.md.
+//! Exit status: 0 without violations, 1 with violations (or an exceeded resource bound), 2 on
+//! harness errors (the cluster did not start, converge, or a member did not come back). See
+//! docs/chaos.md.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,10 +12,14 @@ use keel_chaos::check::CheckOptions;
 use keel_chaos::run::cluster::ClusterSpec;
 use keel_chaos::run::faults::{FaultKind, FaultPlan};
 use keel_chaos::run::ports::PortRange;
+use keel_chaos::run::resource_summary::{
+    ResourceBounds, default_warmup, render as render_resources, summarise,
+};
+use keel_chaos::run::resources::read_json_lines;
 use keel_chaos::run::summary::{RunHeader, render};
 use keel_chaos::run::upgrade::UpgradePlan;
 use keel_chaos::run::workload::WorkloadSpec;
-use keel_chaos::run::{Inject, RunSpec, Traffic, default_run_dir, run};
+use keel_chaos::run::{Inject, ResourceSpec, RunSpec, Traffic, default_run_dir, run};
 
 /// Chaos-monkey harness for Keel: N real members behind controllable TCP proxies, seeded
 /// faults, a concurrent KV + watch workload, and linearizability / watch / convergence checks.
@@ -100,6 +105,27 @@ struct Cli {
     /// Wall-clock budget of the linearizability search per key.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     check_budget: Duration,
+    /// Interval of the resource sampler: each member's RSS, open fds and WAL / snap / db bytes
+    /// (docs/chaos.md, "Soak").
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    sample_every: Duration,
+    /// Write every resource sample here, one JSON object per line, as it is taken.
+    #[arg(long)]
+    resources_out: Option<PathBuf>,
+    /// Samples before this (since the workload started) are warm-up, not in the RSS growth
+    /// rate (default: 5 min, or a sixth of a shorter `--duration`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    soak_warmup: Option<Duration>,
+    /// Fail the run when a member's RSS grows faster than this after the warm-up (MiB/min,
+    /// least-squares over samples of the same process).
+    #[arg(long)]
+    max_rss_growth_mib_per_min: Option<f64>,
+    /// Fail the run when a member process has more open fds than this at a sample.
+    #[arg(long)]
+    max_fds: Option<u64>,
+    /// Fail the run when a member's WAL + snap + db exceed this many MiB at a sample.
+    #[arg(long)]
+    max_disk_mib: Option<f64>,
     #[command(subcommand)]
     scenario: Option<Scenario>,
 }
@@ -132,6 +158,12 @@ enum Scenario {
         /// installs one from a leader on `--from` and (with `--downgrade-to`) the reverse.
         #[arg(long)]
         expect_snapshot: bool,
+    },
+    /// Summarise a `--resources-out` file again (with this invocation's `--soak-warmup`,
+    /// `--duration` and bounds) instead of running; exit status 1 when a bound is exceeded.
+    ResourceSummary {
+        /// The JSON lines file.
+        file: PathBuf,
     },
 }
 
@@ -174,7 +206,34 @@ fn main() -> ExitCode {
     }
 }
 
+/// The resource summary's warm-up and bounds from the flags.
+fn resource_spec(cli: &Cli) -> ResourceSpec {
+    ResourceSpec {
+        every: cli.sample_every.max(Duration::from_millis(100)),
+        warmup: cli
+            .soak_warmup
+            .unwrap_or_else(|| default_warmup(cli.duration)),
+        bounds: ResourceBounds {
+            max_rss_growth_mib_per_min: cli.max_rss_growth_mib_per_min,
+            max_fds: cli.max_fds,
+            max_disk_mib: cli.max_disk_mib,
+        },
+        out: cli.resources_out.clone(),
+    }
+}
+
 fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Some(Scenario::ResourceSummary { file }) = &cli.scenario {
+        let spec = resource_spec(&cli);
+        let samples = read_json_lines(file)?;
+        let report = summarise(&samples, spec.warmup, &spec.bounds);
+        print!("{}", render_resources(&report));
+        return Ok(if report.violations.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     let upgrade = match &cli.scenario {
         Some(Scenario::Upgrade {
             from,
@@ -207,7 +266,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
                 expect_snapshot: *expect_snapshot,
             })
         }
-        None => None,
+        Some(Scenario::ResourceSummary { .. }) | None => None,
     };
     let binary = match &upgrade {
         Some(plan) => plan.from.clone(),
@@ -294,6 +353,7 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         },
         upgrade,
         traffic: cli.traffic,
+        resources: resource_spec(&cli),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -314,6 +374,13 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         std::fs::write(path, serde_json::to_vec(&result.history)?)?;
         eprintln!("chaos: history written to {}", path.display());
     }
+    if let Some(path) = &cli.resources_out {
+        eprintln!(
+            "chaos: {} resource samples written to {}",
+            result.samples.len(),
+            path.display()
+        );
+    }
     let header = RunHeader {
         seed,
         nodes: cli.nodes,
@@ -328,13 +395,14 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         dir: dir.display().to_string(),
     };
     print!("{}", render(&header, &result));
-    let clean = result.report.violations.is_empty() && result.errors.is_empty();
+    let failed = !result.report.violations.is_empty() || !result.resources.violations.is_empty();
+    let clean = !failed && result.errors.is_empty();
     if clean && !cli.keep_dir && cli.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
         eprintln!("chaos: data dirs and member logs kept in {}", dir.display());
     }
-    Ok(if !result.report.violations.is_empty() {
+    Ok(if failed {
         ExitCode::from(1)
     } else if !result.errors.is_empty() {
         ExitCode::from(2)

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use keel_chaos::run::resources::read_json_lines;
 use keel_chaos::run::summary::{Totals, parse_totals};
 use keel_testkit::process::{Output, run_bounded};
 
@@ -46,16 +47,54 @@ fn run_chaos(keel: &Path, faults: &str, args: &[&str], limit: Duration) -> (Outp
     (run, totals)
 }
 
+/// The smoke also samples resources (docs/chaos.md, "Soak") every 2 s: every member must
+/// have samples over the run with a live process's RSS and fds and its preallocated WAL.
 #[test]
 fn kill_pause_partition_run_has_no_violations() {
     let keel = keel_testkit::keel_binary!();
-    let (run, totals) = run_chaos(&keel, "kill,pause,partition", &[], Duration::from_secs(150));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let samples_path = dir.path().join("resources.jsonl");
+    let (run, totals) = run_chaos(
+        &keel,
+        "kill,pause,partition",
+        &[
+            "--sample-every",
+            "2s",
+            "--resources-out",
+            samples_path.to_str().expect("utf-8 temp path"),
+        ],
+        Duration::from_secs(150),
+    );
     let dump = run.dump();
     assert_eq!(run.code, Some(0), "{dump}");
     assert_eq!(totals.violations, 0, "{dump}");
     assert!(totals.faults >= 3, "only {totals:?} in 20 s\n{dump}");
     assert!(totals.ops >= 200, "only {totals:?} in 20 s\n{dump}");
     assert!(run.stdout.contains("seed: "), "{dump}");
+
+    let samples = read_json_lines(&samples_path).expect("the --resources-out file");
+    for member in ["m1", "m2", "m3"] {
+        let mine: Vec<_> = samples.iter().filter(|s| s.member == member).collect();
+        // 20 s at one sample per 2 s; a killed member misses some while it is down.
+        assert!(mine.len() >= 5, "{member}: {} samples\n{dump}", mine.len());
+        assert!(
+            mine.iter().any(|s| s.t_secs >= 15.0),
+            "{member}: no late sample"
+        );
+        for s in &mine {
+            assert!(s.rss_kib > 1024, "{member}: {s:?}");
+            assert!(s.fds >= 10, "{member}: {s:?}");
+            assert!(s.pid > 0 && s.epoch >= 1, "{member}: {s:?}");
+            // The first WAL segment is preallocated (docs/wal.md) from the first start.
+            assert!(s.wal_bytes >= 1 << 20, "{member}: {s:?}");
+        }
+        assert!(
+            run.stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("  {member} samples "))),
+            "no resources line for {member}\n{dump}"
+        );
+    }
 }
 
 /// The CI short form of `--traffic kubernetes` (docs/kubernetes.md): 20 s of apiserver-shaped
@@ -143,4 +182,62 @@ fn slow_fsync_run_has_no_violations() {
     assert!(totals.faults >= 2, "only {totals:?} in 20 s\n{dump}");
     assert!(totals.ops >= 100, "only {totals:?} in 20 s\n{dump}");
     assert!(run.stderr.contains("wal_slow_fsync=sleep("), "{dump}");
+}
+
+/// `keel-chaos resource-summary` re-reads a `--resources-out` file and applies the bounds
+/// (docs/chaos.md, "Soak"): a member over `--max-fds` fails it with exit status 1 and names
+/// the member; within the bounds it exits 0.
+#[test]
+fn resource_summary_applies_the_bounds_to_a_samples_file() {
+    use keel_chaos::run::resources::{Sample, write_json_lines};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("resources.jsonl");
+    // m1: 100 MiB flat for 10 minutes with 40 fds; m2: 120 fds at one sample.
+    let mut samples: Vec<Sample> = (0..=10u32)
+        .map(|i| Sample {
+            t_secs: f64::from(i) * 60.0,
+            member: "m1".into(),
+            epoch: 1,
+            pid: 11,
+            rss_kib: 100 * 1024,
+            fds: 40,
+            wal_bytes: 64 << 20,
+            snap_bytes: 0,
+            db_bytes: 1 << 20,
+        })
+        .collect();
+    samples.push(Sample {
+        member: "m2".into(),
+        pid: 12,
+        fds: 120,
+        ..samples[3].clone()
+    });
+    write_json_lines(&path, &samples).expect("write samples");
+    let summary = |bounds: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel-chaos"));
+        command
+            .args(["--duration", "12m"])
+            .args(bounds)
+            .arg("resource-summary")
+            .arg(&path);
+        run_bounded(&mut command, "", Duration::from_secs(30))
+    };
+    let over = summary(&["--max-fds", "100", "--max-rss-growth-mib-per-min", "0.5"]);
+    let dump = over.dump();
+    assert_eq!(over.code, Some(1), "{dump}");
+    assert!(
+        over.stdout
+            .contains("resource bound exceeded: m2: 120 open fds, bound 100"),
+        "{dump}"
+    );
+    assert!(!over.stdout.contains("bound exceeded: m1"), "{dump}");
+    // The default warm-up of a 12 minute run is 2 minutes.
+    assert!(over.stdout.contains("resources (warm-up 120s;"), "{dump}");
+    assert!(
+        over.stdout
+            .contains("  m1 samples 11 processes 1 rss warm-up 100.0 max 100.0 slope +0.000"),
+        "{dump}"
+    );
+    let within = summary(&["--max-fds", "120", "--max-disk-mib", "65"]);
+    assert_eq!(within.code, Some(0), "{}", within.dump());
 }

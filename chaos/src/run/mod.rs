@@ -11,6 +11,8 @@ pub mod outcome;
 pub mod ports;
 pub mod process;
 pub mod proxy;
+pub mod resource_summary;
+pub mod resources;
 pub mod rpc;
 pub mod summary;
 pub mod upgrade;
@@ -85,6 +87,21 @@ pub struct RunSpec {
     /// its `from` binary.
     pub upgrade: Option<UpgradePlan>,
     pub traffic: Traffic,
+    /// The resource sampler (`--sample-every`, [`resources`]) and its summary's warm-up and
+    /// bounds.
+    pub resources: ResourceSpec,
+}
+
+/// How members' resources are sampled and judged (the soak, docs/chaos.md "Soak").
+#[derive(Clone, Debug)]
+pub struct ResourceSpec {
+    /// Interval between samples.
+    pub every: Duration,
+    /// Samples before this (since the workload started) are warm-up: not in the slope.
+    pub warmup: Duration,
+    pub bounds: resource_summary::ResourceBounds,
+    /// Every sample is appended here as a JSON line when taken (`--resources-out`).
+    pub out: Option<PathBuf>,
 }
 
 /// What a run produced.
@@ -99,6 +116,10 @@ pub struct RunResult {
     pub workload_time: Duration,
     /// With `--traffic kubernetes`.
     pub kubernetes: Option<KubeSummary>,
+    /// Every resource sample of the workload phase, in time order.
+    pub samples: Vec<resources::Sample>,
+    /// Their summary, with the exceeded bounds (they fail the run like violations).
+    pub resources: resource_summary::ResourceReport,
 }
 
 /// How long the cluster may take to serve after the start and after the final restart.
@@ -178,6 +199,19 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         fault_stop.clone(),
     ));
 
+    let sample_stop = Arc::new(AtomicBool::new(false));
+    let sample_log = Arc::new(match &spec.resources.out {
+        Some(path) => resources::SampleLog::to_file(path)?,
+        None => resources::SampleLog::default(),
+    });
+    let sampler = tokio::spawn(resources::run_sampler(
+        cluster.clone(),
+        spec.resources.every,
+        t0,
+        sample_stop.clone(),
+        sample_log.clone(),
+    ));
+
     let upgrade_task = spec
         .upgrade
         .clone()
@@ -201,6 +235,11 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         }
     }
     let workload_time = t0.elapsed();
+    // The final heal-and-restart is not steady state: sampling ends with the workload.
+    sample_stop.store(true, Ordering::SeqCst);
+    if let Err(e) = sampler.await {
+        errors.push(format!("resource sampler panicked: {e}"));
+    }
     fault_stop.store(true, Ordering::SeqCst);
     let faults = fault_task.await.unwrap_or_else(|e| {
         errors.push(format!("fault scheduler panicked: {e}"));
@@ -243,6 +282,7 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
             .extend(std::mem::take(&mut *s.records.lock().expect("watch lock")));
     }
     history.operations.sort_by_key(|o| o.invoke_ns);
+    let samples = std::mem::take(&mut *sample_log.samples.lock().expect("sample log lock"));
     let check = spec.check.clone();
     let traffic = spec.traffic;
     let (history, report, kube) = tokio::task::spawn_blocking(move || {
@@ -259,6 +299,12 @@ pub async fn run(spec: RunSpec) -> anyhow::Result<RunResult> {
         errors,
         workload_time,
         kubernetes: kube,
+        resources: resource_summary::summarise(
+            &samples,
+            spec.resources.warmup,
+            &spec.resources.bounds,
+        ),
+        samples,
     })
 }
 

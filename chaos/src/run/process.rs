@@ -76,6 +76,11 @@ impl MemberProcess {
         self.child.is_some()
     }
 
+    /// The OS process ID while a process runs (it may be paused or have exited unreaped).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
     /// Whether the process is stopped by SIGSTOP.
     pub fn is_paused(&self) -> bool {
         self.paused

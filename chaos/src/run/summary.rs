@@ -1,6 +1,6 @@
 //! The human-readable report of a run. Its last line is always
 //! `chaos: N ops, F faults, V violations` (N operations recorded, F faults injected, V checker
-//! violations), which scripts and tests match.
+//! violations plus exceeded resource bounds), which scripts and tests match.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -112,6 +112,7 @@ pub fn render(header: &RunHeader, result: &RunResult) -> String {
     for line in &result.report.inconclusive {
         let _ = writeln!(out, "inconclusive: {line}");
     }
+    out.push_str(&super::resource_summary::render(&result.resources));
     for e in &result.errors {
         let _ = writeln!(out, "harness error: {e}");
     }
@@ -130,7 +131,7 @@ pub fn last_line(result: &RunResult) -> String {
         ops: result.history.operations.len() as u64
             + result.kubernetes.as_ref().map_or(0, |k| k.ops()),
         faults: result.faults.len() as u64,
-        violations: result.report.violations.len() as u64,
+        violations: (result.report.violations.len() + result.resources.violations.len()) as u64,
     })
 }
 
