@@ -28,34 +28,47 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
-/// What the scale run does (module docs).
-#[derive(Debug, Clone)]
+/// What the scale run does (module docs); the `watch-bench scale` flags.
+#[derive(Debug, Clone, clap::Args)]
 pub struct ScaleArgs {
-    /// The keel binary.
-    pub keel: PathBuf,
-    /// Parent of the members' data dirs.
-    pub dir: PathBuf,
+    /// The keel binary (default: `$KEEL_BIN`, else `keel` next to this executable).
+    #[arg(long)]
+    pub keel: Option<PathBuf>,
+    /// Parent of the members' data dirs (default: the system temp dir).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
     /// Watch streams (spread over the 3 members).
+    #[arg(long, default_value_t = 100)]
     pub streams: usize,
     /// Watchers per stream.
+    #[arg(long, default_value_t = 100)]
     pub watchers: usize,
     /// Key groups; a prefix watcher watches one group.
+    #[arg(long, default_value_t = 100)]
     pub groups: usize,
     /// Keys per group.
+    #[arg(long, default_value_t = 100)]
     pub keys_per_group: usize,
-    /// Every n-th watcher watches a prefix.
+    /// Every n-th watcher watches a prefix (a group).
+    #[arg(long, default_value_t = 10)]
     pub prefix_every: usize,
-    /// Every n-th watcher starts `history_back` revisions in the past.
+    /// Every n-th watcher starts `--history-back` revisions in the past.
+    #[arg(long, default_value_t = 4)]
     pub history_every: usize,
     /// How far back such a watcher starts (revisions).
+    #[arg(long, default_value_t = 50)]
     pub history_back: i64,
     /// Target puts per second.
+    #[arg(long, default_value_t = 5000)]
     pub rate: u64,
     /// Concurrent writers.
+    #[arg(long, default_value_t = 64)]
     pub writers: usize,
     /// Seconds of writes.
+    #[arg(long, default_value_t = 20)]
     pub seconds: u64,
-    /// Period of progress requests per stream (ms).
+    /// Period of each stream's progress requests (ms).
+    #[arg(long, default_value_t = 1000)]
     pub progress_ms: u64,
 }
 
@@ -151,12 +164,12 @@ fn progress_request() -> WatchRequest {
 
 /// Runs the scale benchmark and prints its report; returns the number of violations.
 pub async fn run(args: ScaleArgs) -> usize {
-    let cluster = Cluster::start_with(
-        &args.keel,
-        3,
-        MemberSpec::new().log_level("warn"),
-        Some(&args.dir),
-    );
+    let keel = args
+        .keel
+        .clone()
+        .unwrap_or_else(|| keel_testkit::find_keel(None));
+    let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let cluster = Cluster::start_with(&keel, 3, MemberSpec::new().log_level("warn"), Some(&dir));
     let leader = cluster.leader_async(Duration::from_secs(30)).await;
     let endpoints: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
     let pids: Vec<u32> = cluster.members.iter().filter_map(|m| m.pid()).collect();
@@ -190,7 +203,7 @@ pub async fn run(args: ScaleArgs) -> usize {
         let mut ws = Vec::new();
         for _ in 0..args.watchers {
             let group = n % args.groups;
-            let prefix = args.prefix_every > 0 && n % args.prefix_every == 0;
+            let prefix = args.prefix_every > 0 && n.is_multiple_of(args.prefix_every);
             let key = if prefix {
                 format!("/ws/{group:03}/")
             } else {
@@ -494,9 +507,4 @@ pub async fn run(args: ScaleArgs) -> usize {
     }
     drop(cluster);
     violations.len()
-}
-
-/// The data dir parent used when none is given.
-pub fn default_dir() -> PathBuf {
-    std::env::temp_dir()
 }

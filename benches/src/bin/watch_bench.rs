@@ -15,6 +15,9 @@
 //!   every write but never reads its stream (measured after 2 s of writes have filled the
 //!   client's HTTP/2 windows), alternating `--rounds` times in ABBA order; reports puts/s,
 //!   the member's CPU time per put and its RSS growth per put of both.
+//! - `scale`: starts its own 3 local members, 10,000 watchers over 100 streams, puts at a
+//!   target rate with progress requests, and checks every watch guarantee on every watcher
+//!   (`keel_benches::watch_scale`; `watch-bench scale --keel target/release/keel`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -81,41 +84,7 @@ enum Cmd {
     },
     /// Many watchers on a local 3-member cluster under a write rate; checks every watch
     /// guarantee on every watcher (`keel_benches::watch_scale`).
-    Scale {
-        /// The keel binary (default: `$KEEL_BIN`, else `keel` next to this executable).
-        #[arg(long)]
-        keel: Option<std::path::PathBuf>,
-        /// Parent of the members' data dirs (default: the system temp dir).
-        #[arg(long)]
-        dir: Option<std::path::PathBuf>,
-        #[arg(long, default_value_t = 100)]
-        streams: usize,
-        /// Watchers per stream.
-        #[arg(long, default_value_t = 100)]
-        watchers: usize,
-        #[arg(long, default_value_t = 100)]
-        groups: usize,
-        #[arg(long, default_value_t = 100)]
-        keys_per_group: usize,
-        /// Every n-th watcher watches a prefix (a group).
-        #[arg(long, default_value_t = 10)]
-        prefix_every: usize,
-        /// Every n-th watcher starts `--history-back` revisions in the past.
-        #[arg(long, default_value_t = 4)]
-        history_every: usize,
-        #[arg(long, default_value_t = 50)]
-        history_back: i64,
-        /// Target puts per second.
-        #[arg(long, default_value_t = 5000)]
-        rate: u64,
-        #[arg(long, default_value_t = 64)]
-        writers: usize,
-        #[arg(long, default_value_t = 20)]
-        seconds: u64,
-        /// Period of each stream's progress requests (ms).
-        #[arg(long, default_value_t = 1000)]
-        progress_ms: u64,
-    },
+    Scale(keel_benches::watch_scale::ScaleArgs),
 }
 
 fn main() {
@@ -148,36 +117,7 @@ fn main() {
             seconds,
             rounds,
         )),
-        Cmd::Scale {
-            keel,
-            dir,
-            streams,
-            watchers,
-            groups,
-            keys_per_group,
-            prefix_every,
-            history_every,
-            history_back,
-            rate,
-            writers,
-            seconds,
-            progress_ms,
-        } => {
-            let args = keel_benches::watch_scale::ScaleArgs {
-                keel: keel.unwrap_or_else(|| keel_testkit::find_keel(None)),
-                dir: dir.unwrap_or_else(keel_benches::watch_scale::default_dir),
-                streams,
-                watchers,
-                groups,
-                keys_per_group,
-                prefix_every,
-                history_every,
-                history_back,
-                rate,
-                writers,
-                seconds,
-                progress_ms,
-            };
+        Cmd::Scale(args) => {
             if rt.block_on(keel_benches::watch_scale::run(args)) > 0 {
                 std::process::exit(1);
             }
