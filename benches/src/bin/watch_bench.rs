@@ -15,6 +15,9 @@
 //!   every write but never reads its stream (measured after 2 s of writes have filled the
 //!   client's HTTP/2 windows), alternating `--rounds` times in ABBA order; reports puts/s,
 //!   the member's CPU time per put and its RSS growth per put of both.
+//! - `scale`: starts its own 3 local members, 10,000 watchers over 100 streams, puts at a
+//!   target rate with progress requests, and checks every watch guarantee on every watcher
+//!   (`keel_benches::watch_scale`; `watch-bench scale --keel target/release/keel`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -79,6 +82,9 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
+    /// Many watchers on a local 3-member cluster under a write rate; checks every watch
+    /// guarantee on every watcher (`keel_benches::watch_scale`).
+    Scale(keel_benches::watch_scale::ScaleArgs),
 }
 
 fn main() {
@@ -111,6 +117,11 @@ fn main() {
             seconds,
             rounds,
         )),
+        Cmd::Scale(args) => {
+            if rt.block_on(keel_benches::watch_scale::run(args)) > 0 {
+                std::process::exit(1);
+            }
+        }
     }
 }
 

@@ -230,6 +230,9 @@ pub struct Keel {
     pub lease_heap_bytes: IntGauge,
     /// `keel_watch_watchers{group}`: watchers on this member (`synced`, `unsynced`).
     pub watchers: IntGaugeVec,
+    /// `keel_watch_ring_reads_total{result}`: catch-up reads of unsynced watchers answered
+    /// by the ring of recent events (`hit`) or by the store (`miss`).
+    pub watch_ring_reads: IntCounterVec,
     /// `keel_server_version{server_version}` = 1: this binary's Keel version.
     pub server_version: IntGaugeVec,
     /// `keel_cluster_version{cluster_version}` = 1: the replicated Keel cluster version
@@ -282,6 +285,11 @@ static KEEL: LazyLock<Keel> = LazyLock::new(|| Keel {
         "keel_watch_watchers",
         "Watchers on this member, by group (synced, unsynced).",
         &["group"],
+    ),
+    watch_ring_reads: counter_vec(
+        "keel_watch_ring_reads_total",
+        "Catch-up reads of unsynced watchers served by the ring of recent events (hit) or the store (miss).",
+        &["result"],
     ),
     qos_requests: counter_vec(
         "keel_qos_requests_total",

@@ -27,8 +27,9 @@ use super::revision::{Revision, record_key_lower_bound};
 use super::store::{MvccStore, View};
 use crate::error::EtcdError;
 
-/// Stops a read at a revision boundary once a limit is reached.
-struct Collector {
+/// Stops a read at a revision boundary once a limit is reached. Shared with the watch
+/// hub's ring of recent revisions (`watch/ring.rs`) so both cut a read at the same place.
+pub(crate) struct Collector {
     events: Vec<Event>,
     max_revisions: usize,
     max_bytes: usize,
@@ -40,7 +41,7 @@ struct Collector {
 
 impl Collector {
     /// An empty collector; a limit of 0 means unlimited.
-    fn new(max_revisions: usize, max_bytes: usize) -> Collector {
+    pub(crate) fn new(max_revisions: usize, max_bytes: usize) -> Collector {
         Collector {
             events: Vec::new(),
             max_revisions,
@@ -52,7 +53,7 @@ impl Collector {
     }
 
     /// Whether an event of revision `main` may still be taken.
-    fn admits(&self, main: i64) -> bool {
+    pub(crate) fn admits(&self, main: i64) -> bool {
         match self.last_main {
             Some(last) if main == last => true,
             Some(_) => {
@@ -63,13 +64,28 @@ impl Collector {
         }
     }
 
-    fn push(&mut self, main: i64, event: Event) {
+    /// Takes an event of revision `main` (events come in revision order).
+    pub(crate) fn push(&mut self, main: i64, event: Event) {
         if self.last_main != Some(main) {
             self.revisions += 1;
             self.last_main = Some(main);
         }
         self.bytes += event.encoded_len();
         self.events.push(event);
+    }
+
+    /// The events taken and the last revision covered: `to` if the read of `..=to` was
+    /// `complete`, else the revision of the last event taken.
+    pub(crate) fn finish(self, complete: bool, to: i64) -> EventBatch {
+        let last_revision = if complete {
+            to
+        } else {
+            self.last_main.unwrap_or(to)
+        };
+        EventBatch {
+            events: self.events,
+            last_revision,
+        }
     }
 }
 
@@ -137,21 +153,13 @@ impl MvccStore {
         } else {
             self.history_by_revision(&range, from, to, &mut out)?
         };
-        let last_revision = if complete {
-            to
-        } else {
-            out.last_main.unwrap_or(to)
-        };
-        let mut events = out.events;
+        let mut batch = out.finish(complete, to);
         if with_prev_kv {
-            for ev in &mut events {
+            for ev in &mut batch.events {
                 ev.prev_kv = self.prev_kv_in(&view, ev)?;
             }
         }
-        Ok(EventBatch {
-            events,
-            last_revision,
-        })
+        Ok(batch)
     }
 
     /// The version of `key` visible just before revision `revision` (at `revision - 1`),

@@ -52,6 +52,7 @@ pub use compactor::{
 };
 pub use events::EventBatch;
 pub use hash::{Crc32c, HashKv, crc32c};
+pub(crate) use history::Collector;
 pub use revision::Revision;
 pub use shared::SharedStore;
 pub use store::{IndexStats, MvccStore};

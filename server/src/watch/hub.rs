@@ -23,9 +23,12 @@
 //! - a watcher is in exactly the place its state names (synced index, unsynced set, or
 //!   neither when compacted);
 //! - an outbox's unsynced count equals the number of its unsynced watchers;
-//! - an unsynced watcher has `next_rev <=` the hub revision.
+//! - an unsynced watcher has `next_rev <=` the hub revision;
+//! - the ring of recent events ([`super::ring`]) ends at the hub revision (`EventRing::record`
+//!   asserts it): it is updated under the hub lock together with the hub revision.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -38,6 +41,7 @@ use super::key_range::{EventFilter, WatchKeyRange};
 use super::outbox::{
     EventList, EventsItem, Item, Outbox, Refused, RevisionBatch, Selection, bare_response,
 };
+use super::ring::EventRing;
 use super::source::{HistorySource, is_create};
 use super::watcher::{Slab, Watcher, WatcherFlags, WatcherId, WatcherState};
 
@@ -102,6 +106,14 @@ pub struct HubStats {
     pub unsynced: usize,
     /// All watchers, including compacted ones not yet canceled by their client.
     pub watchers: usize,
+    /// Catch-up reads the ring of recent events answered (since the hub started).
+    pub ring_hits: u64,
+    /// Catch-up reads that went to the store (older than the ring, or the ring is off).
+    pub ring_misses: u64,
+    /// Revisions the ring holds now.
+    pub ring_revisions: usize,
+    /// Encoded event bytes the ring holds now.
+    pub ring_bytes: usize,
 }
 
 pub(super) struct HubState {
@@ -116,6 +128,8 @@ pub(super) struct HubState {
     pub unsynced: BTreeSet<WatcherId>,
     /// Where the last sync round stopped, so every unsynced watcher gets its turn.
     pub sync_cursor: Option<WatcherId>,
+    /// The events of the most recent revisions, ending at `rev`.
+    pub ring: EventRing,
 }
 
 /// See the module docs.
@@ -124,6 +138,9 @@ pub struct WatchHub {
     pub(super) source: Arc<dyn HistorySource>,
     pub(super) config: WatchConfig,
     pub(super) signal: Arc<SyncSignal>,
+    /// Catch-up reads answered by the ring / by the store ([`HubStats`]).
+    pub(super) ring_hits: AtomicU64,
+    pub(super) ring_misses: AtomicU64,
 }
 
 impl WatchHub {
@@ -140,10 +157,13 @@ impl WatchHub {
                 synced: WatcherIndex::default(),
                 unsynced: BTreeSet::new(),
                 sync_cursor: None,
+                ring: EventRing::new(rev, config.ring_revisions, config.ring_bytes),
             }),
             source,
             config,
             signal: Arc::new(SyncSignal::default()),
+            ring_hits: AtomicU64::new(0),
+            ring_misses: AtomicU64::new(0),
         })
     }
 
@@ -174,6 +194,10 @@ impl WatchHub {
             synced: st.synced.len(),
             unsynced: st.unsynced.len(),
             watchers: st.watchers.len(),
+            ring_hits: self.ring_hits.load(Ordering::Relaxed),
+            ring_misses: self.ring_misses.load(Ordering::Relaxed),
+            ring_revisions: st.ring.len(),
+            ring_bytes: st.ring.bytes(),
         }
     }
 
@@ -291,6 +315,7 @@ impl WatchHub {
     /// Called by apply after each committed entry with its store revision and events
     /// (etcd `watchableStore.notify`). Queues, for every synced watcher the events reach,
     /// one response holding all its events of this revision. Never waits for a client.
+    /// The revision is also recorded in the ring of recent events.
     pub fn notify(&self, revision: i64, events: Vec<Event>) {
         let mut st = self.lock();
         debug_assert!(
@@ -299,8 +324,16 @@ impl WatchHub {
             st.rev
         );
         st.rev = st.rev.max(revision);
+        let recent = self.fan_out(&mut st, revision, events);
+        st.ring.record(recent);
+    }
+
+    /// `notify`'s delivery to the synced watchers; returns the revision's events without
+    /// `prev_kv` for the ring (shared with the deliveries unless `prev_kv` was filled in).
+    fn fan_out(&self, st: &mut HubState, revision: i64, events: Vec<Event>) -> Arc<RevisionBatch> {
+        let bare = |events| Arc::new(RevisionBatch { revision, events });
         if events.is_empty() || st.synced.is_empty() {
-            return;
+            return bare(events);
         }
         // (watcher, event index) pairs; sorted, they group by watcher in event order.
         let mut hits: Vec<(WatcherId, u32)> = Vec::new();
@@ -310,7 +343,7 @@ impl WatchHub {
                 .for_each_match(key, |id| hits.push((id, i as u32)));
         }
         if hits.is_empty() {
-            return;
+            return bare(events);
         }
         if events.len() > 1 {
             hits.sort_unstable();
@@ -346,7 +379,7 @@ impl WatchHub {
             deliveries.push((id, selection));
         }
         if deliveries.is_empty() {
-            return;
+            return bare(events);
         }
         if events.len() > 1 {
             // Responses in the order of each watcher's first event, so a stream with several
@@ -357,6 +390,7 @@ impl WatchHub {
             });
         }
         let mut events = events;
+        let recent = need_prev.contains(&true).then(|| bare(events.clone()));
         let prev_failed = self.fill_prev_kv(&mut events, &need_prev, revision);
         let sizes: Vec<usize> = events.iter().map(|e| e.encoded_len() + 4).collect();
         let batch = Arc::new(RevisionBatch { revision, events });
@@ -394,9 +428,10 @@ impl WatchHub {
                 }
             };
             if behind {
-                self.fall_behind(&mut st, id, revision);
+                self.fall_behind(st, id, revision);
             }
         }
+        recent.unwrap_or(batch)
     }
 
     /// Sets `prev_kv` on the events marked in `need`; returns true if a lookup failed.
@@ -461,6 +496,8 @@ impl WatchHub {
         let mut st = self.lock();
         st.installing = true;
         st.generation += 1;
+        let rev = st.rev;
+        st.ring.reset(rev);
     }
 
     /// The store was replaced by a snapshot (etcd `watchableStore.Restore`): every watcher
@@ -472,6 +509,9 @@ impl WatchHub {
         st.rev = self.source.current_revision();
         st.generation += 1;
         st.installing = false;
+        // The ring holds the old store's revisions; the new store is read instead.
+        let rev = st.rev;
+        st.ring.reset(rev);
         for id in st.watchers.ids() {
             let Some(w) = st.watchers.get_mut(id) else {
                 continue;

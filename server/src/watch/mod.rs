@@ -6,6 +6,7 @@
 //! - [`stream`]: one gRPC stream's request handling ([`WatchStream`]) and response side
 //!   ([`WatchOutput`]).
 //! - [`outbox`]: a stream's bounded response queue; [`response`]: responses and fragments.
+//! - [`ring`]: the events of the most recent revisions, for watchers slightly behind.
 //! - [`group`]: the index from keys to synced watchers; [`watcher`]: one watcher.
 //! - [`key_range`], [`progress`], [`source`]: what a watcher watches, the progress
 //!   interval, the store as seen by the hub.
@@ -18,6 +19,7 @@ pub mod key_range;
 pub mod outbox;
 pub mod progress;
 pub mod response;
+pub mod ring;
 pub mod source;
 pub mod stream;
 pub mod sync;
@@ -27,6 +29,8 @@ pub mod watcher;
 mod tests;
 #[cfg(test)]
 mod tests_model;
+#[cfg(test)]
+mod tests_ring;
 
 use std::time::Duration;
 
@@ -68,6 +72,11 @@ pub struct WatchConfig {
     pub batch_max_revisions: usize,
     /// Unsynced watchers per sync round ([`SYNC_BATCH`]).
     pub sync_batch: usize,
+    /// Most revisions the ring of recent events holds ([`ring::DEFAULT_RING_REVISIONS`]; 0
+    /// turns the ring off).
+    pub ring_revisions: usize,
+    /// Most encoded event bytes the ring holds ([`ring::DEFAULT_RING_BYTES`]).
+    pub ring_bytes: usize,
 }
 
 impl Default for WatchConfig {
@@ -79,6 +88,8 @@ impl Default for WatchConfig {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             batch_max_revisions: BATCH_MAX_REVISIONS,
             sync_batch: SYNC_BATCH,
+            ring_revisions: ring::DEFAULT_RING_REVISIONS,
+            ring_bytes: ring::DEFAULT_RING_BYTES,
         }
     }
 }

@@ -4,9 +4,11 @@
 //! One round:
 //! 1. under the hub lock, pick up to `sync_batch` unsynced watchers whose outbox has room,
 //!    starting after where the previous round stopped, and note the hub revision `cur`;
-//! 2. without any lock, read each watcher's events `next_rev..=cur` from the store
-//!    (watchers with the same range, start and `prev_kv` share one read), at most
-//!    `batch_max_revisions` revisions and about `max_response_bytes` per read;
+//! 2. without any lock, read each watcher's events `next_rev..=cur` (watchers with the same
+//!    range, start and `prev_kv` share one read), at most `batch_max_revisions` revisions
+//!    and about `max_response_bytes` per read: from the ring of recent events when it holds
+//!    `next_rev` (a slice of it taken in step 1, so it ends at `cur`), else from the store;
+//!    both give the same events (`ring` module docs);
 //! 3. under the hub lock again, queue each watcher's events in one response (header revision
 //!    = the last revision read) and advance its `next_rev`; a watcher that reached the hub
 //!    revision moves to the synced group. A watcher whose `next_rev` is below the compact
@@ -18,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::ops::Bound;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -26,7 +29,8 @@ use prost::Message;
 use super::hub::WatchHub;
 use super::key_range::{EventFilter, WatchKeyRange};
 use super::outbox::{EventList, EventsItem, Item, Refused, bare_response};
-use super::source::{History, HistoryLimit};
+use super::ring::RingSlice;
+use super::source::{History, HistoryLimit, is_create};
 use super::watcher::{WatcherFlags, WatcherId, WatcherState};
 use crate::error::EtcdError;
 
@@ -83,13 +87,13 @@ impl WatchHub {
 
     /// Runs one sync round (module docs).
     pub fn sync_round(&self) -> SyncOutcome {
-        let Some((jobs, cur, generation)) = self.pick_jobs() else {
+        let Some((jobs, cur, generation, recent)) = self.pick_jobs() else {
             return SyncOutcome::Idle;
         };
         if jobs.is_empty() {
             return SyncOutcome::Blocked;
         }
-        let outcomes = self.read_history(&jobs, cur);
+        let outcomes = self.read_history(&jobs, cur, recent.as_ref());
         let mut st = self.lock();
         if st.generation != generation {
             return SyncOutcome::Progress;
@@ -159,9 +163,10 @@ impl WatchHub {
         }
     }
 
-    /// Step 1: the watchers of this round, the hub revision and generation; `None` when
-    /// there is nothing to sync.
-    fn pick_jobs(&self) -> Option<(Vec<Job>, i64, u64)> {
+    /// Step 1: the watchers of this round, the hub revision and generation, and the ring's
+    /// revisions from the oldest `next_rev` it holds on; `None` when there is nothing to
+    /// sync.
+    fn pick_jobs(&self) -> Option<(Vec<Job>, i64, u64, Option<RingSlice>)> {
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.installing || st.unsynced.is_empty() {
@@ -199,11 +204,29 @@ impl WatchHub {
             });
         }
         st.sync_cursor = last;
-        Some((jobs, st.rev, st.generation))
+        let oldest = jobs
+            .iter()
+            .map(|j| j.next_rev)
+            .filter(|&r| st.ring.first().is_some_and(|first| r >= first))
+            .min();
+        let recent = oldest.and_then(|from| st.ring.slice_from(from));
+        if let Some(slice) = &recent {
+            assert_eq!(
+                slice.last(),
+                st.rev,
+                "a ring slice ends at the hub revision"
+            );
+        }
+        Some((jobs, st.rev, st.generation, recent))
     }
 
     /// Step 2: one outcome per job (`None` = a read failed; retried next round).
-    fn read_history(&self, jobs: &[Job], cur: i64) -> Vec<Option<Outcome>> {
+    fn read_history(
+        &self,
+        jobs: &[Job],
+        cur: i64,
+        recent: Option<&RingSlice>,
+    ) -> Vec<Option<Outcome>> {
         let limit = HistoryLimit {
             max_revisions: self.config.batch_max_revisions,
             max_bytes: self.config.max_response_bytes,
@@ -218,9 +241,21 @@ impl WatchHub {
                 }
                 let key = (job.range.clone(), job.next_rev, job.flags.prev_kv());
                 let read = shared.entry(key).or_insert_with(|| {
-                    self.source
-                        .history(&job.range, job.next_rev, cur, limit, job.flags.prev_kv())
-                        .map(Arc::new)
+                    let prev_kv = job.flags.prev_kv();
+                    let from_ring =
+                        recent.and_then(|r| r.history(&job.range, job.next_rev, cur, limit));
+                    let read = match from_ring {
+                        Some(history) => {
+                            self.ring_hits.fetch_add(1, Ordering::Relaxed);
+                            self.with_prev_kv(history, prev_kv)
+                        }
+                        None => {
+                            self.ring_misses.fetch_add(1, Ordering::Relaxed);
+                            self.source
+                                .history(&job.range, job.next_rev, cur, limit, prev_kv)
+                        }
+                    };
+                    read.map(Arc::new)
                 });
                 match read {
                     Ok(h) => Some(Outcome::Events(h.clone())),
@@ -234,5 +269,29 @@ impl WatchHub {
                 }
             })
             .collect()
+    }
+}
+
+impl WatchHub {
+    /// Fills `prev_kv` into the events of a ring read when the watcher asked for it, from
+    /// the store as its history read does (none for a key creation; `Compacted` when the
+    /// previous version is gone).
+    pub(super) fn with_prev_kv(
+        &self,
+        mut history: History,
+        prev_kv: bool,
+    ) -> Result<History, EtcdError> {
+        if !prev_kv {
+            return Ok(history);
+        }
+        for ev in &mut history.events {
+            if is_create(ev) {
+                continue;
+            }
+            if let Some(kv) = ev.kv.as_ref() {
+                ev.prev_kv = self.source.prev_kv(&kv.key, kv.mod_revision)?;
+            }
+        }
+        Ok(history)
     }
 }

@@ -26,11 +26,12 @@ use keel_proto::etcdserverpb::{
 use keel_proto::mvccpb::event::EventType;
 use keel_proto::mvccpb::{Event, KeyValue};
 use proptest::prelude::*;
+use proptest::test_runner::TestRunner;
 
 use super::key_range::{EventFilter, WatchKeyRange};
 use super::sync::SyncOutcome;
 use super::tests::{Harness, drain, read};
-use super::{WatchConfig, WatchOutput, WatchStream};
+use super::{HubStats, WatchConfig, WatchOutput, WatchStream};
 
 const KEYS: [&str; 6] = ["a", "ab", "b", "ba", "c", "d"];
 /// `(key, range_end)` of the ranges watchers pick from.
@@ -229,12 +230,20 @@ fn header(r: &WatchResponse) -> i64 {
     r.header.as_ref().map_or(-1, |h| h.revision)
 }
 
-/// Runs `ops` and checks every guarantee (module docs).
-fn run(ops: Vec<Op>, buffer_len: usize, batch_revs: usize) -> Result<(), TestCaseError> {
+/// Runs `ops` and checks every guarantee (module docs); returns the hub's counts (how
+/// often the ring of `ring_revisions` revisions / `ring_bytes` bytes answered).
+fn run(
+    ops: Vec<Op>,
+    buffer_len: usize,
+    batch_revs: usize,
+    (ring_revisions, ring_bytes): (usize, usize),
+) -> Result<HubStats, TestCaseError> {
     let h = Harness::new(WatchConfig {
         buffer_len,
         batch_max_revisions: batch_revs,
         sync_batch: 3,
+        ring_revisions,
+        ring_bytes,
         ..WatchConfig::default()
     });
     let mut model = ModelStore {
@@ -376,7 +385,7 @@ fn run(ops: Vec<Op>, buffer_len: usize, batch_revs: usize) -> Result<(), TestCas
     for (s, st) in streams.iter().enumerate() {
         check_stream(s, &st.2, &watchers, &canceled, &model)?;
     }
-    Ok(())
+    Ok(h.hub.stats())
 }
 
 /// What one watcher received, in order.
@@ -528,15 +537,41 @@ fn check_stream(
     Ok(())
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
-
-    #[test]
-    fn every_watcher_sees_exactly_its_events(
-        ops in prop::collection::vec(op(), 1..90),
-        buffer_len in 1usize..4,
-        batch_revs in 1usize..5,
-    ) {
-        run(ops, buffer_len, batch_revs)?;
+/// The property test; the ring is off, small (a few revisions or bytes, so reads fall off
+/// its start) or large, and across the cases catch-up reads must have been answered both by
+/// the ring and by the store, so neither path goes unchecked.
+#[test]
+fn every_watcher_sees_exactly_its_events() {
+    use std::cell::Cell;
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 64,
+        ..ProptestConfig::default()
+    });
+    let ring = prop_oneof![
+        1 => Just((0usize, 0usize)),
+        3 => (1usize..12, prop_oneof![Just(usize::MAX), 0usize..200]),
+        1 => Just((super::ring::DEFAULT_RING_REVISIONS, super::ring::DEFAULT_RING_BYTES)),
+    ];
+    let strategy = (
+        prop::collection::vec(op(), 1..90),
+        1usize..4,
+        1usize..5,
+        ring,
+    );
+    let (hits, misses, both) = (Cell::new(0u64), Cell::new(0u64), Cell::new(0u32));
+    let result = runner.run(&strategy, |(ops, buffer_len, batch_revs, ring)| {
+        let stats = run(ops, buffer_len, batch_revs, ring)?;
+        hits.set(hits.get() + stats.ring_hits);
+        misses.set(misses.get() + stats.ring_misses);
+        if stats.ring_hits > 0 && stats.ring_misses > 0 {
+            both.set(both.get() + 1);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
     }
+    assert!(hits.get() > 0, "no catch-up read was served by the ring");
+    assert!(misses.get() > 0, "no catch-up read went to the store");
+    assert!(both.get() > 0, "no case used both the ring and the store");
 }

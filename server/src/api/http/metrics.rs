@@ -57,6 +57,9 @@ pub fn refresh(node: &Node) {
     k.watchers
         .with_label_values(&["unsynced"])
         .set(as_i64(watch.unsynced as u64));
+    for (result, total) in [("hit", watch.ring_hits), ("miss", watch.ring_misses)] {
+        metrics::catch_up(&k.watch_ring_reads.with_label_values(&[result]), total);
+    }
     let qos = node.qos.stats();
     for rule in &qos.rules {
         for (outcome, total) in [
