@@ -150,6 +150,12 @@ async fn run(cli: Cli) -> Result<Summary, ClientError> {
             };
             (runner::run(&plan, kv(request)).await, None)
         }
+        Workload::TxnRead { consistency } => {
+            let request = KvRequest::TxnRead {
+                serializable: serializable(*consistency),
+            };
+            (runner::run(&plan, kv(request)).await, None)
+        }
         Workload::Mixed {
             rw_ratio,
             consistency,

@@ -158,6 +158,13 @@ pub enum Workload {
         #[arg(long, value_enum, default_value = "l")]
         consistency: ConsistencyArg,
     },
+    /// Read-only txns on a random key: one compare (`mod_revision(key) > 0`) and one range of
+    /// the key in both branches (Keel serves these without proposing them).
+    TxnRead {
+        /// l (linearizable) or s (serializable) ranges.
+        #[arg(long, value_enum, default_value = "l")]
+        consistency: ConsistencyArg,
+    },
     /// Plain range and put requests on random keys, `--rw-ratio` reads per write.
     Mixed {
         /// Reads per write.
@@ -189,6 +196,7 @@ impl Workload {
             Workload::Range { .. } => "range",
             Workload::TxnPut { .. } => "txn-put",
             Workload::TxnMixed { .. } => "txn-mixed",
+            Workload::TxnRead { .. } => "txn-read",
             Workload::Mixed { .. } => "mixed",
             Workload::Watch { .. } => "watch",
             Workload::LeaseKeepalive => "lease-keepalive",

@@ -1,6 +1,8 @@
 //! One request of each KV and lease workload, as a [`Worker`].
 
-use keel_client::etcdserverpb::{PutRequest, RangeRequest, RequestOp, TxnRequest, request_op};
+use keel_client::etcdserverpb::{
+    Compare, PutRequest, RangeRequest, RequestOp, TxnRequest, compare, request_op,
+};
 use keel_client::{Client, ClientError, LeaseKeepAlive};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -27,6 +29,8 @@ pub enum KvRequest {
     TxnPut { ops: usize },
     /// A txn with one range (share `read_share` of requests) or one put of a random key.
     TxnMixed { read_share: f64, serializable: bool },
+    /// A read-only txn on a random key: `mod_revision(key) > 0 ? range key : range key`.
+    TxnRead { serializable: bool },
     /// A range (share `read_share`) or a put of a random key.
     Mixed { read_share: f64, serializable: bool },
 }
@@ -154,6 +158,25 @@ impl Worker for KvWorker {
                     request_op::Request::RequestPut(self.put_op())
                 };
                 self.client.txn(txn_of(vec![op])).await.map(drop)
+            }
+            KvRequest::TxnRead { serializable } => {
+                let range = self.range_op(None, &[], serializable);
+                let compare = Compare {
+                    result: compare::CompareResult::Greater as i32,
+                    target: compare::CompareTarget::Mod as i32,
+                    key: range.key.clone(),
+                    range_end: vec![],
+                    target_union: Some(compare::TargetUnion::ModRevision(0)),
+                };
+                let op = || RequestOp {
+                    request: Some(request_op::Request::RequestRange(range.clone())),
+                };
+                let txn = TxnRequest {
+                    compare: vec![compare],
+                    success: vec![op()],
+                    failure: vec![op()],
+                };
+                self.client.txn(txn).await.map(drop)
             }
             KvRequest::Mixed {
                 read_share,

@@ -3,7 +3,8 @@
 //!
 //! Requests are validated with etcd's rules before anything is proposed
 //! ([`super::kv_validate`]); writes go through the raft log ([`Node::propose`]); reads are
-//! linearizable by default ([`Node::read_barrier`]) or local when `serializable` is set.
+//! linearizable by default ([`Node::read_barrier`]) or local when `serializable` is set. A
+//! txn that only reads is served as a read, not proposed ([`mvcc::is_txn_read_only`]).
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use crate::alarm::quota;
 use crate::auth::AuthInfo;
 use crate::auth::check::{self, Rpc};
 use crate::error::EtcdError;
+use crate::mvcc;
 use crate::node::Node;
 use crate::qos::Method;
 
@@ -43,6 +45,31 @@ impl KvService {
         }
         let resp = self.node.propose_as(ai, req).await?;
         Ok((resp.revision, resp.response))
+    }
+}
+
+impl KvService {
+    /// A txn that only reads, served without proposing it (etcd `v3_server.go` `Txn`): after
+    /// the ReadIndex barrier unless every range in it is serializable, then evaluated on the
+    /// local store at one revision. Permissions are the proposed txn's (READ on every compare
+    /// and range), judged at the read point and refused if the auth revision moved meanwhile
+    /// (etcd `doSerialize`, as for Range).
+    async fn txn_read_only(&self, ai: &AuthInfo, req: &TxnRequest) -> Result<TxnResponse, Status> {
+        // etcd serves only serializable Range and Status on a learner, never a Txn.
+        if self.node.is_learner() {
+            return Err(EtcdError::NotSupportedForLearner.into());
+        }
+        // The chaos failpoint that breaks linearizable ranges breaks these reads alike.
+        if !mvcc::is_txn_serializable(req) && !crate::failpoint::hit("linearizable_read_stale") {
+            self.node.read_barrier().await?;
+        }
+        let no_leases = |_: i64| None;
+        check::txn(&self.node.auth.read(), ai, req, &no_leases)?;
+        let mut resp = self.node.store.get().txn_read_only(req)?;
+        still_current(&self.node, ai)?;
+        let revision = resp.header.as_ref().map_or(0, |h| h.revision);
+        resp.header = Some(self.node.header(revision));
+        Ok(resp)
     }
 }
 
@@ -128,6 +155,9 @@ impl Kv for KvService {
         kv_validate::check_txn(&req, self.node.config.max_txn_ops as usize)?;
         let _permit = admit::txn(&self.node, &req, user).await?;
         self.node.check_quota(quota::cost_txn(&req)).await?;
+        if mvcc::is_txn_read_only(&req) {
+            return self.txn_read_only(&ai, &req).await.map(Response::new);
+        }
         match self.write(&ai, Rq::Txn(req)).await? {
             (rev, Some(Rs::Txn(mut r))) => {
                 // Nested responses keep the header apply gave them (revision only), as etcd's.

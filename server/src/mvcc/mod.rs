@@ -45,6 +45,8 @@ mod tests_model;
 #[cfg(test)]
 mod tests_perf;
 #[cfg(test)]
+mod tests_read_txn;
+#[cfg(test)]
 mod tests_scenarios;
 
 pub use compactor::{
@@ -56,6 +58,7 @@ pub(crate) use history::Collector;
 pub use revision::Revision;
 pub use shared::SharedStore;
 pub use store::{IndexStats, MvccStore};
+pub use txn::{is_txn_read_only, is_txn_serializable};
 pub use write_txn::{Committed, WriteTxn};
 
 /// A storage-level failure of the MVCC store (not an etcd request error: those are

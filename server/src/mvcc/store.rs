@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-use keel_proto::etcdserverpb::{RangeRequest, RangeResponse};
+use keel_proto::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
 use keel_proto::mvccpb::{Event, KeyValue};
 
 use super::MvccError;
@@ -288,6 +288,18 @@ impl MvccStore {
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, EtcdError> {
         let view = self.view();
         self.read_view(&view).range(req)
+    }
+
+    /// Evaluates read-only txn `req` ([`super::is_txn_read_only`]) at the current view: the
+    /// compares and every range at one revision, which no apply can change meanwhile (the
+    /// view is immutable). The response is the one apply would give for `req` at that
+    /// revision; its header holds only `revision`, the API fills the member fields.
+    ///
+    /// Errors: `FutureRev` / `Compacted` (a range op at such a revision, or compacted during
+    /// the read), `Internal` if `req` writes or on storage failure.
+    pub fn txn_read_only(&self, req: &TxnRequest) -> Result<TxnResponse, EtcdError> {
+        let view = self.view();
+        super::txn::read_only(&self.read_view(&view), req)
     }
 
     /// One chunk of a `RangeStream` at the current view (`ReadView::chunk`):

@@ -20,6 +20,11 @@
 //!
 //! Response headers: the txn's is set to the revision after the txn; nested range/put/delete
 //! responses carry the revision they saw or wrote; nested txn responses carry revision 0.
+//!
+//! Read-only txns ([`is_txn_read_only`]) are also evaluated outside apply, on one published
+//! read view ([`read_only`]): the same steps 1, 2b and 3 with the same code, so the response
+//! is the one apply would give at that revision (etcd `v3_server.go` `Txn`, which serves them
+//! with `applyV3Base.Txn` on a read txn instead of proposing them).
 
 use keel_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use keel_proto::etcdserverpb::request_op::Request;
@@ -62,9 +67,84 @@ pub(super) fn apply(
         check_ranges(&view, req, &path)?;
         path
     };
-    let mut resp = run(w, req, &path)?;
+    let mut resp = run(
+        &mut |op| match op {
+            Request::RequestRange(r) => w.range(r).map(Response::ResponseRange),
+            Request::RequestPut(p) => w.put(p).map(Response::ResponsePut),
+            Request::RequestDeleteRange(d) => w.delete_range(d).map(Response::ResponseDeleteRange),
+            Request::RequestTxn(_) => Err(nested_txn_leaf()),
+        },
+        req,
+        &path,
+    )?;
     resp.header = Some(header(w.view_rev()));
     Ok(resp)
+}
+
+/// Evaluates read-only txn `req` ([`is_txn_read_only`]) on `view`, as [`apply`] would on a
+/// write view at the same revision: the compares, the range revision checks, then the
+/// ranges, all at `view.rev`; the header carries `view.rev`.
+///
+/// Errors: `FutureRev` / `Compacted` (a range op at such a revision), `Internal` if `req`
+/// holds a put or delete (the caller must propose those).
+pub(super) fn read_only(view: &ReadView<'_>, req: &TxnRequest) -> Result<TxnResponse, EtcdError> {
+    let path = decide(view, req);
+    check_ranges(view, req, &path)?;
+    let mut resp = run(
+        &mut |op| match op {
+            Request::RequestRange(r) => view.range(r).map(Response::ResponseRange),
+            Request::RequestTxn(_) => Err(nested_txn_leaf()),
+            Request::RequestPut(_) | Request::RequestDeleteRange(_) => Err(EtcdError::Internal(
+                "mvcc: a write in a txn evaluated as read-only".into(),
+            )),
+        },
+        req,
+        &path,
+    )?;
+    resp.header = Some(header(view.rev));
+    Ok(resp)
+}
+
+/// Whether `req` only reads: every op of both branches is a Range or a nested txn that only
+/// reads (etcd `isTxnReadonly`, which Keel extends to nested txns). An op with no request is
+/// not read-only (validation refuses it before this is asked).
+pub fn is_txn_read_only(req: &TxnRequest) -> bool {
+    req.success
+        .iter()
+        .chain(&req.failure)
+        .all(|op| match &op.request {
+            Some(Request::RequestRange(_)) => true,
+            Some(Request::RequestTxn(t)) => is_txn_read_only(t),
+            _ => false,
+        })
+}
+
+/// Whether read-only txn `req` may be served from local state without a read barrier: it
+/// holds at least one Range and every Range in it, nested txns included, is
+/// `serializable` (etcd `isTxnSerializable`; etcd also calls a txn with no Range at all
+/// serializable, so its compares read possibly stale state; Keel gives those the read
+/// barrier, docs/compat.md).
+pub fn is_txn_serializable(req: &TxnRequest) -> bool {
+    fn walk(req: &TxnRequest, ranges: &mut usize) -> bool {
+        req.success
+            .iter()
+            .chain(&req.failure)
+            .all(|op| match &op.request {
+                Some(Request::RequestRange(r)) => {
+                    *ranges += 1;
+                    r.serializable
+                }
+                Some(Request::RequestTxn(t)) => walk(t, ranges),
+                _ => false,
+            })
+    }
+    let mut ranges = 0;
+    walk(req, &mut ranges) && ranges > 0
+}
+
+/// `run` handles nested txns itself; its leaf executor never sees one.
+fn nested_txn_leaf() -> EtcdError {
+    EtcdError::Internal("mvcc: nested txn passed to a leaf op".into())
 }
 
 /// Step 1: evaluates the compares of `req` and of the nested txns in the chosen branch.
@@ -137,23 +217,24 @@ fn next_path<'p>(nested: &mut std::slice::Iter<'p, Path>) -> Result<&'p Path, Et
         .ok_or_else(|| EtcdError::Internal("mvcc: txn path does not match the request".into()))
 }
 
-/// Step 3: runs the chosen branch.
-fn run(w: &mut WriteTxn<'_>, req: &TxnRequest, path: &Path) -> Result<TxnResponse, EtcdError> {
+/// Step 3: runs the chosen branch; `leaf` runs each Range, Put and DeleteRange (on the write
+/// view in apply, on a read view for read-only txns), nested txns recurse here.
+fn run(
+    leaf: &mut dyn FnMut(&Request) -> Result<Response, EtcdError>,
+    req: &TxnRequest,
+    path: &Path,
+) -> Result<TxnResponse, EtcdError> {
     let ops = branch(req, path.succeeded);
     let mut nested = path.nested.iter();
     let mut responses = Vec::with_capacity(ops.len());
     for op in ops {
         let response = match &op.request {
-            Some(Request::RequestRange(r)) => Some(Response::ResponseRange(w.range(r)?)),
-            Some(Request::RequestPut(p)) => Some(Response::ResponsePut(w.put(p)?)),
-            Some(Request::RequestDeleteRange(d)) => {
-                Some(Response::ResponseDeleteRange(w.delete_range(d)?))
-            }
             Some(Request::RequestTxn(t)) => {
-                let mut inner = run(w, t, next_path(&mut nested)?)?;
+                let mut inner = run(leaf, t, next_path(&mut nested)?)?;
                 inner.header = Some(ResponseHeader::default());
                 Some(Response::ResponseTxn(inner))
             }
+            Some(r) => Some(leaf(r)?),
             None => None,
         };
         responses.push(ResponseOp { response });

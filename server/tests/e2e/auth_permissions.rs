@@ -51,6 +51,15 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
     ("txn compare secret", EMPTY, DENIED, OK),
     ("txn nested put secret", EMPTY, DENIED, OK),
     ("txn put k/c", EMPTY, OK, OK),
+    // Read-only txns are served without raft (api/kv.rs), with the same checks.
+    ("txn read-only compare secret", EMPTY, DENIED, OK),
+    ("txn read-only range k/a", EMPTY, OK, OK),
+    (
+        "txn read-only nested range secret serializable",
+        EMPTY,
+        DENIED,
+        OK,
+    ),
     ("watch k/a", WATCH_DENIED, OK, OK),
     ("watch secret", WATCH_DENIED, WATCH_DENIED, OK),
     ("lease-grant", EMPTY, OK, OK),
@@ -101,6 +110,23 @@ fn put(key: &str, lease: i64, prev_kv: bool) -> PutRequest {
         value: b"v".to_vec(),
         lease,
         prev_kv,
+        ..Default::default()
+    }
+}
+
+/// A read-only txn: `version(compare_key) == 0 ? range k/a`.
+fn read_only_txn(compare_key: &[u8]) -> TxnRequest {
+    TxnRequest {
+        compare: vec![Compare {
+            key: compare_key.to_vec(),
+            target: compare::CompareTarget::Version as i32,
+            target_union: Some(compare::TargetUnion::Version(0)),
+            ..Default::default()
+        }],
+        success: vec![op(request_op::Request::RequestRange(RangeRequest {
+            key: b"k/a".to_vec(),
+            ..Default::default()
+        }))],
         ..Default::default()
     }
 }
@@ -193,6 +219,26 @@ async fn call(ch: &Channel, root: &str, rpc: &str, token: Option<&str>) -> Resul
         "txn nested put secret" => {
             let inner = TxnRequest {
                 success: vec![op(request_op::Request::RequestPut(put("secret", 0, false)))],
+                ..Default::default()
+            };
+            let req = TxnRequest {
+                success: vec![op(request_op::Request::RequestTxn(inner))],
+                ..Default::default()
+            };
+            kv.txn(authed(req, token)).await.map(drop)
+        }
+        "txn read-only compare secret" => kv
+            .txn(authed(read_only_txn(b"secret"), token))
+            .await
+            .map(drop),
+        "txn read-only range k/a" => kv.txn(authed(read_only_txn(b"k/a"), token)).await.map(drop),
+        "txn read-only nested range secret serializable" => {
+            let inner = TxnRequest {
+                failure: vec![op(request_op::Request::RequestRange(RangeRequest {
+                    key: b"secret".to_vec(),
+                    serializable: true,
+                    ..Default::default()
+                }))],
                 ..Default::default()
             };
             let req = TxnRequest {

@@ -38,6 +38,7 @@ mod shutdown;
 mod snapshot;
 mod startup;
 mod tls;
+mod txn_read_only;
 mod versions;
 mod watch;
 
