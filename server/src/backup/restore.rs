@@ -62,7 +62,7 @@ pub enum RestoreError {
     #[error("--bump-revision requires --mark-compacted: Keel has no placeholder revisions")]
     BumpNeedsMarkCompacted,
     /// The target already holds a store.
-    #[error("data-dir {0} exists")]
+    #[error("data-dir {0:?} exists")]
     Exists(String),
     /// Reading or writing failed.
     #[error(transparent)]

@@ -164,7 +164,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let member = data_dir.join("member");
             if member.exists() {
-                anyhow::bail!("data-dir {} exists", data_dir.display());
+                // etcdctl 3.4's text (Go's %q quotes the path).
+                anyhow::bail!("data-dir {:?} exists", data_dir.display().to_string());
             }
             // Restore into `member.restoring` and rename it to `member` once complete and
             // durable: an interrupted restore never leaves a `member` dir that keel would

@@ -76,7 +76,8 @@ impl MaintenanceFlags {
         if ![autocompact::MODE_PERIODIC, autocompact::MODE_REVISION].contains(&mode) {
             return Err(ConfigError::CompactionMode(mode.to_string()));
         }
-        let text = self.auto_compaction_retention.trim();
+        // Not trimmed: etcd refuses " 1h" (Go's ParseDuration takes no spaces).
+        let text = self.auto_compaction_retention.as_str();
         // etcd: an empty value is the default, 0 (off).
         let text = if text.is_empty() { "0" } else { text };
         // etcd `parseCompactionRetention`: a non-negative integer is hours (periodic) or
@@ -281,6 +282,17 @@ mod tests {
             parse(&["--auto-compaction-retention="]),
             Ok(None),
             "empty is off"
+        );
+        assert_eq!(
+            parse(&["--auto-compaction-retention", " 1h"]),
+            Err(r#"error parsing CompactionRetention: time: invalid duration " 1h""#.to_string())
+        );
+        assert_eq!(
+            parse(&["--auto-compaction-retention", "1h "]),
+            Err(
+                r#"error parsing CompactionRetention: time: unknown unit "h " in duration "1h ""#
+                    .to_string()
+            )
         );
         let mut c = Config::parse_from(["keel", "--auto-compaction-retention", "x1"]);
         assert!(c.normalize().is_err(), "checked at start-up");
