@@ -120,10 +120,25 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("Error: {e:#}");
+            eprintln!("Error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined by `: `, skipping a cause whose text the previous part
+/// already ends with (some library errors print their source and also return it from
+/// `source()`, which `{:#}` would print twice).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if parts.last().is_some_and(|last| last.ends_with(&text)) {
+            continue;
+        }
+        parts.push(text);
+    }
+    parts.join(": ")
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
