@@ -238,6 +238,7 @@ fn check_intervals(reqs: &[RequestOp]) -> Result<(HashSet<&[u8]>, DeleteSet), Et
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mvcc::test_support::txn_of as txn;
     use keel_proto::etcdserverpb::Compare;
 
     fn put(k: &str) -> RequestOp {
@@ -264,13 +265,6 @@ mod tests {
                 key: k.into(),
                 ..Default::default()
             })),
-        }
-    }
-    fn txn(success: Vec<RequestOp>, failure: Vec<RequestOp>) -> TxnRequest {
-        TxnRequest {
-            compare: vec![],
-            success,
-            failure,
         }
     }
     fn nested(t: TxnRequest) -> RequestOp {

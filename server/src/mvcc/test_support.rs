@@ -34,3 +34,15 @@ pub(crate) fn load_scrambled(
         w.commit().unwrap();
     }
 }
+
+/// A txn without compares: `success` and `failure` as given.
+pub(crate) fn txn_of(
+    success: Vec<keel_proto::etcdserverpb::RequestOp>,
+    failure: Vec<keel_proto::etcdserverpb::RequestOp>,
+) -> keel_proto::etcdserverpb::TxnRequest {
+    keel_proto::etcdserverpb::TxnRequest {
+        compare: vec![],
+        success,
+        failure,
+    }
+}

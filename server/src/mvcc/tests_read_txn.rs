@@ -11,6 +11,7 @@ use keel_proto::etcdserverpb::{
 use proptest::prelude::*;
 use prost::Message;
 
+use super::test_support::txn_of as txn;
 use super::tests_scenarios::fixture;
 use super::{MvccStore, is_txn_read_only, is_txn_serializable};
 
@@ -226,14 +227,6 @@ fn put() -> RequestOp {
             key: b"a".to_vec(),
             ..Default::default()
         })),
-    }
-}
-
-fn txn(success: Vec<RequestOp>, failure: Vec<RequestOp>) -> TxnRequest {
-    TxnRequest {
-        compare: vec![],
-        success,
-        failure,
     }
 }
 
