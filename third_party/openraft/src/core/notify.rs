@@ -1,6 +1,9 @@
+use std::io;
+
 use crate::core::sm;
 use crate::raft::VoteResponse;
 use crate::replication;
+use crate::LogId;
 use crate::MessageSummary;
 use crate::RaftTypeConfig;
 use crate::Vote;
@@ -47,6 +50,17 @@ where C: RaftTypeConfig
         /// ith tick
         i: u64,
     },
+
+    /// Keel patch: the leader's own append of entries up to `last_log_id`, submitted under
+    /// `vote` without waiting, is flushed (or failed). Only now does the leader count itself
+    /// toward the quorum that commits them (Raft thesis §10.2.1).
+    LocalLogFlushed {
+        vote: Vote<C::NodeId>,
+        last_log_id: LogId<C::NodeId>,
+        /// The append's sequence number (`core::log_io`).
+        seq: u64,
+        result: Result<(), io::Error>,
+    },
 }
 
 impl<C> Notify<C>
@@ -87,6 +101,17 @@ where C: RaftTypeConfig
             }
             Self::Tick { i } => {
                 format!("Tick {}", i)
+            }
+            Self::LocalLogFlushed {
+                vote,
+                last_log_id,
+                seq,
+                result,
+            } => {
+                format!(
+                    "LocalLogFlushed: vote: {}, upto: {}, seq: {}, result: {:?}",
+                    vote, last_log_id, seq, result
+                )
             }
         }
     }

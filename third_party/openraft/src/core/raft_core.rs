@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::config::RuntimeConfig;
 use crate::core::balancer::Balancer;
 use crate::core::command_state::CommandState;
+use crate::core::log_io::LogIo;
 use crate::core::notify::Notify;
 use crate::core::raft_msg::external_command::ExternalCommand;
 use crate::core::raft_msg::AppendEntriesTx;
@@ -74,7 +75,6 @@ use crate::raft::AppendEntriesResponse;
 use crate::raft::ClientWriteResponse;
 use crate::raft::VoteRequest;
 use crate::raft::VoteResponse;
-use crate::raft_state::LogIOId;
 use crate::raft_state::LogStateReader;
 use crate::replication;
 use crate::replication::request::Replicate;
@@ -99,7 +99,6 @@ use crate::Membership;
 use crate::MessageSummary;
 use crate::Node;
 use crate::NodeId;
-use crate::OptionalSend;
 use crate::RaftTypeConfig;
 use crate::StorageError;
 use crate::StorageIOError;
@@ -188,6 +187,9 @@ where
     pub(crate) replications: BTreeMap<C::NodeId, ReplicationHandle<C>>,
 
     pub(crate) leader_data: Option<LeaderData<C>>,
+
+    /// Keel patch: appends submitted without waiting, and responses held for them.
+    pub(crate) log_io: LogIo<C>,
 
     #[allow(dead_code)]
     pub(crate) tx_api: mpsc::UnboundedSender<RaftMsg<C>>,
@@ -704,32 +706,6 @@ where
         self.engine.state.membership_state.effective().get_node(&leader_id).cloned()
     }
 
-    /// A temp wrapper to make non-blocking `append_to_log` a blocking.
-    #[tracing::instrument(level = "debug", skip_all)]
-    pub(crate) async fn append_to_log<I>(
-        &mut self,
-        entries: I,
-        vote: Vote<C::NodeId>,
-        last_log_id: LogId<C::NodeId>,
-    ) -> Result<(), StorageError<C::NodeId>>
-    where
-        I: IntoIterator<Item = C::Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        tracing::debug!("append_to_log");
-
-        let (tx, rx) = C::AsyncRuntime::oneshot();
-        let log_io_id = LogIOId::new(vote, Some(last_log_id));
-
-        let callback = LogFlushed::new(log_io_id, tx);
-
-        self.log_store.append(entries, callback).await?;
-        rx.await
-            .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?
-            .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?;
-        Ok(())
-    }
-
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) async fn apply_to_state_machine(
         &mut self,
@@ -818,6 +794,8 @@ where
 
         let membership_log_id = self.engine.state.membership_state.effective().log_id();
         let network = self.network.new_client(target.clone(), target_node).await;
+        // Keel patch: a second client for the second AppendEntries in flight.
+        let pipeline_network = self.network.new_client(target.clone(), target_node).await;
         let snapshot_network = self.network.new_client(target.clone(), target_node).await;
 
         let leader = self.engine.leader.as_ref().unwrap();
@@ -831,6 +809,7 @@ where
             self.engine.state.committed().cloned(),
             progress_entry.matching,
             network,
+            pipeline_network,
             snapshot_network,
             self.log_store.get_log_reader().await,
             self.sm_handle.new_snapshot_reader(),
@@ -1278,6 +1257,28 @@ where
                 }
             }
 
+            Notify::LocalLogFlushed {
+                vote,
+                last_log_id,
+                seq,
+                result,
+            } => {
+                if let Err(e) = result {
+                    let err = StorageIOError::write_logs(AnyError::error(e));
+                    return Err(Fatal::from(StorageError::from(err)));
+                }
+                self.log_io.flushed(seq);
+                // A flush submitted under an earlier leadership counts for nothing now: a new
+                // leader's progress starts from its own appends (its first is the blank entry).
+                if self.is_current_leader_vote(&vote) {
+                    if let Ok(mut lh) = self.engine.leader_handler() {
+                        // Ignores a flush at or below what is already known to be durable
+                        // (several appends may be flushed by one fsync).
+                        lh.replication_handler().update_local_progress(Some(last_log_id));
+                    }
+                }
+            }
+
             Notify::Tick { i } => {
                 // check every timer
 
@@ -1561,6 +1562,15 @@ where
             true
         }
     }
+    /// Keel patch: whether `vote` is the vote of this node's current, established leadership
+    /// (an append under it is the leader's own append, submitted without waiting).
+    fn is_current_leader_vote(&self, vote: &Vote<C::NodeId>) -> bool {
+        match self.engine.leader.as_ref() {
+            Some(l) => l.vote.is_committed() && &l.vote == vote,
+            None => false,
+        }
+    }
+
     /// If a message is sent by a previous replication session but is received by current server
     /// state, it is a stale message and should be just ignored.
     fn does_replication_session_match(
@@ -1637,13 +1647,16 @@ where
                 let last_log_id = entries.last().unwrap().get_log_id().clone();
                 tracing::debug!("AppendInputEntries: {}", DisplaySlice::<_>(&entries),);
 
-                self.append_to_log(entries, vote, last_log_id.clone()).await?;
-
-                // The leader may have changed.
-                // But reporting to a different leader is not a problem.
-                if let Ok(mut lh) = self.engine.leader_handler() {
-                    lh.replication_handler().update_local_progress(Some(last_log_id));
-                }
+                // Keel patch (core/log_io.rs): submit the append and go on. On a leader, the
+                // `Replicate` commands that follow send the entries to the followers while the
+                // leader's fsync runs (Raft thesis §10.2.1); on a follower, the next
+                // AppendEntries is taken while this one's fsync runs. The flush comes back as
+                // `Notify::LocalLogFlushed`: only then does a leader count itself toward the
+                // commit quorum, and only then are responses sent after this append released.
+                // The log store makes appended entries readable at once.
+                let seq = self.log_io.submit();
+                let callback = LogFlushed::to_core(vote, last_log_id, seq, self.tx_notify.clone());
+                self.log_store.append(entries, callback).await?;
             }
             Command::SaveVote { vote } => {
                 self.log_store.save_vote(&vote).await?;
@@ -1732,7 +1745,8 @@ where
                 })?;
             }
             Command::Respond { resp: send, .. } => {
-                send.send();
+                // Keel patch: held while an append submitted before it is not flushed.
+                self.log_io.respond(send);
             }
         }
 

@@ -287,6 +287,7 @@ where C: RaftTypeConfig
 
             replications: Default::default(),
             leader_data: None,
+            log_io: Default::default(),
 
             tx_api: tx_api.clone(),
             rx_api,

@@ -2,6 +2,7 @@
 
 pub(crate) mod callbacks;
 pub(crate) mod hint;
+mod pipeline;
 mod replication_session_id;
 pub(crate) mod request;
 pub(crate) mod request_id;
@@ -12,6 +13,10 @@ use std::time::Duration;
 
 use anyerror::AnyError;
 use futures::future::FutureExt;
+use futures::StreamExt;
+use pipeline::Done;
+use pipeline::Pipeline;
+use pipeline::Sent;
 pub(crate) use replication_session_id::ReplicationSessionId;
 use request::Data;
 use request::DataWithId;
@@ -34,7 +39,6 @@ use crate::error::PayloadTooLarge;
 use crate::error::RPCError;
 use crate::error::ReplicationClosed;
 use crate::error::ReplicationError;
-use crate::error::Timeout;
 use crate::log_id::LogIdOptionExt;
 use crate::log_id_range::LogIdRange;
 use crate::network::Backoff;
@@ -106,7 +110,9 @@ where
     weak_tx_event: mpsc::WeakUnboundedSender<Replicate<C>>,
 
     /// The `RaftNetwork` interface for replicating logs and heartbeat.
-    network: N::Network,
+    /// Keel patch: the AppendEntries RPCs in flight and their network clients
+    /// (`replication/pipeline.rs`).
+    pipeline: Pipeline<C, N::Network>,
 
     /// Another `RaftNetwork` specific for snapshot replication.
     ///
@@ -164,6 +170,7 @@ where
         committed: Option<LogId<C::NodeId>>,
         matching: Option<LogId<C::NodeId>>,
         network: N::Network,
+        pipeline_network: N::Network,
         snapshot_network: N::Network,
         log_reader: LS::LogReader,
         snapshot_reader: SnapshotReader<C>,
@@ -184,7 +191,7 @@ where
         let this = Self {
             target,
             session_id,
-            network,
+            pipeline: Pipeline::new(vec![network, pipeline_network]),
             snapshot_network: Arc::new(Mutex::new(snapshot_network)),
             snapshot_state: None,
             backoff: None,
@@ -210,113 +217,342 @@ where
 
     #[tracing::instrument(level="debug", skip(self), fields(session=%self.session_id, target=display(&self.target), cluster=%self.config.cluster_name))]
     async fn main(mut self) -> Result<(), ReplicationClosed> {
+        // Keel patch: pipelined AppendEntries (replication/pipeline.rs).
         loop {
-            let action = self.next_action.take();
-
-            let Some(d) = action else {
+            if self.pipeline.in_flight.is_empty() {
+                // Nothing in flight: wait out a backoff, then for something to do.
                 self.drain_events_with_backoff().await?;
+            }
+
+            if let Some(end) = self.start_actions().await {
+                return end;
+            }
+            if self.pipeline.in_flight.is_empty() {
                 continue;
+            }
+
+            let step = select! {
+                done = self.pipeline.in_flight.next() => Step::Done(done),
+                event = self.rx_event.recv() => Step::Event(event),
             };
+            match step {
+                Step::Done(Some(done)) => {
+                    if let Some(end) = self.on_rpc_done(done) {
+                        return end;
+                    }
+                }
+                Step::Done(None) => {}
+                Step::Event(event) => {
+                    let event = event.ok_or(ReplicationClosed::new("RaftCore closed replication"))?;
+                    self.process_event(event);
+                    self.try_drain_events().await?;
+                }
+            }
+        }
+    }
 
-            // Backup the log data for retrying.
-            let mut log_data = None;
+    /// Starts the pending action while the pipeline has room; a snapshot only when nothing is
+    /// in flight. Returns `Some` when the replication task must end with that result.
+    async fn start_actions(&mut self) -> Option<Result<(), ReplicationClosed>> {
+        while self.pipeline.has_room() {
+            let Some(action) = self.next_action.take() else {
+                break;
+            };
+            let request_id = action.request_id();
+            tracing::debug!(replication_data = display(&action), "{} send replication RPC", func_name!());
 
-            tracing::debug!(replication_data = display(&d), "{} send replication RPC", func_name!());
-
-            let request_id = d.request_id();
-
-            let res = match d {
+            let snapshot = matches!(action, Data::Snapshot(_) | Data::SnapshotCallback(_));
+            let res = match action {
+                Data::Heartbeat if self.pipeline.logs_in_flight > 0 => {
+                    // The logs in flight keep the leadership; the commit index goes with the next
+                    // RPC (this heartbeat, once they are answered, unless logs replace it).
+                    self.next_action = Some(Data::Heartbeat);
+                    break;
+                }
                 Data::Heartbeat => {
-                    let m = &self.matching;
-                    // request_id==None will be ignored by RaftCore.
-                    let d = DataWithId::new(RequestId::new_heartbeat(), LogIdRange::new(m.clone(), m.clone()));
-
-                    log_data = Some(d.clone());
-                    self.send_log_entries(d).await
+                    self.start_heartbeat();
+                    Ok(None)
                 }
-                Data::Logs(log) => {
-                    log_data = Some(log.clone());
-                    self.send_log_entries(log).await
+                Data::Logs(log) => self.start_logs(log).await.map(|_| None),
+                Data::Snapshot(snap) if self.pipeline.in_flight.is_empty() => self.stream_snapshot(snap).await,
+                Data::SnapshotCallback(resp) if self.pipeline.in_flight.is_empty() => {
+                    self.handle_snapshot_callback(resp)
                 }
-                Data::Snapshot(snap) => self.stream_snapshot(snap).await,
-                Data::SnapshotCallback(resp) => self.handle_snapshot_callback(resp),
+                other => {
+                    // Wait until the RPCs in flight are answered.
+                    self.next_action = Some(other);
+                    break;
+                }
             };
-
-            tracing::debug!(res = debug(&res), "replication action done");
-
             match res {
                 Ok(next) => {
-                    // reset backoff at once if replication succeeds
-                    self.backoff = None;
-
-                    // If the RPC was successful but not finished, continue.
+                    if snapshot {
+                        // Reset the backoff at once when a snapshot step succeeds.
+                        self.backoff = None;
+                    }
                     if let Some(next) = next {
                         self.next_action = Some(next);
                     }
                 }
                 Err(err) => {
-                    tracing::warn!(error=%err, "error replication to target={}", self.target);
-
-                    match err {
-                        ReplicationError::Closed(closed) => {
-                            return Err(closed);
-                        }
-                        ReplicationError::HigherVote(h) => {
-                            let _ = self.tx_raft_core.send(Notify::Network {
-                                response: Response::HigherVote {
-                                    target: self.target,
-                                    higher: h.higher,
-                                    sender_vote: self.session_id.vote_ref().clone(),
-                                },
-                            });
-                            return Ok(());
-                        }
-                        ReplicationError::StorageError(error) => {
-                            tracing::error!(error=%error, "error replication to target={}", self.target);
-
-                            // TODO: report this error
-                            let _ = self.tx_raft_core.send(Notify::Network {
-                                response: Response::StorageError { error },
-                            });
-                            return Ok(());
-                        }
-                        ReplicationError::RPCError(err) => {
-                            tracing::error!(err = display(&err), "RPCError");
-
-                            let retry = match &err {
-                                RPCError::Timeout(_) => false,
-                                RPCError::Unreachable(_unreachable) => {
-                                    // If there is an [`Unreachable`] error, we will backoff for a
-                                    // period of time. Backoff will be reset if there is a
-                                    // successful RPC is sent.
-                                    if self.backoff.is_none() {
-                                        self.backoff = Some(self.network.backoff());
-                                    }
-                                    false
-                                }
-                                RPCError::PayloadTooLarge(too_large) => {
-                                    self.update_hint(too_large);
-
-                                    // PayloadTooLarge is a retryable error: retry at once.
-                                    self.next_action = Some(Data::Logs(log_data.unwrap()));
-                                    true
-                                }
-                                RPCError::Network(_) => false,
-                                RPCError::RemoteError(_) => false,
-                            };
-
-                            if retry {
-                                debug_assert!(self.next_action.is_some(), "next_action must be Some");
-                            } else {
-                                self.send_progress_error(request_id, err);
-                            }
-                        }
-                    };
+                    if let Some(end) = self.handle_error(request_id, err) {
+                        return Some(end);
+                    }
                 }
-            };
-
-            self.drain_events_with_backoff().await?;
+            }
         }
+        None
+    }
+
+    fn start_heartbeat(&mut self) {
+        let payload = AppendEntriesRequest {
+            vote: self.session_id.vote_ref().clone(),
+            prev_log_id: self.matching.clone(),
+            leader_commit: self.committed.clone(),
+            entries: vec![],
+        };
+        self.send(
+            Sent::Heartbeat {
+                prev: self.matching.clone(),
+            },
+            payload,
+        );
+    }
+
+    /// Reads the first entries of `log` (at most `max_payload_entries`, or the hint after a
+    /// PayloadTooLarge) and sends them; what is left stays the next action.
+    async fn start_logs(
+        &mut self,
+        log: DataWithId<LogIdRange<C::NodeId>>,
+    ) -> Result<(), ReplicationError<C::NodeId, C::Node>> {
+        let request_id = log.request_id();
+        let rng = log.data().clone();
+        let start = rng.prev.next_index();
+        let mut end = std::cmp::min(rng.last.next_index(), start + self.config.max_payload_entries);
+        if let Some(hint) = self.entries_hint.get() {
+            end = std::cmp::min(end, start + hint);
+        }
+
+        // limited_get_log_entries will return logs smaller than the range [start, end).
+        let logs = self.log_reader.limited_get_log_entries(start, end).await?;
+        let Some(last) = logs.last().map(|x| x.get_log_id().clone()) else {
+            // A store that returns nothing for a non-empty range violates the API contract;
+            // retry a little later rather than spin.
+            tracing::warn!(
+                "limited_get_log_entries({}, {}) returned empty; retrying in 10 ms",
+                start,
+                end
+            );
+            C::sleep(Duration::from_millis(10)).await;
+            self.next_action = Some(Data::Logs(log));
+            return Ok(());
+        };
+
+        if Some(&last) < rng.last.as_ref() {
+            self.next_action = Some(Data::new_logs(
+                request_id,
+                LogIdRange::new(Some(last.clone()), rng.last.clone()),
+            ));
+        }
+
+        let head = self.pipeline.logs_in_flight == 0;
+        let payload = AppendEntriesRequest {
+            vote: self.session_id.vote_ref().clone(),
+            prev_log_id: rng.prev.clone(),
+            leader_commit: self.committed.clone(),
+            entries: logs,
+        };
+        let sent = Sent::Logs {
+            request_id,
+            range: LogIdRange::new(rng.prev, Some(last)),
+            head,
+        };
+        self.send(sent, payload);
+        Ok(())
+    }
+
+    fn send(&mut self, sent: Sent<C>, payload: AppendEntriesRequest<C>) {
+        tracing::debug!(payload=%payload.summary(), "start sending append_entries");
+        let timeout = Duration::from_millis(self.config.heartbeat_interval);
+        let leader = self.session_id.vote_ref().leader_id().voted_for().unwrap();
+        let timeout_error = Pipeline::<C, N::Network>::timeout_error(leader, self.target.clone(), timeout);
+        self.pipeline.send(sent, payload, timeout, timeout_error);
+    }
+
+    /// Handles the response of the oldest RPC in flight. Returns `Some` when the replication
+    /// task must end with that result.
+    fn on_rpc_done(&mut self, done: Done<C, N::Network>) -> Option<Result<(), ReplicationClosed>> {
+        let Done {
+            network,
+            generation,
+            sent,
+            leader_time,
+            result,
+        } = done;
+        if !self.pipeline.answered(network, generation, &sent) {
+            tracing::debug!(sent = debug(&sent), "dropping the response of a stale RPC");
+            return None;
+        }
+        tracing::debug!(sent = debug(&sent), result = debug(&result), "append_entries resp");
+
+        let request_id = match &sent {
+            Sent::Heartbeat { .. } => RequestId::new_heartbeat(),
+            Sent::Logs { request_id, .. } => *request_id,
+        };
+        let resp = match result {
+            Ok(resp) => resp,
+            Err(err) => return self.handle_error(request_id, ReplicationError::RPCError(err)),
+        };
+        // Reset the backoff at once when an RPC succeeds.
+        self.backoff = None;
+
+        if let AppendEntriesResponse::HigherVote(vote) = &resp {
+            debug_assert!(
+                vote > self.session_id.vote_ref(),
+                "higher vote({}) should be greater than leader's vote({})",
+                vote,
+                self.session_id.vote_ref(),
+            );
+            tracing::debug!(%vote, "append entries failed. converting to follower");
+            let err = ReplicationError::HigherVote(HigherVote {
+                higher: vote.clone(),
+                sender_vote: self.session_id.vote_ref().clone(),
+            });
+            return self.handle_error(request_id, err);
+        }
+
+        match sent {
+            Sent::Heartbeat { prev } => match resp {
+                AppendEntriesResponse::Conflict => {
+                    // The follower lost entries it had acknowledged (as openraft 0.9.25 did).
+                    if let Some(conflict) = prev {
+                        self.report(request_id, ReplicationResult::new(leader_time, Err(conflict)));
+                    }
+                }
+                _ => {
+                    // Only the leader's clock moves: `matching` is not the heartbeat's business.
+                    self.report(request_id, ReplicationResult::new(leader_time, Ok(self.matching.clone())));
+                }
+            },
+            Sent::Logs { request_id, range, head } => match resp {
+                AppendEntriesResponse::Success => {
+                    self.send_progress(request_id, ReplicationResult::new(leader_time, Ok(range.last.clone())));
+                }
+                AppendEntriesResponse::PartialSuccess(matching) => {
+                    debug_assert!(matching >= range.prev && matching <= range.last);
+                    self.send_progress(request_id, ReplicationResult::new(leader_time, Ok(matching.clone())));
+                    if matching < range.last {
+                        self.restart_logs(request_id);
+                    }
+                }
+                AppendEntriesResponse::Conflict if head => {
+                    let conflict = range.prev.clone();
+                    debug_assert!(conflict.is_some(), "prev_log_id=None never conflict");
+                    self.send_progress(request_id, ReplicationResult::new(leader_time, Err(conflict.unwrap())));
+                    self.end_logs(request_id);
+                }
+                AppendEntriesResponse::Conflict => {
+                    // Sent behind another RPC: it may have reached the follower first.
+                    self.restart_logs(request_id);
+                }
+                AppendEntriesResponse::HigherVote(_) => unreachable!("handled above"),
+            },
+        }
+        None
+    }
+
+    /// Sends the logs of `request_id` again from the acknowledged `matching`, as the new head of
+    /// the pipeline; what is in flight becomes stale.
+    fn restart_logs(&mut self, request_id: RequestId) {
+        self.pipeline.new_generation();
+        let last = match &self.pipeline.logs {
+            Some((id, last)) if *id == request_id => last.clone(),
+            _ => None,
+        };
+        if self.matching < last {
+            self.next_action = Some(Data::new_logs(request_id, LogIdRange::new(self.matching.clone(), last)));
+        } else if matches!(self.next_action, Some(Data::Logs(_))) {
+            self.next_action = None;
+        }
+    }
+
+    /// Ends the logs request `request_id` after a conflict or an error was reported for it;
+    /// `RaftCore` decides what to send next.
+    fn end_logs(&mut self, request_id: RequestId) {
+        self.pipeline.new_generation();
+        self.pipeline.ended = Some(request_id);
+        self.pipeline.logs = None;
+        if matches!(self.next_action, Some(Data::Logs(_))) {
+            self.next_action = None;
+        }
+    }
+
+    /// Handles a failed action (as openraft 0.9.25's loop did) and ends the logs request it
+    /// served. Returns `Some` when the replication task must end with that result.
+    fn handle_error(
+        &mut self,
+        request_id: RequestId,
+        err: ReplicationError<C::NodeId, C::Node>,
+    ) -> Option<Result<(), ReplicationClosed>> {
+        tracing::warn!(error=%err, "error replication to target={}", self.target);
+
+        match err {
+            ReplicationError::Closed(closed) => Some(Err(closed)),
+            ReplicationError::HigherVote(h) => {
+                let _ = self.tx_raft_core.send(Notify::Network {
+                    response: Response::HigherVote {
+                        target: self.target.clone(),
+                        higher: h.higher,
+                        sender_vote: self.session_id.vote_ref().clone(),
+                    },
+                });
+                Some(Ok(()))
+            }
+            ReplicationError::StorageError(error) => {
+                tracing::error!(error=%error, "error replication to target={}", self.target);
+                let _ = self.tx_raft_core.send(Notify::Network {
+                    response: Response::StorageError { error },
+                });
+                Some(Ok(()))
+            }
+            ReplicationError::RPCError(err) => {
+                tracing::error!(err = display(&err), "RPCError");
+                match &err {
+                    RPCError::Unreachable(_unreachable) => {
+                        // Back off for a while; a successful RPC resets it.
+                        if self.backoff.is_none() {
+                            self.backoff = self.pipeline.idle.last().map(|n| n.backoff());
+                        }
+                    }
+                    RPCError::PayloadTooLarge(too_large) => {
+                        self.update_hint(too_large);
+                        if let RequestId::AppendEntries { .. } = request_id {
+                            // Retry at once with fewer entries.
+                            self.restart_logs(request_id);
+                            return None;
+                        }
+                    }
+                    _ => {}
+                }
+                self.send_progress_error(request_id, err);
+                if let RequestId::AppendEntries { .. } = request_id {
+                    self.end_logs(request_id);
+                }
+                None
+            }
+        }
+    }
+
+    /// Reports a result to `RaftCore` without touching `matching`.
+    fn report(&mut self, request_id: RequestId, replication_result: ReplicationResult<C>) {
+        let _ = self.tx_raft_core.send(Notify::Network {
+            response: Response::Progress {
+                session_id: self.session_id.clone(),
+                request_id,
+                target: self.target.clone(),
+                result: Ok(replication_result),
+            },
+        });
     }
 
     async fn drain_events_with_backoff(&mut self) -> Result<(), ReplicationClosed> {
@@ -348,167 +584,6 @@ where
             RPCTypes::InstallSnapshot => {
                 // TODO: handle too large
                 tracing::error!("InstallSnapshot RPC is too large, but it is not supported yet");
-            }
-        }
-    }
-
-    /// Send an AppendEntries RPC to the target.
-    ///
-    /// This request will timeout if no response is received within the
-    /// configured heartbeat interval.
-    ///
-    /// If an RPC is made but not completely finished, it returns the next action expected to do.
-    #[tracing::instrument(level = "debug", skip_all)]
-    async fn send_log_entries(
-        &mut self,
-        log_ids: DataWithId<LogIdRange<C::NodeId>>,
-    ) -> Result<Option<Data<C>>, ReplicationError<C::NodeId, C::Node>> {
-        let request_id = log_ids.request_id();
-
-        tracing::debug!(
-            request_id = display(request_id),
-            log_id_range = display(log_ids.data()),
-            "send_log_entries",
-        );
-
-        // Series of logs to send, and the last log id to send
-        let (logs, sending_range) = {
-            let rng = log_ids.data();
-
-            // The log index start and end to send.
-            let (start, end) = {
-                let start = rng.prev.next_index();
-                let end = rng.last.next_index();
-
-                if let Some(hint) = self.entries_hint.get() {
-                    let hint_end = start + hint;
-                    (start, std::cmp::min(end, hint_end))
-                } else {
-                    (start, end)
-                }
-            };
-
-            if start == end {
-                // Heartbeat RPC, no logs to send, last log id is the same as prev_log_id
-                let r = LogIdRange::new(rng.prev.clone(), rng.prev.clone());
-                (vec![], r)
-            } else {
-                // limited_get_log_entries will return logs smaller than the range [start, end).
-                let logs = self.log_reader.limited_get_log_entries(start, end).await?;
-
-                // Handle an empty result gracefully by treating it as a heartbeat.
-                // Returning nothing for a non-empty range violates the API contract, but a
-                // faulty store must not panic replication. Sleep briefly first: `log_id_range`
-                // does not advance when no logs are returned, so retrying at once would spin.
-                if logs.is_empty() {
-                    let sleep_duration = Duration::from_millis(10);
-                    tracing::warn!(
-                        "limited_get_log_entries({}, {}) returned empty; \
-                         this violates the API contract but is handled gracefully as a heartbeat. \
-                         Sleeping {:?} to avoid a tight loop.",
-                        start,
-                        end,
-                        sleep_duration
-                    );
-                    C::sleep(sleep_duration).await;
-
-                    let r = LogIdRange::new(rng.prev.clone(), rng.prev.clone());
-                    (vec![], r)
-                } else {
-                    let first = logs.first().map(|x| x.get_log_id().clone()).unwrap();
-                    let last = logs.last().map(|x| x.get_log_id().clone()).unwrap();
-
-                    debug_assert!(
-                        logs.len() <= (end - start) as usize,
-                        "expect logs ⊆ [{}..{}) but got {} entries, first: {}, last: {}",
-                        start,
-                        end,
-                        logs.len(),
-                        first,
-                        last
-                    );
-
-                    let r = LogIdRange::new(rng.prev.clone(), Some(last));
-                    (logs, r)
-                }
-            }
-        };
-
-        let leader_time = C::now();
-
-        // Build the heartbeat frame to be sent to the follower.
-        let payload = AppendEntriesRequest {
-            vote: self.session_id.vote_ref().clone(),
-            prev_log_id: sending_range.prev.clone(),
-            leader_commit: self.committed.clone(),
-            entries: logs,
-        };
-
-        // Send the payload.
-        tracing::debug!(
-            payload=%payload.summary(),
-            now = debug(leader_time),
-            "start sending append_entries, timeout: {:?}",
-            self.config.heartbeat_interval
-        );
-
-        let the_timeout = Duration::from_millis(self.config.heartbeat_interval);
-        let option = RPCOption::new(the_timeout);
-        let res = C::timeout(the_timeout, self.network.append_entries(payload, option)).await;
-
-        tracing::debug!("append_entries res: {:?}", res);
-
-        let append_res = res.map_err(|_e| {
-            let to = Timeout {
-                action: RPCTypes::AppendEntries,
-                id: self.session_id.vote_ref().leader_id().voted_for().unwrap(),
-                target: self.target.clone(),
-                timeout: the_timeout,
-            };
-            RPCError::Timeout(to)
-        })?; // return Timeout error
-
-        let append_resp = DecomposeResult::<C, _, _>::decompose_infallible(append_res)?;
-
-        tracing::debug!(
-            req = display(&sending_range),
-            resp = display(&append_resp),
-            "append_entries resp"
-        );
-
-        match append_resp {
-            AppendEntriesResponse::Success => {
-                let matching = sending_range.last;
-                let next = self.finish_success_append(matching, leader_time, log_ids);
-                Ok(next)
-            }
-            AppendEntriesResponse::PartialSuccess(matching) => {
-                Self::debug_assert_partial_success(&sending_range, &matching);
-                let next = self.finish_success_append(matching, leader_time, log_ids);
-                Ok(next)
-            }
-            AppendEntriesResponse::HigherVote(vote) => {
-                debug_assert!(
-                    &vote > self.session_id.vote_ref(),
-                    "higher vote({}) should be greater than leader's vote({})",
-                    vote,
-                    self.session_id.vote_ref(),
-                );
-                tracing::debug!(%vote, "append entries failed. converting to follower");
-
-                Err(ReplicationError::HigherVote(HigherVote {
-                    higher: vote,
-                    sender_vote: self.session_id.vote_ref().clone(),
-                }))
-            }
-            AppendEntriesResponse::Conflict => {
-                let conflict = sending_range.prev.clone();
-                debug_assert!(conflict.is_some(), "prev_log_id=None never conflict");
-
-                let conflict = conflict.unwrap();
-                self.send_progress(request_id, ReplicationResult::new(leader_time, Err(conflict)));
-
-                Ok(None)
             }
         }
     }
@@ -690,15 +765,8 @@ where
                     self.next_action = Some(Data::new_heartbeat());
                 }
             }
+            Replicate::Data(Data::Logs(log)) => self.accept_logs(log),
             Replicate::Data(d) => {
-                // TODO: Currently there is at most 1 in flight data. But in future RaftCore may send next data
-                //       actions without waiting for the previous to finish.
-                debug_assert!(
-                    !self.next_action.as_ref().map(|d| d.has_payload()).unwrap_or(false),
-                    "there can not be two actions with payload in flight, curr: {}",
-                    self.next_action.as_ref().map(|d| d.to_string()).display()
-                );
-
                 if cfg!(debug_assertions) {
                     match &d {
                         Data::SnapshotCallback(_) => {
@@ -717,6 +785,35 @@ where
                 }
 
                 self.next_action = Some(d);
+            }
+        }
+    }
+
+    /// Keel patch: a new logs request, or an extension `(old last, new last]` of the one being
+    /// served (pipelining, `replication/pipeline.rs`), which joins its unsent part.
+    fn accept_logs(&mut self, log: DataWithId<LogIdRange<C::NodeId>>) {
+        debug_assert!(self.snapshot_state.is_none(), "can not send logs while sending snapshot");
+        let request_id = log.request_id();
+        if self.pipeline.ended == Some(request_id) {
+            tracing::debug!(request_id = display(request_id), "dropping an extension of an ended request");
+            return;
+        }
+        let rng = log.data().clone();
+        match &mut self.pipeline.logs {
+            Some((id, last)) if *id == request_id => {
+                debug_assert_eq!(&rng.prev, last, "an extension starts where its request ended");
+                *last = rng.last.clone();
+                match &mut self.next_action {
+                    Some(Data::Logs(pending)) if pending.request_id() == request_id => {
+                        let prev = pending.data().prev.clone();
+                        *pending = DataWithId::new(request_id, LogIdRange::new(prev, rng.last));
+                    }
+                    _ => self.next_action = Some(Data::Logs(log)),
+                }
+            }
+            _ => {
+                self.pipeline.logs = Some((request_id, rng.last.clone()));
+                self.next_action = Some(Data::Logs(log));
             }
         }
     }
@@ -849,56 +946,12 @@ where
 
         Ok(None)
     }
+}
 
-    /// Update matching and build a return value for a successful append-entries RPC.
-    ///
-    /// If there are more logs to send, it returns a new `Some(Data::Logs)` to send.
-    fn finish_success_append(
-        &mut self,
-        matching: Option<LogId<C::NodeId>>,
-        leader_time: InstantOf<C>,
-        log_ids: DataWithId<LogIdRange<C::NodeId>>,
-    ) -> Option<Data<C>> {
-        self.send_progress(
-            log_ids.request_id(),
-            ReplicationResult::new(leader_time, Ok(matching.clone())),
-        );
-
-        if matching < log_ids.data().last {
-            Some(Data::new_logs(
-                log_ids.request_id(),
-                LogIdRange::new(matching, log_ids.data().last.clone()),
-            ))
-        } else {
-            None
-        }
-    }
-
-    /// Check if partial success result(`matching`) is valid for a given log range to send.
-    fn debug_assert_partial_success(to_send: &LogIdRange<C::NodeId>, matching: &Option<LogId<C::NodeId>>) {
-        debug_assert!(
-            matching <= &to_send.last,
-            "matching ({}) should be <= last_log_id ({})",
-            matching.display(),
-            to_send.last.display()
-        );
-        debug_assert!(
-            matching.index() <= to_send.last.index(),
-            "matching.index ({}) should be <= last_log_id.index ({})",
-            matching.index().display(),
-            to_send.last.index().display()
-        );
-        debug_assert!(
-            matching >= &to_send.prev,
-            "matching ({}) should be >= prev_log_id ({})",
-            matching.display(),
-            to_send.prev.display()
-        );
-        debug_assert!(
-            matching.index() >= to_send.prev.index(),
-            "matching.index ({}) should be >= prev_log_id.index ({})",
-            matching.index().display(),
-            to_send.prev.index().display()
-        );
-    }
+/// Keel patch: what woke the replication loop.
+enum Step<C, Net>
+where C: RaftTypeConfig
+{
+    Done(Option<Done<C, Net>>),
+    Event(Option<Replicate<C>>),
 }

@@ -168,16 +168,6 @@ where C: RaftTypeConfig
             Self::SnapshotCallback(r) => r.request_id(),
         }
     }
-
-    /// Return true if the data includes any payload, i.e., not a heartbeat.
-    pub(crate) fn has_payload(&self) -> bool {
-        match self {
-            Self::Heartbeat => false,
-            Self::Logs(_) => true,
-            Self::Snapshot(_) => true,
-            Self::SnapshotCallback(_) => true,
-        }
-    }
 }
 
 #[derive(Clone)]

@@ -7,6 +7,7 @@ use std::fmt::Formatter;
 use validit::Validate;
 
 use crate::display_ext::DisplayOptionExt;
+use crate::log_id_range::LogIdRange;
 use crate::progress::inflight::Inflight;
 use crate::progress::inflight::InflightError;
 use crate::raft_state::LogStateReader;
@@ -124,6 +125,31 @@ impl<NID: NodeId> ProgressEntry<NID> {
     /// To allow a follower to clean its data, enable feature flag [`loosen-follower-log-revert`] .
     ///
     /// [`loosen-follower-log-revert`]: crate::docs::feature_flags#feature-flag-loosen-follower-log-revert
+    /// Keel patch (pipelined replication): while logs are in flight to a follower whose log is
+    /// known to match at the range's start (no probing in progress), extends the in-flight range
+    /// to the leader's last log id and returns the extension, `(old last, new last]`, under the
+    /// same request id; the replication task sends it without waiting for the earlier part's
+    /// response (it keeps at most two AppendEntries in flight). Acks of any prefix of the range
+    /// move `matching` as partial acks do; a conflict or an error ends the whole range.
+    pub(crate) fn extend_inflight(&mut self, log_state: &impl LogStateReader<NID>) -> Option<Inflight<NID>> {
+        let Inflight::Logs { id, log_id_range } = &mut self.inflight else {
+            return None;
+        };
+        if log_id_range.prev != self.matching || self.searching_end != self.matching.next_index() {
+            return None;
+        }
+        let last = log_state.last_log_id().cloned();
+        if last <= log_id_range.last {
+            return None;
+        }
+        let extension = Inflight::Logs {
+            id: *id,
+            log_id_range: LogIdRange::new(log_id_range.last.clone(), last.clone()),
+        };
+        log_id_range.last = last;
+        Some(extension)
+    }
+
     pub(crate) fn update_conflicting(&mut self, request_id: Option<u64>, conflict: u64) -> Result<(), InflightError> {
         tracing::debug!(
             "update_conflict: current_progress={}, request_id={}, conflict={}",

@@ -322,6 +322,9 @@ where C: RaftTypeConfig
 
             if let Ok(inflight) = r {
                 Self::send_to_target(self.output, &target, inflight);
+            } else if let Some(extension) = p.extend_inflight(self.state.deref()) {
+                // Keel patch: pipelined replication.
+                Self::send_to_target(self.output, &target, &extension);
             } else {
                 tracing::debug!("nothing to send to target={target}, progress:{}", p);
             }
@@ -359,12 +362,18 @@ where C: RaftTypeConfig
                 continue;
             }
 
-            let t = prog_entry.next_send(self.state, self.config.max_payload_entries);
+            let t = prog_entry.next_send(self.state, self.config.max_payload_entries).cloned().map_err(|e| e.clone());
             tracing::debug!(target = display(&*id), send = debug(&t), "next send");
 
             match t {
                 Ok(inflight) => {
-                    Self::send_to_target(self.output, id, inflight);
+                    Self::send_to_target(self.output, id, &inflight);
+                }
+                Err(_) if prog_entry.inflight.is_sending_log() => {
+                    // Keel patch: pipelined replication.
+                    if let Some(extension) = prog_entry.extend_inflight(self.state) {
+                        Self::send_to_target(self.output, id, &extension);
+                    }
                 }
                 Err(e) => {
                     tracing::debug!(
@@ -375,9 +384,9 @@ where C: RaftTypeConfig
                     );
 
                     #[allow(clippy::collapsible_if)]
-                    if e == &Inflight::None {
+                    if e == Inflight::None {
                         if send_none == SendNone::True {
-                            Self::send_to_target(self.output, id, e);
+                            Self::send_to_target(self.output, id, &e);
                         }
                     }
                 }
