@@ -22,6 +22,8 @@ use keel_testkit::{Cluster, Member, grpc};
 
 #[path = "failpoints/disk.rs"]
 mod disk;
+#[path = "failpoints/replication.rs"]
+mod replication;
 
 /// The `keel` under test: always the one cargo built for this test binary, with the
 /// `failpoints` feature (a `$KEEL_BIN` would be a build without failpoints).

@@ -82,3 +82,71 @@ async fn committed_entries_missing_from_the_store_are_applied_on_restart() {
     assert_eq!(shared.get().current_revision(), 6);
     raft.shutdown().await.unwrap();
 }
+
+/// The leader applies an entry once a quorum holds it durably, which with its append
+/// submitted without waiting (docs/raft.md) can be before its own fsync. A leader that
+/// crashes then may restart with its store ahead of its WAL: applied 5, log durable to 3.
+/// openraft's start purges the log up to the applied index (nothing below it is needed
+/// again), and the member goes on from there without applying anything twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_ahead_of_the_wal_starts_from_the_applied_index() {
+    use openraft::storage::RaftStateMachine;
+
+    let dir = tempfile::tempdir().unwrap();
+    let wal_dir = dir.path().join("wal");
+    std::fs::create_dir_all(&wal_dir).unwrap();
+    {
+        // The state at the crash: entries 0..=5 applied, only 0..=3 in the WAL.
+        let (mut sm, _) = super::test_support::state_machine(dir.path());
+        sm.apply(entries()).await.unwrap();
+        let wal = Wal::open(&wal_dir, WalOptions::default()).unwrap();
+        let encoded: Vec<(u64, Vec<u8>)> = entries()
+            .iter()
+            .take(4)
+            .map(|e| (e.log_id.index, bincode::serialize(e).unwrap()))
+            .collect();
+        let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
+        wal.append(&refs).unwrap();
+        wal.set_meta(
+            META_VOTE,
+            &bincode::serialize(&Vote::new_committed(1, 1u64)).unwrap(),
+        )
+        .unwrap();
+        let lsn = wal
+            .set_meta(
+                META_COMMITTED,
+                &bincode::serialize(&Some(log_id(3))).unwrap(),
+            )
+            .unwrap();
+        wal.wait_durable(lsn).unwrap();
+    }
+
+    let wal = Arc::new(Wal::open(&wal_dir, WalOptions::default()).unwrap());
+    let (sm, shared) = super::test_support::state_machine(dir.path());
+    let config = Arc::new(openraft::Config::default().validate().unwrap());
+    let raft = Raft::new(1, config, PeerNetwork::default(), LogStore::new(wal.clone()), sm)
+        .await
+        .unwrap();
+    assert_eq!(wal.purged_index(), Some(5), "log purged up to the applied index");
+    assert_eq!(
+        super::test_support::k_revisions(&shared),
+        super::test_support::k_applied_in_order(5),
+        "nothing applied twice"
+    );
+
+    // The lone voter elects itself and appends after the purge point.
+    raft.wait(Some(Duration::from_secs(10)))
+        .current_leader(1, "elected")
+        .await
+        .expect("the member leads again");
+    let next = super::test_support::put_entry(log_id(0), 6).payload;
+    let openraft::EntryPayload::Normal(request) = next else {
+        unreachable!()
+    };
+    raft.client_write(request).await.expect("a new write");
+    assert_eq!(
+        super::test_support::k_revisions(&shared),
+        super::test_support::k_applied_in_order(6)
+    );
+    raft.shutdown().await.unwrap();
+}
