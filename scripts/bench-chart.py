@@ -181,7 +181,7 @@ def bar_chart(results_path, out_png):
             if log:
                 ax.set_yscale("log")
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-                ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(FuncFormatter(minor_log_label))
             else:
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
             ax.grid(axis="y", alpha=0.3, which="both")
@@ -194,6 +194,14 @@ def bar_chart(results_path, out_png):
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
+
+
+def minor_log_label(v, _pos):
+    """Labels the 2×, 3× and 5× minor ticks of a log axis (1, 2, 3, 5, 10, 20, ...)."""
+    if v <= 0:
+        return ""
+    mantissa = round(v / 10 ** math.floor(math.log10(v) + 1e-9), 6)
+    return f"{v:g}" if mantissa in (2, 3, 5) else ""
 
 
 def read_hgrm(path):
