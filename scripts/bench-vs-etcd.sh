@@ -450,7 +450,7 @@ read -r -a rows <<<"$ROWS"
     echo "# date: $(date -u +%FT%TZ)"
     echo "# host: $(nproc) cores, $(uname -r); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "# etcd: ${etcd_line:-none}"
-    echo "# keel: $KEEL_BIN ($(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+    echo "# keel: $KEEL_BIN ($("$KEEL_BIN" --version 2>/dev/null | awk 'NR == 1'); this script's checkout at $(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
     echo "# rounds $ROUNDS, servers ${servers[*]}, generators ${generators[*]}, topologies $TOPOLOGIES, rows ${rows[*]}, quick $QUICK"
 } | tee "$OUT/meta.txt" >&2
 printf 'generator\tmembers\tworkload\tserver\tround\trps\tp50_ms\tp99_ms\tp999_ms\tcpu_us_op\terrors\n' >"$OUT/results.tsv"
@@ -478,4 +478,4 @@ if [ "$CHART" = 1 ]; then
         log "warning: no chart (scripts/bench-chart.py failed, see above); the results are complete"
     fi
 fi
-log "raw outputs, results.tsv and table.md$([ "$CHART" = 1 ] && echo ', charts') in $OUT"
+log "raw outputs, results.tsv, table.md$([ "$CHART" = 1 ] && echo ' and charts') in $OUT"
