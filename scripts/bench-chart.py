@@ -2,7 +2,7 @@
 """Charts of a `scripts/bench-vs-etcd.sh` run (issue 20 part 8).
 
     scripts/bench-chart.py OUT/results.tsv [--out OUT/chart.png] [--curves OUT/latency-curves.png]
-    scripts/bench-chart.py --self-test
+    scripts/bench-chart.py --self-test [--keep]
 
 From results.tsv (the tab-separated rows of bench-vs-etcd.sh, header `generator members
 workload server round rps p50_ms p99_ms p999_ms cpu_us_op errors`) it draws one PNG with a
@@ -22,13 +22,14 @@ as "no chart", not as an error).
 
 --self-test writes a synthetic results.tsv, meta.txt and two .hgrm files to a temp dir,
 draws both charts and checks that each PNG starts with the PNG signature and is larger than
-20 KB.
+20 KB; the temp dir is removed afterwards unless --keep.
 """
 
 import collections
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -303,7 +304,7 @@ def synthetic_hgrm(p50_us, path):
     open(path, "w").write("\n".join(lines) + "\n")
 
 
-def self_test():
+def self_test(keep):
     d = tempfile.mkdtemp(prefix="bench-chart-")
     results = os.path.join(d, "results.tsv")
     with open(results, "w") as f:
@@ -328,7 +329,10 @@ def self_test():
     if not curves_chart(results, curves):
         raise SystemExit("self-test: no latency curves drawn")
     sizes = check_png(chart), check_png(curves)
-    print(f"bench-chart self-test ok: {chart} ({sizes[0]:,} B), {curves} ({sizes[1]:,} B)")
+    print(f"bench-chart self-test ok: chart.png {sizes[0]:,} B, latency-curves.png "
+          f"{sizes[1]:,} B" + (f" in {d}" if keep else ""))
+    if not keep:
+        shutil.rmtree(d)
 
 
 def main(argv):
@@ -336,8 +340,8 @@ def main(argv):
         print(__doc__)
         return 0 if argv else 2
     ensure_matplotlib()
-    if argv == ["--self-test"]:
-        self_test()
+    if argv[:1] == ["--self-test"] and argv[1:] in ([], ["--keep"]):
+        self_test(keep=argv[1:] == ["--keep"])
         return 0
     results, out, curves = argv[0], None, None
     rest = argv[1:]
