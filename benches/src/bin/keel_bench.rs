@@ -4,15 +4,19 @@
 //! keel-bench --endpoints 127.0.0.1:2379,127.0.0.1:22379 --clients 64 --conns 8 \
 //!     --total 100000 --key-size 16 --key-space-size 100000 --val-size 256 put
 //! keel-bench --duration 10s --clients 64 range foo --consistency s --json
+//! keel-bench --clients 64 --total 30000 put --hdr-out put.hgrm   # + percentile distribution
 //! ```
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
+use hdrhistogram::Histogram;
 use keel_benches::keel_bench::cli::{Cli, ConsistencyArg, Workload};
 use keel_benches::keel_bench::keys::KeyGen;
-use keel_benches::keel_bench::report::{Latency, Summary, over_slow_share};
+use keel_benches::keel_bench::report::{
+    Latency, Summary, over_slow_share, write_percentile_distribution,
+};
 use keel_benches::keel_bench::runner::{self, Plan, Stop};
 use keel_benches::keel_bench::watch;
 use keel_benches::keel_bench::workloads::{
@@ -26,8 +30,15 @@ const LEASE_TTL_S: i64 = 300;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let hdr_out = cli.global.hdr_out.clone();
     match run(cli).await {
-        Ok(summary) => {
+        Ok((summary, latency_us)) => {
+            if let Some(path) = hdr_out
+                && let Err(e) = write_percentile_distribution(&path, &latency_us)
+            {
+                eprintln!("keel-bench: cannot write {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
             if summary.ok == 0 {
                 eprintln!("keel-bench: no request succeeded");
                 return ExitCode::FAILURE;
@@ -46,7 +57,8 @@ fn user_and_password(user: &str) -> (&str, &str) {
     user.split_once(':').unwrap_or((user, ""))
 }
 
-async fn run(cli: Cli) -> Result<Summary, ClientError> {
+/// Runs the workload and prints the report; returns it with the request latency histogram (µs).
+async fn run(cli: Cli) -> Result<(Summary, Histogram<u64>), ClientError> {
     let g = &cli.global;
     let clients = g.clients.max(1);
     let mut options = ClientOptions {
@@ -209,5 +221,5 @@ async fn run(cli: Cli) -> Result<Summary, ClientError> {
     } else {
         print!("{}", summary.text());
     }
-    Ok(summary)
+    Ok((summary, outcome.recorder.latency_us))
 }

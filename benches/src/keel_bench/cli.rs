@@ -82,6 +82,17 @@ pub struct Global {
     /// Print one JSON object instead of the text report (and no progress bar).
     #[arg(long, global = true)]
     pub json: bool,
+    /// Also save the run's request latency histogram (µs; for `watch`, the puts') to FILE as
+    /// HdrHistogram's percentile distribution text (Java's `outputPercentileDistribution`,
+    /// `.hgrm`): a header `Value Percentile TotalCount 1/(1-Percentile)`, one row per
+    /// percentile step (5 per half distance to 100 %) with the value in µs, the percentile
+    /// as a fraction, the count at or below the value and 1/(1-percentile), then
+    /// `#[Mean ...]`, `#[Max ..., Total count ...]` footer lines. HdrHistogram's plotter and
+    /// `scripts/bench-chart.py` read it; the value at quantile q is the Value of the first row
+    /// whose TotalCount reaches ceil(q × Total count) (exact where that value has a row, else
+    /// the next row's).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub hdr_out: Option<std::path::PathBuf>,
     /// `name:password` to authenticate as before the run (etcd `--user`); every request
     /// then carries the token.
     #[arg(long, global = true)]
@@ -295,6 +306,11 @@ mod tests {
         assert!(
             Cli::try_parse_from(["keel-bench", "range", "a", "b", "--from-key"]).is_err(),
             "--from-key and END exclude each other"
+        );
+        let cli = Cli::try_parse_from(["keel-bench", "put", "--hdr-out", "/tmp/put.hgrm"]).unwrap();
+        assert_eq!(
+            cli.global.hdr_out.as_deref(),
+            Some(std::path::Path::new("/tmp/put.hgrm"))
         );
         assert!(
             Cli::try_parse_from(["keel-bench", "--total", "5", "--duration", "1s", "put"]).is_err(),

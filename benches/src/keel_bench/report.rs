@@ -1,8 +1,11 @@
 //! Results of a run: latency histograms (hdrhistogram, µs), error counts by kind, and the
 //! text and JSON reports (percentiles p50/p90/p95/p99/p99.9/max as etcd's `benchmark` and
-//! the share of requests slower than 30 ms).
+//! the share of requests slower than 30 ms); `--hdr-out` writes the histogram as
+//! HdrHistogram's percentile distribution text ([`percentile_distribution`]).
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -183,6 +186,129 @@ fn latency_text(title: &str, l: &Latency, over: f64) -> String {
     )
 }
 
+/// Percentile steps per half distance to 100 % of [`percentile_distribution`] (HdrHistogram's
+/// default: 0, 10, ..., 50, 55, ..., 75, 77.5, ... %).
+pub const TICKS_PER_HALF_DISTANCE: u32 = 5;
+
+/// `h` as HdrHistogram's percentile distribution text, the format of Java's
+/// `Histogram.outputPercentileDistribution` (`.hgrm`, read by HdrHistogram's plotter and by
+/// `scripts/bench-chart.py`): a header line `Value Percentile TotalCount 1/(1-Percentile)`, one
+/// row per percentile step ([`TICKS_PER_HALF_DISTANCE`]) with the value (here µs, 3 decimals),
+/// the percentile level as a fraction, the count of values at or below the value and
+/// 1/(1-percentile), then `#[Mean ...]`, `#[Max ..., Total count ...]` and `#[Buckets ...]`.
+pub fn percentile_distribution(h: &Histogram<u64>) -> String {
+    let mut s = format!(
+        "{:>12} {:>14} {:>10} {:>14}\n\n",
+        "Value", "Percentile", "TotalCount", "1/(1-Percentile)"
+    );
+    let mut total = 0u64;
+    for v in h.iter_quantiles(TICKS_PER_HALF_DISTANCE) {
+        total += v.count_since_last_iteration();
+        let level = v.quantile_iterated_to();
+        let value = v.value_iterated_to() as f64;
+        if level < 1.0 {
+            let _ = writeln!(
+                s,
+                "{value:12.3} {level:2.12} {total:10} {:14.2}",
+                1.0 / (1.0 - level)
+            );
+        } else {
+            let _ = writeln!(s, "{value:12.3} {level:2.12} {total:10}");
+        }
+    }
+    // HdrHistogram's sub-bucket count: the power of two covering 2 * 10^sigfig.
+    let sub_buckets = (2 * 10u64.pow(u32::from(h.sigfig()))).next_power_of_two();
+    let _ = writeln!(
+        s,
+        "#[Mean    = {:12.3}, StdDeviation   = {:12.3}]",
+        h.mean(),
+        h.stdev()
+    );
+    let _ = writeln!(
+        s,
+        "#[Max     = {:12.3}, Total count    = {:12}]",
+        h.max() as f64,
+        h.len()
+    );
+    let _ = writeln!(
+        s,
+        "#[Buckets = {:12}, SubBuckets     = {:12}]",
+        h.buckets(),
+        sub_buckets
+    );
+    s
+}
+
+/// Writes [`percentile_distribution`] of `h` to `path` (`--hdr-out`).
+pub fn write_percentile_distribution(path: &Path, h: &Histogram<u64>) -> std::io::Result<()> {
+    std::fs::write(path, percentile_distribution(h))
+}
+
+/// A percentile distribution read back from its text (tests, and what a plotting step sees).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PercentileRows {
+    /// `(value, percentile level 0..=1, total count at or below the value)` per row.
+    pub rows: Vec<(f64, f64, u64)>,
+    /// `Total count` of the footer.
+    pub total_count: u64,
+    /// `Max` of the footer.
+    pub max: f64,
+    /// `Mean` of the footer.
+    pub mean: f64,
+}
+
+impl PercentileRows {
+    /// Parses the text of [`percentile_distribution`] (or of HdrHistogram's Java tools).
+    pub fn parse(text: &str) -> Result<PercentileRows, String> {
+        let mut rows = Vec::new();
+        let (mut total_count, mut max, mut mean) = (None, None, None);
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with("Value") {
+                continue;
+            }
+            if let Some(footer) = line.strip_prefix("#[") {
+                for field in footer.trim_end_matches(']').split(',') {
+                    let (name, value) = field.split_once('=').ok_or(line)?;
+                    let value = value.trim();
+                    match name.trim() {
+                        "Mean" => mean = value.parse::<f64>().ok(),
+                        "Max" => max = value.parse::<f64>().ok(),
+                        "Total count" => total_count = value.parse::<u64>().ok(),
+                        _ => {}
+                    }
+                }
+                continue;
+            }
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let bad = || format!("bad row {line:?}");
+            if cols.len() < 3 {
+                return Err(bad());
+            }
+            rows.push((
+                cols[0].parse().map_err(|_| bad())?,
+                cols[1].parse().map_err(|_| bad())?,
+                cols[2].parse().map_err(|_| bad())?,
+            ));
+        }
+        Ok(PercentileRows {
+            rows,
+            total_count: total_count.ok_or("no Total count")?,
+            max: max.ok_or("no Max")?,
+            mean: mean.ok_or("no Mean")?,
+        })
+    }
+
+    /// The value at quantile `q` read as hdrhistogram's `value_at_quantile` finds it: the value
+    /// of the first row whose total count reaches `ceil(q × count)`. Exact when that value's
+    /// bucket has a row (always for the listed percentiles such as 0.5 and 0.9, and for few
+    /// distinct values); otherwise the next row's value, at most one percentile step
+    /// ([`TICKS_PER_HALF_DISTANCE`]) further.
+    pub fn value_at_quantile(&self, q: f64) -> Option<f64> {
+        let want = ((q.min(1.0) * self.total_count as f64).ceil() as u64).max(1);
+        self.rows.iter().find(|r| r.2 >= want).map(|r| r.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,5 +332,77 @@ mod tests {
         // 31..=100 ms are slow: 70 of 100.
         assert!((over_slow_share(&total.latency_us) - 0.70).abs() < 0.001);
         assert_eq!(over_slow_share(&Recorder::default().latency_us), 0.0);
+    }
+
+    #[test]
+    fn hdr_out_file_reads_back_the_histogram() {
+        // 1,000 latencies: 500 × 1 ms, 490 × 2 ms, 9 × 10 ms, 1 × 50 ms.
+        let mut r = Recorder::default();
+        for (ms, n) in [(1, 500), (2, 490), (10, 9), (50, 1)] {
+            for _ in 0..n {
+                r.ok(Duration::from_millis(ms));
+            }
+        }
+        let h = &r.latency_us;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("put.hgrm");
+        write_percentile_distribution(&path, h).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.starts_with("       Value     Percentile TotalCount 1/(1-Percentile)\n\n"),
+            "{text}"
+        );
+        let file = PercentileRows::parse(&text).unwrap();
+        assert_eq!(file.total_count, 1000);
+        assert_eq!(file.rows.last().map(|r| (r.1, r.2)), Some((1.0, 1000)));
+        assert_eq!(file.max, 50_015.0, "max µs, highest equivalent of 50 ms");
+        assert_eq!(file.max, h.max() as f64);
+        assert!(
+            (file.mean - h.mean()).abs() < 0.001,
+            "{} vs {}",
+            file.mean,
+            h.mean()
+        );
+        for (q, us) in [(0.5, 1_000), (0.99, 2_000), (0.999, 10_007), (1.0, 50_015)] {
+            assert_eq!(h.value_at_quantile(q), us, "in memory, q {q}");
+            assert_eq!(
+                file.value_at_quantile(q),
+                Some(us as f64),
+                "from the file, q {q}"
+            );
+        }
+        // 1 µs .. 1 h at 3 significant digits: 2,048 sub-buckets, 22 buckets (as Java's).
+        assert!(
+            text.ends_with("#[Buckets =           22, SubBuckets     =         2048]\n"),
+            "{text}"
+        );
+
+        // A dense run: 1..=100,000 µs once each. Percentiles that are rows (p50, p90, max)
+        // read back exactly; p99 and p99.9 fall between rows and read as the next row's value
+        // (a bucket of 64 µs further here), within 0.2 %.
+        let mut r = Recorder::default();
+        for us in 1..=100_000 {
+            r.ok(Duration::from_micros(us));
+        }
+        let h = &r.latency_us;
+        let file = PercentileRows::parse(&percentile_distribution(h)).unwrap();
+        assert_eq!(file.total_count, 100_000);
+        for q in [0.5, 0.9, 1.0] {
+            let mem = h.value_at_quantile(q) as f64;
+            assert_eq!(file.value_at_quantile(q), Some(mem), "q {q}");
+        }
+        for q in [0.99, 0.999] {
+            let mem = h.value_at_quantile(q) as f64;
+            let from_file = file.value_at_quantile(q).unwrap();
+            assert!(
+                mem <= from_file && from_file <= mem * 1.002,
+                "q {q}: {from_file} from the file, {mem} in memory"
+            );
+        }
+        // An empty run still writes a readable file.
+        let empty =
+            PercentileRows::parse(&percentile_distribution(&Recorder::default().latency_us))
+                .unwrap();
+        assert_eq!((empty.rows.len(), empty.total_count), (0, 0));
     }
 }
