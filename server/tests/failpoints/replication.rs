@@ -15,7 +15,10 @@ use keel_proto::etcdserverpb::MoveLeaderRequest;
 use super::*;
 
 /// The sleep before each fdatasync of the slow members.
-const SLOW_FSYNC_MS: u64 = 1500;
+const SLOW_FSYNC_MS: u64 = 400;
+/// Every RPC to a member waits for its fsync, so the heartbeat interval (openraft's
+/// AppendEntries timeout) must exceed the slow fsync, or a slow member never catches up.
+const TIMING: [&str; 4] = ["--heartbeat-interval", "1000", "--election-timeout", "5000"];
 /// Puts each test makes, one at a time.
 const PUTS: usize = 5;
 const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -96,14 +99,14 @@ fn local_value(endpoint: &str, key: &str) -> Option<Vec<u8>> {
 
 #[test]
 fn a_slow_leader_fsync_does_not_delay_acknowledgement() {
-    let mut c = Cluster::start(&keel_bin(), 3, &[]);
+    let mut c = Cluster::start(&keel_bin(), 3, &TIMING);
     make_slow(&mut c, 0);
     move_leader_to(&c, 0);
 
     let puts = timed_puts(&c.members[0].endpoint(), "lead");
     let slowest = puts.iter().map(|p| p.1).max().unwrap();
     // Each put needs the leader's fsync only if the leader waits for it before replicating;
-    // with the patch the two fast followers commit it long before the 1.5 s sleep ends.
+    // with the patch the two fast followers commit it long before the 400 ms sleep ends.
     assert!(
         slowest < Duration::from_millis(SLOW_FSYNC_MS),
         "a put through the slow leader took {slowest:?}: {puts:?}"
@@ -150,7 +153,7 @@ fn a_slow_leader_fsync_does_not_delay_acknowledgement() {
 
 #[test]
 fn slow_followers_delay_acknowledgement_even_with_a_fast_leader() {
-    let mut c = Cluster::start(&keel_bin(), 3, &[]);
+    let mut c = Cluster::start(&keel_bin(), 3, &TIMING);
     let leader = c.leader(LEADER_TIMEOUT);
     let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     for &f in &followers {
