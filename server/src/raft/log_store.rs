@@ -6,6 +6,9 @@
 //! vote is fsync'ed, and the `LogFlushed` callback of `append` fires only after the entries are
 //! fsync'ed. Concurrent appends share one fdatasync (group commit, in the WAL).
 //!
+//! The newest entries are also kept in memory ([`LogTail`]), so reading an entry back right
+//! after its append (replication to each follower, apply) needs no WAL read.
+//!
 //! Raft log invariants, asserted as toyDB asserts its log's (a break would let two members
 //! hold different committed entries at one index, Raft paper §5.3–5.4):
 //! - an append carries consecutive indices with non-decreasing terms;
@@ -23,6 +26,7 @@ use std::sync::Arc;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader, StorageIOError, Vote};
 
+use super::log_tail::LogTail;
 use super::trace::{self, Stage};
 use super::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
 use crate::wal::{Lsn, Wal, WalError};
@@ -39,6 +43,8 @@ pub const META_PURGED: u8 = 3;
 #[derive(Clone)]
 pub struct LogStore {
     wal: Arc<Wal>,
+    /// The newest entries in memory, shared by every clone (the readers included).
+    tail: Arc<LogTail>,
     on_commit: Option<CommitHook>,
 }
 
@@ -52,6 +58,7 @@ impl LogStore {
     pub fn new(wal: Arc<Wal>) -> LogStore {
         LogStore {
             wal,
+            tail: Arc::default(),
             on_commit: None,
         }
     }
@@ -60,6 +67,7 @@ impl LogStore {
     pub fn with_commit_hook(wal: Arc<Wal>, on_commit: CommitHook) -> LogStore {
         LogStore {
             wal,
+            tail: Arc::default(),
             on_commit: Some(on_commit),
         }
     }
@@ -115,6 +123,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
         };
         if start >= end {
             return Ok(Vec::new());
+        }
+        if let Some(entries) = self.tail.get(start, end) {
+            return Ok(entries);
         }
         let raw = self
             .wal
@@ -204,7 +215,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // the store); the WAL keeps only what follows it.
         let purged = self.wal.purged_index();
         let mut previous: Option<LogId> = None;
-        let encoded: Vec<(u64, Vec<u8>)> = entries
+        let kept: Vec<Entry> = entries
             .into_iter()
             .inspect(|e| {
                 if let Some(p) = previous {
@@ -217,7 +228,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 previous = Some(e.log_id);
             })
             .filter(|e| purged.is_none_or(|p| e.log_id.index > p))
-            .map(|e| bincode::serialize(&e).map(|b| (e.log_id.index, b)))
+            .collect();
+        let encoded: Vec<(u64, Vec<u8>)> = kept
+            .iter()
+            .map(|e| bincode::serialize(e).map(|b| (e.log_id.index, b)))
             .collect::<Result<_, _>>()
             .map_err(|e| StorageIOError::write_logs(&e))?;
         let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
@@ -229,6 +243,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .wal
             .append(&refs)
             .map_err(|e| StorageIOError::write_logs(&e))?;
+        let sizes = encoded.iter().map(|(_, b)| b.len());
+        self.tail.appended(kept.into_iter().zip(sizes).collect());
         // Group commit: the WAL's sync thread fires this after the fdatasync covering `lsn`.
         self.wal.on_durable(
             lsn,
@@ -248,6 +264,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             committed.is_none_or(|c| log_id.index > c.index),
             "raft log: truncating from {log_id} would drop committed entries (committed: {committed:?})"
         );
+        // The tail first: no reader finds a truncated entry there afterwards.
+        self.tail.truncated(log_id.index);
         self.wal
             .truncate_from(log_id.index)
             .map_err(|e| StorageIOError::write_logs(&e))?;
@@ -268,12 +286,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.wal
             .purge_to(log_id.index)
             .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.tail.purged(log_id.index);
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use openraft::storage::RaftLogStorageExt;
     use openraft::{CommittedLeaderId, EntryPayload};
 
     use super::*;
@@ -303,6 +323,89 @@ mod tests {
             .collect();
         let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
         store.wal.append(&refs).unwrap();
+    }
+
+    /// One step of the model test: appends after the last entry (with a term that may grow),
+    /// a truncation, or a purge, at positions relative to the current log.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Append { count: u64, term_up: bool },
+        Truncate { back: u64 },
+        Purge { ahead: u64 },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (1u64..40, any::<bool>()).prop_map(|(count, term_up)| Op::Append { count, term_up }),
+            1 => (0u64..30).prop_map(|back| Op::Truncate { back }),
+            1 => (0u64..30).prop_map(|ahead| Op::Purge { ahead }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(48))]
+
+        /// Reads through the log store (its in-memory tail or the WAL) always equal a model of
+        /// the log, whatever sequence of appends, truncations and purges came before.
+        #[test]
+        fn reads_equal_the_model_log(ops in proptest::collection::vec(op(), 1..40)) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            rt.block_on(async {
+                let (_dir, mut s) = store();
+                // index -> term of every entry in the log; entries above `purged` only.
+                let mut model: std::collections::BTreeMap<u64, u64> = Default::default();
+                let (mut purged, mut term, mut next) = (0u64, 1u64, 1u64);
+                for op in ops {
+                    match op {
+                        Op::Append { count, term_up } => {
+                            if term_up {
+                                term += 1;
+                            }
+                            let batch: Vec<Entry> = (next..next + count).map(|i| blank(term, i)).collect();
+                            s.blocking_append(batch).await.unwrap();
+                            for i in next..next + count {
+                                model.insert(i, term);
+                            }
+                            next += count;
+                        }
+                        Op::Truncate { back } => {
+                            let from = next.saturating_sub(back).max(purged + 1);
+                            if from < next {
+                                s.truncate(log_id(term, from)).await.unwrap();
+                                model.retain(|i, _| *i < from);
+                                next = from;
+                            }
+                        }
+                        Op::Purge { ahead } => {
+                            let upto = (purged + ahead).min(next - 1);
+                            if upto > purged {
+                                let t = model[&upto];
+                                s.purge(log_id(t, upto)).await.unwrap();
+                                model.retain(|i, _| *i > upto);
+                                purged = upto;
+                            }
+                        }
+                    }
+                    // Every range, including ones that reach below the tail or past the end.
+                    let lo = purged.saturating_sub(2);
+                    for a in [lo, purged + 1, next.saturating_sub(3), next.saturating_sub(1)] {
+                        for b in [a + 1, a + 5, next, next + 2] {
+                            let got: Vec<(u64, u64)> = s
+                                .try_get_log_entries(a..b)
+                                .await
+                                .unwrap()
+                                .iter()
+                                .map(|e| (e.log_id.index, e.log_id.leader_id.term))
+                                .collect();
+                            let want: Vec<(u64, u64)> =
+                                model.range(a..b.max(a)).map(|(i, t)| (*i, *t)).collect();
+                            assert_eq!(got, want, "range {a}..{b}");
+                        }
+                    }
+                }
+            });
+        }
     }
 
     #[tokio::test]

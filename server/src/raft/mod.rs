@@ -1,4 +1,5 @@
-//! openraft glue: the type configuration, log storage on the WAL, the state machine that
+//! openraft glue: the type configuration, log storage on the WAL (with the newest entries in
+//! memory, [`log_tail`]), the state machine that
 //! drives the applied state ([`AppliedState`], implemented above by `apply`), snapshot files,
 //! and the peer transport: pooled connections ([`peers`]), the dial override
 //! ([`dial_override`]) and openraft's network over tonic ([`network`]).
@@ -7,6 +8,7 @@ pub mod dial_override;
 pub mod export;
 pub mod force_new_cluster;
 pub mod log_store;
+pub mod log_tail;
 pub mod network;
 pub mod peers;
 pub mod proposer;

@@ -124,10 +124,20 @@ async fn a_store_ahead_of_the_wal_starts_from_the_applied_index() {
     let wal = Arc::new(Wal::open(&wal_dir, WalOptions::default()).unwrap());
     let (sm, shared) = super::test_support::state_machine(dir.path());
     let config = Arc::new(openraft::Config::default().validate().unwrap());
-    let raft = Raft::new(1, config, PeerNetwork::default(), LogStore::new(wal.clone()), sm)
-        .await
-        .unwrap();
-    assert_eq!(wal.purged_index(), Some(5), "log purged up to the applied index");
+    let raft = Raft::new(
+        1,
+        config,
+        PeerNetwork::default(),
+        LogStore::new(wal.clone()),
+        sm,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        wal.purged_index(),
+        Some(5),
+        "log purged up to the applied index"
+    );
     assert_eq!(
         super::test_support::k_revisions(&shared),
         super::test_support::k_applied_in_order(5),
