@@ -1,11 +1,11 @@
 //! Proposal batching: concurrent client requests share one raft entry.
 //!
-//! openraft 0.9 appends each proposed entry with its own blocking log write and fsync on the
-//! leader, so one entry per client request caps a member at one write per fsync. The
-//! proposer instead queues requests and proposes everything that arrived while the previous
-//! batches were in flight as one `keelpb.RequestBatch` entry: one append, one fsync, one
-//! replication message. Apply still gives every request its own revision, in queue order
-//! (see `apply::Applier::apply_batch`).
+//! Every raft entry costs the leader's core a command round, a log append, a place in an
+//! AppendEntries per follower and an apply call. The proposer queues requests and proposes
+//! everything that arrived while the previous batches were in flight as one
+//! `keelpb.RequestBatch` entry: one append, one share of a group-committed fsync, one
+//! replication slot. Apply still gives every request its own revision, in queue order (see
+//! `apply::Applier::apply_batch`).
 //!
 //! Bounds: at most [`MAX_BATCH_REQUESTS`] requests and [`MAX_BATCH_BYTES`] bytes per entry,
 //! and at most [`MAX_IN_FLIGHT`] entries proposed at once; a full queue makes callers wait
