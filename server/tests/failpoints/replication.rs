@@ -136,7 +136,11 @@ fn a_slow_leader_fsync_does_not_delay_acknowledgement() {
             );
         }
         let rev = grpc::status(&endpoint).unwrap().header.unwrap().revision;
-        assert!(rev >= last_rev, "{} at revision {rev} < {last_rev}", c.members[i].name());
+        assert!(
+            rev >= last_rev,
+            "{} at revision {rev} < {last_rev}",
+            c.members[i].name()
+        );
     }
 
     // The old leader comes back without failpoints and catches up to the same state.
