@@ -9,7 +9,7 @@ use std::time::Duration;
 use openraft::{CommittedLeaderId, EntryPayload, Membership, StoredMembership, Vote};
 
 use super::force_new_cluster::force_new_cluster;
-use super::log_store::{META_COMMITTED, META_VOTE};
+use super::log_store::META_VOTE;
 use super::types::{Entry, LogId, MemberNode, Raft};
 use super::{LogStore, PeerNetwork};
 use crate::wal::{Wal, WalOptions};
@@ -34,23 +34,7 @@ fn write_follower_log(wal_dir: &std::path::Path) {
         payload: EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes)),
     }];
     entries.extend((1..=5).map(|i| super::test_support::put_entry(log_id(i), i)));
-    let wal = Wal::open(wal_dir, WalOptions::default()).unwrap();
-    let encoded: Vec<(u64, Vec<u8>)> = entries
-        .iter()
-        .map(|e| (e.log_id.index, bincode::serialize(e).unwrap()))
-        .collect();
-    let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
-    wal.append(&refs).unwrap();
-    let vote = Vote::new_committed(3, 2u64);
-    wal.set_meta(META_VOTE, &bincode::serialize(&vote).unwrap())
-        .unwrap();
-    let lsn = wal
-        .set_meta(
-            META_COMMITTED,
-            &bincode::serialize(&Some(log_id(3))).unwrap(),
-        )
-        .unwrap();
-    wal.wait_durable(lsn).unwrap();
+    super::test_support::write_wal(wal_dir, &entries, Vote::new_committed(3, 2u64), log_id(3));
 }
 
 async fn start(dir: &std::path::Path) -> (Raft, Arc<crate::mvcc::SharedStore>) {

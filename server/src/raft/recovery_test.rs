@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use openraft::{CommittedLeaderId, EntryPayload, Membership, Vote};
 
-use super::log_store::{META_COMMITTED, META_VOTE};
 use super::types::{Entry, LogId, MemberNode, Raft};
 use super::{LogStore, PeerNetwork};
 use crate::wal::{Wal, WalOptions};
@@ -39,28 +38,13 @@ async fn committed_entries_missing_from_the_store_are_applied_on_restart() {
     let (wal_dir, snap_dir) = (dir.path().join("wal"), dir.path().join("snap"));
     std::fs::create_dir_all(&wal_dir).unwrap();
     std::fs::create_dir_all(&snap_dir).unwrap();
-    {
-        // The state at the crash: log durable and committed up to 5, store empty.
-        let wal = Wal::open(&wal_dir, WalOptions::default()).unwrap();
-        let encoded: Vec<(u64, Vec<u8>)> = entries()
-            .iter()
-            .map(|e| (e.log_id.index, bincode::serialize(e).unwrap()))
-            .collect();
-        let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
-        wal.append(&refs).unwrap();
-        wal.set_meta(
-            META_VOTE,
-            &bincode::serialize(&Vote::new_committed(1, 1u64)).unwrap(),
-        )
-        .unwrap();
-        let lsn = wal
-            .set_meta(
-                META_COMMITTED,
-                &bincode::serialize(&Some(log_id(5))).unwrap(),
-            )
-            .unwrap();
-        wal.wait_durable(lsn).unwrap();
-    }
+    // The state at the crash: log durable and committed up to 5, store empty.
+    super::test_support::write_wal(
+        &wal_dir,
+        &entries(),
+        Vote::new_committed(1, 1u64),
+        log_id(5),
+    );
 
     let wal = Arc::new(Wal::open(&wal_dir, WalOptions::default()).unwrap());
     let (sm, shared) = super::test_support::state_machine(dir.path());
@@ -99,26 +83,12 @@ async fn a_store_ahead_of_the_wal_starts_from_the_applied_index() {
         // The state at the crash: entries 0..=5 applied, only 0..=3 in the WAL.
         let (mut sm, _) = super::test_support::state_machine(dir.path());
         sm.apply(entries()).await.unwrap();
-        let wal = Wal::open(&wal_dir, WalOptions::default()).unwrap();
-        let encoded: Vec<(u64, Vec<u8>)> = entries()
-            .iter()
-            .take(4)
-            .map(|e| (e.log_id.index, bincode::serialize(e).unwrap()))
-            .collect();
-        let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
-        wal.append(&refs).unwrap();
-        wal.set_meta(
-            META_VOTE,
-            &bincode::serialize(&Vote::new_committed(1, 1u64)).unwrap(),
-        )
-        .unwrap();
-        let lsn = wal
-            .set_meta(
-                META_COMMITTED,
-                &bincode::serialize(&Some(log_id(3))).unwrap(),
-            )
-            .unwrap();
-        wal.wait_durable(lsn).unwrap();
+        super::test_support::write_wal(
+            &wal_dir,
+            &entries()[..4],
+            Vote::new_committed(1, 1u64),
+            log_id(3),
+        );
     }
 
     let wal = Arc::new(Wal::open(&wal_dir, WalOptions::default()).unwrap());

@@ -9,7 +9,8 @@ use keel_proto::keelpb::{RaftRequest, raft_request};
 use openraft::EntryPayload;
 
 use super::StateMachine;
-use super::types::{Entry, LogId, Request};
+use super::log_store::{META_COMMITTED, META_VOTE};
+use super::types::{Entry, LogId, NodeId, Request};
 use crate::apply::Applier;
 use crate::backend::schema;
 use crate::membership::Attributes;
@@ -27,6 +28,32 @@ pub fn state_machine(dir: &Path) -> (StateMachine, Arc<SharedStore>) {
     let applier = Applier::open(tree, store, attributes).unwrap();
     let shared = applier.shared_store().clone();
     (StateMachine::new(applier, snap_dir), shared)
+}
+
+/// Writes a member's raft log as a crash left it: `entries`, the saved `vote` and the
+/// `committed` log id, all durable, in the WAL at `wal_dir`.
+pub fn write_wal(
+    wal_dir: &Path,
+    entries: &[Entry],
+    vote: openraft::Vote<NodeId>,
+    committed: LogId,
+) {
+    let wal = crate::wal::Wal::open(wal_dir, crate::wal::WalOptions::default()).unwrap();
+    let encoded: Vec<(u64, Vec<u8>)> = entries
+        .iter()
+        .map(|e| (e.log_id.index, bincode::serialize(e).unwrap()))
+        .collect();
+    let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
+    wal.append(&refs).unwrap();
+    wal.set_meta(META_VOTE, &bincode::serialize(&vote).unwrap())
+        .unwrap();
+    let lsn = wal
+        .set_meta(
+            META_COMMITTED,
+            &bincode::serialize(&Some(committed)).unwrap(),
+        )
+        .unwrap();
+    wal.wait_durable(lsn).unwrap();
 }
 
 /// Log entry `log_id` holding a Put of `k{i}` = `v` (request id `i`).
