@@ -20,6 +20,12 @@
 //! too, let a candidate with a stale log out-campaign the up-to-date member again and again,
 //! which is what the penalty prevents; a second timer inside openraft's own window caused
 //! split votes.
+//!
+//! A member that was not running (SIGSTOP, a paused VM, a stalled runtime) measures its own
+//! stop as silence from the leader. Campaigning at once on resume would raise the term and
+//! depose a healthy leader (found by a fresh-user check: SIGSTOP a follower for 5 s, SIGCONT).
+//! So a tick that comes more than half the patience after the previous one counts leader
+//! contact from now: the leader gets a whole patience window to reach the member again.
 
 use std::sync::Weak;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,6 +102,29 @@ fn patience(state: ServerState, timers: &RaftTimers, jitter_ms: u64) -> Option<D
     }
 }
 
+/// What the backstop does on one tick.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// The leader (or an election) may still be heard from.
+    Wait,
+    /// The member was not running since the previous tick: count leader contact from now.
+    Resumed,
+    /// Silent for longer than the patience: start an election.
+    Elect,
+}
+
+/// The decision for a tick `gap` after the previous one, `silence` after the last leader
+/// contact, with patience `wait` (see the module docs).
+fn step(gap: Duration, silence: Duration, wait: Duration) -> Step {
+    if gap > wait / 2 {
+        Step::Resumed
+    } else if silence < wait {
+        Step::Wait
+    } else {
+        Step::Elect
+    }
+}
+
 /// Runs the election backstop of the member whose cluster state is `cluster`, until that
 /// state is dropped (with its node).
 pub async fn run(cluster: Weak<Cluster>) {
@@ -116,8 +145,11 @@ pub async fn run(cluster: Weak<Cluster>) {
         (timers.heartbeat_interval / 4).max(10),
     ));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_tick = Instant::now();
     loop {
         tick.tick().await;
+        let gap = last_tick.elapsed();
+        last_tick = Instant::now();
         let Some(member) = cluster.upgrade() else {
             return;
         };
@@ -145,8 +177,20 @@ pub async fn run(cluster: Weak<Cluster>) {
         let Some(wait) = patience(state, &timers, extra) else {
             continue;
         };
-        if !is_voter || contact.silence() < wait {
+        if !is_voter {
             continue;
+        }
+        match step(gap, contact.silence(), wait) {
+            Step::Wait => continue,
+            Step::Resumed => {
+                tracing::info!(
+                    gap_ms = gap.as_millis() as u64,
+                    "the member was not running: counting leader contact from now"
+                );
+                contact.touch();
+                continue;
+            }
+            Step::Elect => {}
         }
         tracing::info!(
             silence_ms = contact.silence().as_millis() as u64,
@@ -186,6 +230,19 @@ mod tests {
         assert_eq!(patience(ServerState::Candidate, &t, 0), None);
         assert_eq!(patience(ServerState::Leader, &t, 0), None);
         assert_eq!(patience(ServerState::Learner, &t, 0), None);
+    }
+
+    #[test]
+    fn a_stopped_member_does_not_campaign_on_resume() {
+        let ms = Duration::from_millis;
+        let wait = ms(1350);
+        assert_eq!(step(ms(25), ms(1000), wait), Step::Wait);
+        assert_eq!(step(ms(25), ms(1400), wait), Step::Elect);
+        // SIGSTOP for 5 s: the first tick after SIGCONT sees the whole stop as silence.
+        assert_eq!(step(ms(5000), ms(5025), wait), Step::Resumed);
+        // A tick delayed by load, but less than half the patience, still counts.
+        assert_eq!(step(ms(600), ms(1400), wait), Step::Elect);
+        assert_eq!(step(ms(700), ms(1400), wait), Step::Resumed);
     }
 
     #[test]

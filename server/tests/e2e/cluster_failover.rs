@@ -193,3 +193,35 @@ fn leader_crash_failover_catch_up_and_no_acknowledged_write_is_lost() {
         }
     }
 }
+
+/// A follower stopped (SIGSTOP) for longer than an election timeout and then resumed must not
+/// depose the healthy leader: its own stop is not silence from the leader (etcd gets this from
+/// pre-vote; Keel's election backstop counts leader contact from the resume). Found by a
+/// fresh-user check, where the resumed member started an election at once.
+#[test]
+fn a_resumed_follower_does_not_depose_the_leader() {
+    let (_alone, mut cluster) = cluster(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(15));
+    let term = |c: &keel_testkit::Cluster, i: usize| c.status(i).unwrap().raft_term;
+    let before = term(&cluster, leader);
+    let follower = (0..3).find(|i| *i != leader).unwrap();
+    for round in 0..2 {
+        cluster.members[follower].pause();
+        std::thread::sleep(5 * ELECTION_TIMEOUT);
+        cluster.members[follower].resume();
+        // Longer than the backstop's patience and openraft's own timer after the resume.
+        std::thread::sleep(3 * ELECTION_TIMEOUT);
+        assert_eq!(
+            cluster.leader(Duration::from_secs(15)),
+            leader,
+            "round {round}: the leader changed after a follower resumed\n{}",
+            cluster.log_tails()
+        );
+        assert_eq!(
+            term(&cluster, leader),
+            before,
+            "round {round}: the term rose after a follower resumed\n{}",
+            cluster.log_tails()
+        );
+    }
+}

@@ -191,6 +191,10 @@ where
     /// Keel patch: appends submitted without waiting, and responses held for them.
     pub(crate) log_io: LogIo<C>,
 
+    /// Keel patch: when the election timer was last checked, to notice a node that was not
+    /// running (see `handle_tick_election`).
+    pub(crate) last_election_tick: Option<InstantOf<C>>,
+
     #[allow(dead_code)]
     pub(crate) tx_api: mpsc::UnboundedSender<RaftMsg<C>>,
     pub(crate) rx_api: mpsc::UnboundedReceiver<RaftMsg<C>>,
@@ -1442,6 +1446,20 @@ where
         let now = C::now();
 
         tracing::debug!("try to trigger election by tick, now: {:?}", now);
+
+        // Keel patch: a node that was not running between two ticks (SIGSTOP, a paused VM)
+        // measured its own stop as the leader's silence. Campaigning at once would raise the
+        // term and depose a healthy leader (openraft 0.9 has no pre-vote), so the election
+        // timer counts from now: the leader gets a whole timeout to reach this node again.
+        let stalled = self
+            .last_election_tick
+            .is_some_and(|t| now - t > self.engine.config.timer_config.election_timeout);
+        self.last_election_tick = Some(now);
+        if stalled && self.engine.state.server_state != ServerState::Leader {
+            tracing::info!("no election tick for longer than the election timeout: the node was not running; restarting the election timer");
+            self.engine.state.vote.touch(now);
+            return;
+        }
 
         // TODO: leader lease should be extended. Or it has to examine if it is leader
         //       before electing.

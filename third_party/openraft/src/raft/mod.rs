@@ -288,6 +288,7 @@ where C: RaftTypeConfig
             replications: Default::default(),
             leader_data: None,
             log_io: Default::default(),
+            last_election_tick: Some(C::now()),
 
             tx_api: tx_api.clone(),
             rx_api,
