@@ -188,7 +188,7 @@ fn latency_text(title: &str, l: &Latency, over: f64) -> String {
 
 /// Percentile steps per half distance to 100 % of [`percentile_distribution`] (HdrHistogram's
 /// default: 0, 10, ..., 50, 55, ..., 75, 77.5, ... %).
-pub const TICKS_PER_HALF_DISTANCE: u32 = 5;
+const TICKS_PER_HALF_DISTANCE: u32 = 5;
 
 /// `h` as HdrHistogram's percentile distribution text, the format of Java's
 /// `Histogram.outputPercentileDistribution` (`.hgrm`, read by HdrHistogram's plotter and by
@@ -244,74 +244,74 @@ pub fn write_percentile_distribution(path: &Path, h: &Histogram<u64>) -> std::io
     std::fs::write(path, percentile_distribution(h))
 }
 
-/// A percentile distribution read back from its text (tests, and what a plotting step sees).
-#[derive(Debug, Clone, PartialEq)]
-pub struct PercentileRows {
-    /// `(value, percentile level 0..=1, total count at or below the value)` per row.
-    pub rows: Vec<(f64, f64, u64)>,
-    /// `Total count` of the footer.
-    pub total_count: u64,
-    /// `Max` of the footer.
-    pub max: f64,
-    /// `Mean` of the footer.
-    pub mean: f64,
-}
-
-impl PercentileRows {
-    /// Parses the text of [`percentile_distribution`] (or of HdrHistogram's Java tools).
-    pub fn parse(text: &str) -> Result<PercentileRows, String> {
-        let mut rows = Vec::new();
-        let (mut total_count, mut max, mut mean) = (None, None, None);
-        for line in text.lines().map(str::trim) {
-            if line.is_empty() || line.starts_with("Value") {
-                continue;
-            }
-            if let Some(footer) = line.strip_prefix("#[") {
-                for field in footer.trim_end_matches(']').split(',') {
-                    let (name, value) = field.split_once('=').ok_or(line)?;
-                    let value = value.trim();
-                    match name.trim() {
-                        "Mean" => mean = value.parse::<f64>().ok(),
-                        "Max" => max = value.parse::<f64>().ok(),
-                        "Total count" => total_count = value.parse::<u64>().ok(),
-                        _ => {}
-                    }
-                }
-                continue;
-            }
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let bad = || format!("bad row {line:?}");
-            if cols.len() < 3 {
-                return Err(bad());
-            }
-            rows.push((
-                cols[0].parse().map_err(|_| bad())?,
-                cols[1].parse().map_err(|_| bad())?,
-                cols[2].parse().map_err(|_| bad())?,
-            ));
-        }
-        Ok(PercentileRows {
-            rows,
-            total_count: total_count.ok_or("no Total count")?,
-            max: max.ok_or("no Max")?,
-            mean: mean.ok_or("no Mean")?,
-        })
-    }
-
-    /// The value at quantile `q` read as hdrhistogram's `value_at_quantile` finds it: the value
-    /// of the first row whose total count reaches `ceil(q × count)`. Exact when that value's
-    /// bucket has a row (always for the listed percentiles such as 0.5 and 0.9, and for few
-    /// distinct values); otherwise the next row's value, at most one percentile step
-    /// ([`TICKS_PER_HALF_DISTANCE`]) further.
-    pub fn value_at_quantile(&self, q: f64) -> Option<f64> {
-        let want = ((q.min(1.0) * self.total_count as f64).ceil() as u64).max(1);
-        self.rows.iter().find(|r| r.2 >= want).map(|r| r.0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A percentile distribution read back from its text, as a plotting step reads it.
+    #[derive(Debug, Clone, PartialEq)]
+    struct PercentileRows {
+        /// `(value, percentile level 0..=1, total count at or below the value)` per row.
+        rows: Vec<(f64, f64, u64)>,
+        /// `Total count` of the footer.
+        total_count: u64,
+        /// `Max` of the footer.
+        max: f64,
+        /// `Mean` of the footer.
+        mean: f64,
+    }
+
+    impl PercentileRows {
+        /// Parses the text of [`percentile_distribution`] (or of HdrHistogram's Java tools).
+        fn parse(text: &str) -> Result<PercentileRows, String> {
+            let mut rows = Vec::new();
+            let (mut total_count, mut max, mut mean) = (None, None, None);
+            for line in text.lines().map(str::trim) {
+                if line.is_empty() || line.starts_with("Value") {
+                    continue;
+                }
+                if let Some(footer) = line.strip_prefix("#[") {
+                    for field in footer.trim_end_matches(']').split(',') {
+                        let (name, value) = field.split_once('=').ok_or(line)?;
+                        let value = value.trim();
+                        match name.trim() {
+                            "Mean" => mean = value.parse::<f64>().ok(),
+                            "Max" => max = value.parse::<f64>().ok(),
+                            "Total count" => total_count = value.parse::<u64>().ok(),
+                            _ => {}
+                        }
+                    }
+                    continue;
+                }
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                let bad = || format!("bad row {line:?}");
+                if cols.len() < 3 {
+                    return Err(bad());
+                }
+                rows.push((
+                    cols[0].parse().map_err(|_| bad())?,
+                    cols[1].parse().map_err(|_| bad())?,
+                    cols[2].parse().map_err(|_| bad())?,
+                ));
+            }
+            Ok(PercentileRows {
+                rows,
+                total_count: total_count.ok_or("no Total count")?,
+                max: max.ok_or("no Max")?,
+                mean: mean.ok_or("no Mean")?,
+            })
+        }
+
+        /// The value at quantile `q` read as hdrhistogram's `value_at_quantile` finds it: the value
+        /// of the first row whose total count reaches `ceil(q × count)`. Exact when that value's
+        /// bucket has a row (always for the listed percentiles such as 0.5 and 0.9, and for few
+        /// distinct values); otherwise the next row's value, at most one percentile step
+        /// ([`TICKS_PER_HALF_DISTANCE`]) further.
+        fn value_at_quantile(&self, q: f64) -> Option<f64> {
+            let want = ((q.min(1.0) * self.total_count as f64).ceil() as u64).max(1);
+            self.rows.iter().find(|r| r.2 >= want).map(|r| r.0)
+        }
+    }
 
     #[test]
     fn percentiles_and_slow_share() {

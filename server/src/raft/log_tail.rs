@@ -83,10 +83,11 @@ impl LogTail {
     /// Drops entries with index `>= from` (a raft log truncation).
     pub fn truncated(&self, from: u64) {
         let mut t = self.inner.lock().expect("log tail lock");
-        while t.next() > from.max(t.first) {
-            if let Some((_, n)) = t.entries.pop_back() {
-                t.bytes -= n;
-            }
+        while t.next() > from {
+            let Some((_, n)) = t.entries.pop_back() else {
+                break;
+            };
+            t.bytes -= n;
         }
     }
 
@@ -112,7 +113,7 @@ impl LogTail {
         Some(t.entries.range(from..to).map(|(e, _)| e.clone()).collect())
     }
 
-    /// Number of entries held (tests and metrics).
+    /// Number of entries held.
     pub fn len(&self) -> usize {
         self.inner.lock().expect("log tail lock").entries.len()
     }

@@ -1627,7 +1627,10 @@ where
         if let Some(condition) = condition {
             match condition {
                 Condition::LogFlushed { .. } => {
-                    todo!()
+                    // Keel patch: no command is built with this condition (as in 0.9.25, where
+                    // this arm was `todo!()`); responses that wait for a flush are held by
+                    // `core::log_io` instead.
+                    unreachable!("no command waits on Condition::LogFlushed (see core::log_io)")
                 }
                 Condition::Applied { log_id } => {
                     if self.engine.state.io_applied() < log_id.as_ref() {

@@ -375,8 +375,7 @@ where
         tracing::debug!(payload=%payload.summary(), "start sending append_entries");
         let timeout = Duration::from_millis(self.config.heartbeat_interval);
         let leader = self.session_id.vote_ref().leader_id().voted_for().unwrap();
-        let timeout_error = Pipeline::<C, N::Network>::timeout_error(leader, self.target.clone(), timeout);
-        self.pipeline.send(sent, payload, timeout, timeout_error);
+        self.pipeline.send(sent, payload, timeout, leader, self.target.clone());
     }
 
     /// Handles the response of the oldest RPC in flight. Returns `Some` when the replication

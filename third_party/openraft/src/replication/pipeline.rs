@@ -42,7 +42,7 @@ use crate::RaftTypeConfig;
 pub(crate) const MAX_IN_FLIGHT: usize = 2;
 
 /// What an RPC in flight carries.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) enum Sent<C>
 where C: RaftTypeConfig
 {
@@ -105,19 +105,21 @@ where
         }
     }
 
-    /// Whether another RPC may be sent now.
+    /// Whether another RPC may be sent now: every RPC in flight, stale ones included, holds
+    /// one of the [`MAX_IN_FLIGHT`] network clients.
     pub(crate) fn has_room(&self) -> bool {
-        self.in_flight.len() < MAX_IN_FLIGHT && !self.idle.is_empty()
+        !self.idle.is_empty()
     }
 
-    /// Sends `payload` on an idle network client; `timeout` bounds the RPC (openraft's
-    /// heartbeat interval, as before) and `timeout_error` describes its expiry.
+    /// Sends `payload` from leader `leader` to `target` on an idle network client; `timeout`
+    /// bounds the RPC (openraft's heartbeat interval, as before).
     pub(crate) fn send(
         &mut self,
         sent: Sent<C>,
         payload: AppendEntriesRequest<C>,
         timeout: Duration,
-        timeout_error: Timeout<C::NodeId>,
+        leader: C::NodeId,
+        target: C::NodeId,
     ) {
         let mut network = self.idle.pop().expect("an idle network client: check has_room()");
         if matches!(sent, Sent::Logs { .. }) {
@@ -125,6 +127,12 @@ where
         }
         let generation = self.generation;
         let leader_time = C::now();
+        let timeout_error = Timeout {
+            action: RPCTypes::AppendEntries,
+            id: leader,
+            target,
+            timeout,
+        };
         let fut = async move {
             let option = RPCOption::new(timeout);
             let res = C::timeout(timeout, network.append_entries(payload, option)).await;
@@ -160,15 +168,5 @@ where
     pub(crate) fn new_generation(&mut self) {
         self.generation += 1;
         self.logs_in_flight = 0;
-    }
-
-    /// A timeout description for an AppendEntries to `target` sent by leader `leader`.
-    pub(crate) fn timeout_error(leader: C::NodeId, target: C::NodeId, timeout: Duration) -> Timeout<C::NodeId> {
-        Timeout {
-            action: RPCTypes::AppendEntries,
-            id: leader,
-            target,
-            timeout,
-        }
     }
 }
