@@ -68,7 +68,13 @@ impl Queue {
         // with the notify below.
         drop(queue);
 
-        self.cv.notify_all();
+        // Keel patch: one job needs one thread. `notify_all` woke every idle I/O thread
+        // (7 or more) per job, and all but one went back to sleep: on a 3-member cluster
+        // that was ~9 % of the leader's CPU in futex wake-ups (docs/third_party.md). A
+        // woken thread that finds its wait timed out still pops the job (`recv_timeout`
+        // breaks out of its wait loop and pops), and a busy thread drains the queue with
+        // `try_recv` after its task, so no job is left behind.
+        self.cv.notify_one();
 
         len
     }
