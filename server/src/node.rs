@@ -47,9 +47,17 @@ use crate::watch::{StoreHistory, WatchConfig, WatchHub};
 pub const FORWARD_LOG_INDEX: &str = "keel-log-index";
 
 /// The bytes-in-use scan runs at most once per this many times its own duration (and at
-/// most once a second): a 2 GiB store that takes 2 s to scan is measured every 20 s, so the
-/// scan costs at most a tenth of one core.
-const IN_USE_SCAN_SHARE: u32 = 10;
+/// most once a second): a 2 GiB store that takes 2 s to scan is measured every 200 s, so the
+/// scan costs at most a hundredth of one core. Between scans the figure grows by every byte
+/// apply inserts ([`LiveTree::in_use`]), so the quota never lags behind the writes; only
+/// the space a compaction frees would show up late, so a new compact revision brings the
+/// next scan forward to [`IN_USE_SCAN_SHARE_COMPACTED`]. At 10 for every scan they took ~4 %
+/// of a 3-member leader's CPU under a put load (docs/benchmarks.md).
+const IN_USE_SCAN_SHARE: u32 = 100;
+
+/// The scan share after a compaction (at most a tenth of one core, when compactions come
+/// faster than scans end).
+const IN_USE_SCAN_SHARE_COMPACTED: u32 = 10;
 
 /// How often the leader re-decides the cluster version (etcd polls every 4 s; Keel reads the
 /// replicated attributes, which costs nothing, so it looks more often).
@@ -782,7 +790,7 @@ impl Node {
         .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
         .map_err(|e| EtcdError::Internal(format!("defragment: {e}")))?;
         let live = self.live.clone();
-        let in_use = tokio::task::spawn_blocking(move || live.bytes_in_use())
+        let in_use = tokio::task::spawn_blocking(move || live.measure_in_use())
             .await
             .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
             .map_err(|e| EtcdError::Internal(format!("defragment: measure the store: {e}")))?;
@@ -956,36 +964,43 @@ impl Node {
         Err(EtcdError::NoSpace)
     }
 
-    /// Refreshes [`Node::db_size`] every second and [`Node::db_size_in_use`] as often as a
-    /// scan of the tree allows ([`IN_USE_SCAN_SHARE`]).
+    /// Refreshes [`Node::db_size`] and [`Node::db_size_in_use`] every second, and re-measures
+    /// the bytes in use as often as a scan of the tree allows ([`IN_USE_SCAN_SHARE`], or
+    /// [`IN_USE_SCAN_SHARE_COMPACTED`] once the compact revision moved).
     fn spawn_db_size_refresh(self: Arc<Self>) {
         let weak = Arc::downgrade(&self);
         drop(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             let mut next_scan = tokio::time::Instant::now();
+            // (when the last scan ended, how long it took, the compact revision before it)
+            let mut last: Option<(tokio::time::Instant, Duration, i64)> = None;
             loop {
                 tick.tick().await;
                 let Some(node) = weak.upgrade() else { return };
                 let backend = node.live.clone();
-                let scan = tokio::time::Instant::now() >= next_scan;
+                let now = tokio::time::Instant::now();
+                let compacted = node.store.get().compact_revision();
+                let after_compaction = last.is_some_and(|(ended, took, compact)| {
+                    compact != compacted && now >= ended + took * IN_USE_SCAN_SHARE_COMPACTED
+                });
+                let scan = now >= next_scan || after_compaction;
                 let measured = tokio::task::spawn_blocking(move || {
                     let started = std::time::Instant::now();
-                    let in_use = if scan {
-                        backend.bytes_in_use().ok()
-                    } else {
-                        None
-                    };
-                    (backend.size_on_disk().ok(), in_use, started.elapsed())
+                    let scanned = scan && backend.measure_in_use().is_ok();
+                    let took = started.elapsed();
+                    (backend.size_on_disk().ok(), backend.in_use(), scanned, took)
                 })
                 .await;
-                if let Ok((size, in_use, took)) = measured {
+                if let Ok((size, in_use, scanned, took)) = measured {
                     if let Some(size) = size {
                         node.db_size.store(size as i64, Ordering::Relaxed);
                     }
-                    if let Some(in_use) = in_use {
-                        node.db_size_in_use.store(in_use as i64, Ordering::Relaxed);
-                        next_scan = tokio::time::Instant::now() + took * IN_USE_SCAN_SHARE;
+                    node.db_size_in_use.store(in_use as i64, Ordering::Relaxed);
+                    if scanned {
+                        let ended = tokio::time::Instant::now();
+                        next_scan = ended + took * IN_USE_SCAN_SHARE;
+                        last = Some((ended, took, compacted));
                     }
                 }
             }

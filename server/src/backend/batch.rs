@@ -55,6 +55,15 @@ impl Batch {
         self.ops.len()
     }
 
+    /// Bytes of the keys and values this batch inserts (removals count 0): an upper bound
+    /// on how much it grows the tree, for [`super::LiveTree::in_use`].
+    pub fn inserted_bytes(&self) -> u64 {
+        self.ops
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k.len() + v.len()) as u64))
+            .sum()
+    }
+
     /// Writes everything staged to `tree` as one atomic sled batch (no fsync: durability
     /// comes from the raft WAL and the consistent index). A no-op when nothing is staged.
     ///
@@ -92,6 +101,8 @@ mod tests {
         second.insert(b"b".as_slice(), b"3".as_slice());
         first.append(second);
         assert_eq!(first.len(), 4);
+        // a=1, b"a"=2, b=3: three inserts of 2 bytes each; the removal adds nothing.
+        assert_eq!(first.inserted_bytes(), 6);
         assert!(
             tree.get(b"a").unwrap().is_none(),
             "nothing lands before commit"

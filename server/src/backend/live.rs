@@ -11,7 +11,8 @@
 //!   removed only after its last reader is gone (`Drop`).
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use super::BackendError;
 
@@ -96,6 +97,11 @@ impl Drop for Generation {
 #[derive(Clone, Debug)]
 pub struct LiveTree {
     current: Arc<RwLock<Arc<Generation>>>,
+    /// Bytes the apply path has inserted since this process opened the tree (keys and
+    /// values, overwrites included): monotonic.
+    inserted: Arc<AtomicU64>,
+    /// The last [`LiveTree::measure_in_use`]: `(bytes in use, inserted when it started)`.
+    measured: Arc<Mutex<(u64, u64)>>,
 }
 
 impl LiveTree {
@@ -103,6 +109,8 @@ impl LiveTree {
     pub fn new(generation: Generation) -> LiveTree {
         LiveTree {
             current: Arc::new(RwLock::new(Arc::new(generation))),
+            inserted: Arc::new(AtomicU64::new(0)),
+            measured: Arc::new(Mutex::new((0, 0))),
         }
     }
 
@@ -145,17 +153,36 @@ impl LiveTree {
         })
     }
 
-    /// Bytes of the keys and values in the member tree: the live data (walks the whole
-    /// tree: call off the async runtime, and not often).
+    /// Counts `bytes` of keys and values a committed apply batch inserted
+    /// ([`super::Batch::inserted_bytes`]) toward [`LiveTree::in_use`].
+    pub fn note_inserted(&self, bytes: u64) {
+        self.inserted.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes of the keys and values in the member tree, never below the true figure except
+    /// for writes made outside the apply path: the last [`LiveTree::measure_in_use`] plus
+    /// every byte inserted since it started. Overwrites and removals since then are not
+    /// subtracted until the next measurement, so between measurements this reads high,
+    /// which is the safe side for the quota. O(1).
+    pub fn in_use(&self) -> u64 {
+        let (measured, inserted_then) = *self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        measured + self.inserted.load(Ordering::Relaxed).saturating_sub(inserted_then)
+    }
+
+    /// Walks the whole tree, sums its keys and values, and makes that the base of
+    /// [`LiveTree::in_use`]; returns the sum. Call off the async runtime, and not often.
     ///
-    /// Errors: sled I/O.
-    pub fn bytes_in_use(&self) -> Result<u64, BackendError> {
+    /// Errors: sled I/O; then the previous measurement stays.
+    pub fn measure_in_use(&self) -> Result<u64, BackendError> {
+        // Read before the walk: a write racing the walk may count twice, never zero times.
+        let inserted_then = self.inserted.load(Ordering::Relaxed);
         let g = self.get();
         let mut total = 0u64;
         for kv in g.tree.iter() {
             let (k, v) = kv?;
             total += (k.len() + v.len()) as u64;
         }
+        *self.measured.lock().unwrap_or_else(|e| e.into_inner()) = (total, inserted_then);
         Ok(total)
     }
 
@@ -168,5 +195,48 @@ impl LiveTree {
             Some(db) => db.size_on_disk()?,
             None => 0,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mvcc::MvccStore;
+    use keel_proto::etcdserverpb::PutRequest;
+
+    fn sum(tree: &sled::Tree) -> u64 {
+        tree.iter()
+            .map(|kv| kv.map(|(k, v)| (k.len() + v.len()) as u64).unwrap())
+            .sum()
+    }
+
+    #[test]
+    fn in_use_is_the_last_measurement_plus_what_apply_inserted_since() {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let live = LiveTree::fixed(db.open_tree("t").unwrap());
+        live.tree().insert(b"x/1", b"valu").unwrap();
+        assert_eq!(live.in_use(), 0, "nothing measured or noted yet");
+        assert_eq!(live.measure_in_use().unwrap(), 7);
+        assert_eq!(live.in_use(), 7);
+
+        let store = MvccStore::open_live(live.clone()).unwrap();
+        let before = live.measure_in_use().unwrap();
+        let put = PutRequest {
+            key: b"key".to_vec(),
+            value: vec![7; 100],
+            ..Default::default()
+        };
+        let mut w = store.write();
+        w.put(&put).unwrap();
+        w.commit().unwrap();
+        let after = sum(&live.tree());
+        assert!(after >= before + 103, "{before} -> {after}");
+        // Not measured again: the estimate covers the put (and may read high).
+        assert!(live.in_use() >= after, "{} < {after}", live.in_use());
+
+        // A removal is seen at the next measurement, which resets the base.
+        live.tree().remove(b"x/1").unwrap();
+        assert_eq!(live.measure_in_use().unwrap(), after - 7);
+        assert_eq!(live.in_use(), after - 7);
     }
 }

@@ -382,7 +382,10 @@ impl MvccStore {
             self.compact_floor.fetch_max(floor, Ordering::AcqRel);
         }
         let started = std::time::Instant::now();
-        std::mem::take(&mut group.batch).commit(self.tree.get().tree())?;
+        let batch = std::mem::take(&mut group.batch);
+        let inserted = batch.inserted_bytes();
+        batch.commit(self.tree.get().tree())?;
+        self.tree.note_inserted(inserted);
         crate::metrics::disk().observe_backend_commit(started.elapsed());
         let published = group.view.take();
         if let Some(view) = &published {
