@@ -304,7 +304,7 @@ impl Node {
             let weak = weak.clone();
             Box::pin(async move {
                 match weak.upgrade() {
-                    Some(node) => node.propose_entry(req).await.map(|(resp, _)| resp),
+                    Some(node) => node.propose_entry(req).await,
                     None => Err(EtcdError::Stopped),
                 }
             })
@@ -503,6 +503,38 @@ impl Node {
             crate::metrics::server().proposals_failed.inc();
         }
         result
+    }
+
+    /// Proposes an entry another member forwarded (`keelpb.Peer/Forward`) through this
+    /// member's proposer, so that it shares a raft entry with this member's own requests
+    /// and other forwarded ones; returns its result in the shape it came in (a batch gets a
+    /// batch of per-request results, apply-time errors included) and the log index of the
+    /// entry that carried it. Nothing is checked again: the forwarding member did that.
+    ///
+    /// Errors: as [`Node::propose`]; for a single request also its apply-time error.
+    pub async fn propose_forwarded(
+        &self,
+        req: RaftRequest,
+    ) -> Result<(RaftResponse, u64), EtcdError> {
+        let proposer = self.proposer.get().ok_or(EtcdError::Stopped)?;
+        match req.request {
+            Some(raft_request::Request::Batch(batch)) => {
+                let (responses, index) = proposer.propose_forwarded(batch.requests).await?;
+                let batch = keelpb::ResponseBatch { responses };
+                let resp = RaftResponse {
+                    revision: 0,
+                    response: Some(keelpb::raft_response::Response::Batch(batch)),
+                };
+                Ok((resp, index))
+            }
+            _ => {
+                let (mut responses, index) = proposer.propose_forwarded(vec![req]).await?;
+                let resp = responses.pop().ok_or_else(|| {
+                    EtcdError::Internal("keel: a forwarded request got no result".into())
+                })?;
+                into_result(resp).map(|r| (r, index))
+            }
+        }
     }
 
     /// Requests waiting in the proposer (`etcd_server_proposals_pending`).

@@ -87,7 +87,7 @@ impl Peer for PeerService {
         if req.request.is_none() {
             return Err(Status::invalid_argument("forwarded raft request is empty"));
         }
-        let (resp, index) = self.node.propose_entry(req).await?;
+        let (resp, index) = self.node.propose_forwarded(req).await?;
         let mut response = Response::new(resp);
         response.metadata_mut().insert(
             FORWARD_LOG_INDEX,

@@ -166,7 +166,11 @@ impl LiveTree {
     /// which is the safe side for the quota. O(1).
     pub fn in_use(&self) -> u64 {
         let (measured, inserted_then) = *self.measured.lock().unwrap_or_else(|e| e.into_inner());
-        measured + self.inserted.load(Ordering::Relaxed).saturating_sub(inserted_then)
+        measured
+            + self
+                .inserted
+                .load(Ordering::Relaxed)
+                .saturating_sub(inserted_then)
     }
 
     /// Walks the whole tree, sums its keys and values, and makes that the base of

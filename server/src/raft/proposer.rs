@@ -32,19 +32,35 @@ pub const MAX_IN_FLIGHT: usize = 4;
 /// Queue length before callers wait.
 const QUEUE: usize = 8192;
 
-/// Proposes one entry and resolves with its applied result.
+/// Proposes one entry and resolves with its applied result and its raft log index.
 pub type ProposeFn = Arc<
-    dyn Fn(RaftRequest) -> Pin<Box<dyn Future<Output = Result<RaftResponse, EtcdError>> + Send>>
+    dyn Fn(
+            RaftRequest,
+        ) -> Pin<Box<dyn Future<Output = Result<(RaftResponse, u64), EtcdError>> + Send>>
         + Send
         + Sync,
 >;
 
+/// A forwarded batch's apply results, one per request in its order (apply-time errors
+/// included, as `Response::Error`), and the log index of the entry that carried them.
+pub type Forwarded = (Vec<RaftResponse>, u64);
+
+/// Where a queued unit's result goes.
+enum Reply {
+    /// One client request of this member: its own result.
+    One(oneshot::Sender<Result<RaftResponse, EtcdError>>),
+    /// A batch a follower forwarded (`keelpb.Peer/Forward`): its requests stay together,
+    /// in order, inside one entry.
+    Many(oneshot::Sender<Result<Forwarded, EtcdError>>),
+}
+
+/// A unit of the queue: one request, or a forwarded batch's requests.
 struct Pending {
-    request: RaftRequest,
+    requests: Vec<RaftRequest>,
     bytes: usize,
     /// When it was queued (`trace::start`: 0 when the timeline is off).
     queued_us: u64,
-    reply: oneshot::Sender<Result<RaftResponse, EtcdError>>,
+    reply: Reply,
 }
 
 /// The batching front of a member's raft log.
@@ -54,7 +70,7 @@ pub struct Proposer {
 
 impl Proposer {
     /// Starts the batching task; `propose` submits one entry to raft (with forwarding to the
-    /// leader and waiting for a leader) and returns its apply result.
+    /// leader and waiting for a leader) and returns its apply result and log index.
     pub fn start(propose: ProposeFn) -> Proposer {
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(run(rx, propose));
@@ -67,20 +83,41 @@ impl Proposer {
     /// is shutting down.
     pub async fn propose(&self, request: RaftRequest) -> Result<RaftResponse, EtcdError> {
         let (reply, rx) = oneshot::channel();
-        let bytes = request.encoded_len();
+        self.queue(vec![request], Reply::One(reply)).await?;
+        rx.await.unwrap_or(Err(EtcdError::Stopped))
+    }
+
+    /// Queues the requests of a batch another member forwarded, to share an entry with
+    /// this member's own requests and other forwarded batches (one entry per batch made the
+    /// leader of a cluster whose clients spread over all members append 2.7× the entries
+    /// of one whose clients talk to the leader; docs/benchmarks.md). Waits for their apply
+    /// results, in order, and the entry's log index.
+    ///
+    /// Errors: as [`Proposer::propose`]; apply-time errors are results, not errors.
+    pub async fn propose_forwarded(
+        &self,
+        requests: Vec<RaftRequest>,
+    ) -> Result<Forwarded, EtcdError> {
+        let (reply, rx) = oneshot::channel();
+        self.queue(requests, Reply::Many(reply)).await?;
+        rx.await.unwrap_or(Err(EtcdError::Stopped))
+    }
+
+    async fn queue(&self, requests: Vec<RaftRequest>, reply: Reply) -> Result<(), EtcdError> {
+        let bytes = requests.iter().map(Message::encoded_len).sum();
         self.tx
             .send(Pending {
-                request,
+                requests,
                 bytes,
                 queued_us: super::trace::start(),
                 reply,
             })
             .await
-            .map_err(|_| EtcdError::Stopped)?;
-        rx.await.unwrap_or(Err(EtcdError::Stopped))
+            .map_err(|_| EtcdError::Stopped)
     }
 
-    /// Requests queued and not yet taken into a batch (QoS overload protection reads it).
+    /// Units (requests or forwarded batches) queued and not yet taken into a batch (QoS
+    /// overload protection reads it).
     pub fn queued(&self) -> u64 {
         (self.tx.max_capacity() - self.tx.capacity()) as u64
     }
@@ -88,17 +125,34 @@ impl Proposer {
 
 async fn run(mut rx: mpsc::Receiver<Pending>, propose: ProposeFn) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    // A unit that did not fit in the previous batch: it opens the next one.
+    let mut carried: Option<Pending> = None;
     loop {
         // Wait for a free slot first, so requests keep accumulating while all slots are busy.
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        let Some(first) = rx.recv().await else { return };
+        let first = match carried.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        let mut requests = first.requests.len();
         let mut bytes = first.bytes;
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH_REQUESTS && bytes < MAX_BATCH_BYTES {
+        while requests < MAX_BATCH_REQUESTS && bytes < MAX_BATCH_BYTES {
             match rx.try_recv() {
                 Ok(p) => {
+                    // A unit is never split: one that would overflow the bounds waits.
+                    if requests + p.requests.len() > MAX_BATCH_REQUESTS
+                        || bytes + p.bytes > MAX_BATCH_BYTES
+                    {
+                        carried = Some(p);
+                        break;
+                    }
+                    requests += p.requests.len();
                     bytes += p.bytes;
                     batch.push(p);
                 }
@@ -114,43 +168,77 @@ async fn run(mut rx: mpsc::Receiver<Pending>, propose: ProposeFn) {
 }
 
 async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
+    let total: usize = batch.iter().map(|p| p.requests.len()).sum();
     crate::metrics::keel()
         .proposal_batch_requests
-        .observe(batch.len() as f64);
+        .observe(total as f64);
     // The queue is FIFO: the first request waited longest.
     if batch[0].queued_us != 0 {
-        let id = batch[0].request.id;
+        let id = batch[0].requests[0].id;
         super::trace::mark_at(Stage::Receive, id, id, 0, batch[0].queued_us);
     }
-    if batch.len() == 1 {
-        let p = batch.pop().expect("one request");
-        let _ = p.reply.send(propose(p.request).await);
+    if total == 1 {
+        // One request of this member, or a forwarded batch of one: proposed as itself.
+        let mut p = batch.pop().expect("one unit");
+        let request = p.requests.pop().expect("one request");
+        let result = propose(request).await;
+        match p.reply {
+            Reply::One(reply) => {
+                let _ = reply.send(result.and_then(|(resp, _)| into_result(resp)));
+            }
+            Reply::Many(reply) => {
+                let _ = reply.send(result.map(|(resp, index)| (vec![resp], index)));
+            }
+        }
         return;
     }
-    let (requests, replies): (Vec<_>, Vec<_>) =
-        batch.into_iter().map(|p| (p.request, p.reply)).unzip();
+    let mut requests = Vec::with_capacity(total);
+    let mut replies = Vec::with_capacity(batch.len());
+    for p in batch {
+        replies.push((p.requests.len(), p.reply));
+        requests.extend(p.requests);
+    }
     let entry = RaftRequest {
         auth_header: None,
         id: requests[0].id,
         request: Some(raft_request::Request::Batch(RequestBatch { requests })),
     };
     match propose(entry).await {
-        Ok(RaftResponse {
-            response: Some(raft_response::Response::Batch(b)),
-            ..
-        }) if b.responses.len() == replies.len() => {
-            for (reply, resp) in replies.into_iter().zip(b.responses) {
-                let _ = reply.send(into_result(resp));
+        Ok((
+            RaftResponse {
+                response: Some(raft_response::Response::Batch(b)),
+                ..
+            },
+            index,
+        )) if b.responses.len() == total => {
+            let mut responses = b.responses.into_iter();
+            for (n, reply) in replies {
+                match reply {
+                    Reply::One(reply) => {
+                        let resp = responses.next().expect("one response per request");
+                        let _ = reply.send(into_result(resp));
+                    }
+                    Reply::Many(reply) => {
+                        let _ = reply.send(Ok((responses.by_ref().take(n).collect(), index)));
+                    }
+                }
             }
         }
-        Ok(other) => {
+        Ok((other, _)) => {
             let e = EtcdError::Internal(format!("keel: batch entry answered with {other:?}"));
-            for reply in replies {
+            fail(replies, &e);
+        }
+        Err(e) => fail(replies, &e),
+    }
+}
+
+fn fail(replies: Vec<(usize, Reply)>, e: &EtcdError) {
+    for (_, reply) in replies {
+        match reply {
+            Reply::One(reply) => {
                 let _ = reply.send(Err(e.clone()));
             }
-        }
-        Err(e) => {
-            for reply in replies {
+            Reply::Many(reply) => {
                 let _ = reply.send(Err(e.clone()));
             }
         }
@@ -183,9 +271,10 @@ mod tests {
         }
     }
 
-    /// A fake raft: records entry sizes, answers each request with revision = its id, and
-    /// fails request id 3 with an apply error.
-    fn fake(entries: Arc<Mutex<Vec<usize>>>) -> ProposeFn {
+    /// A fake raft: records the request ids of each entry (its log index is its position,
+    /// from 1), answers each request with revision = its id, and fails request id 3 with an
+    /// apply error.
+    fn fake(entries: Arc<Mutex<Vec<Vec<u64>>>>) -> ProposeFn {
         fn answer(r: &RaftRequest) -> RaftResponse {
             if r.id == 3 {
                 return RaftResponse {
@@ -205,20 +294,22 @@ mod tests {
             let entries = entries.clone();
             Box::pin(async move {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                let mut entries = entries.lock().unwrap();
                 match &req.request {
                     Some(raft_request::Request::Batch(b)) => {
-                        entries.lock().unwrap().push(b.requests.len());
+                        entries.push(b.requests.iter().map(|r| r.id).collect());
                         let responses = b.requests.iter().map(answer).collect();
-                        Ok(RaftResponse {
+                        let resp = RaftResponse {
                             revision: 0,
                             response: Some(raft_response::Response::Batch(ResponseBatch {
                                 responses,
                             })),
-                        })
+                        };
+                        Ok((resp, entries.len() as u64))
                     }
                     _ => {
-                        entries.lock().unwrap().push(1);
-                        into_result(answer(&req))
+                        entries.push(vec![req.id]);
+                        into_result(answer(&req)).map(|r| (r, entries.len() as u64))
                     }
                 }
             })
@@ -248,13 +339,79 @@ mod tests {
         }
         let entries = entries.lock().unwrap();
         assert_eq!(
-            entries.iter().sum::<usize>(),
+            entries.iter().map(Vec::len).sum::<usize>(),
             200,
             "every request proposed exactly once"
         );
         assert!(
             entries.len() < 50,
             "200 concurrent requests went out in {} entries",
+            entries.len()
+        );
+    }
+
+    /// Forwarded batches (ids from 1000 up, 100 per batch) and this member's own requests
+    /// (ids below 200) share entries; a batch is never split, its results come back in
+    /// order with apply errors as results, with the index of the entry that carried it.
+    #[tokio::test]
+    async fn forwarded_batches_share_entries_whole_and_keep_their_order() {
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        let proposer = Arc::new(Proposer::start(fake(entries.clone())));
+        let mut own = Vec::new();
+        for i in 0..200u64 {
+            let p = proposer.clone();
+            own.push(tokio::spawn(async move { (i, p.propose(put(i)).await) }));
+        }
+        let mut forwarded = Vec::new();
+        for b in 0..12u64 {
+            let mut ids: Vec<u64> = (0..100).map(|k| 1000 + b * 100 + k).collect();
+            if b == 0 {
+                ids[50] = 3; // fails at apply, inside the batch
+            }
+            let p = proposer.clone();
+            forwarded.push(tokio::spawn(async move {
+                let reqs = ids.iter().map(|&i| put(i)).collect();
+                (ids, p.propose_forwarded(reqs).await)
+            }));
+        }
+        for t in own {
+            let (i, res) = t.await.unwrap();
+            if i == 3 {
+                assert_eq!(res.unwrap_err(), EtcdError::Compacted);
+            } else {
+                assert_eq!(res.unwrap().revision, i as i64);
+            }
+        }
+        let entries = entries.lock().unwrap().clone();
+        for t in forwarded {
+            let (ids, res) = t.await.unwrap();
+            let (responses, index) = res.expect("a forwarded batch is answered");
+            assert_eq!(responses.len(), ids.len());
+            for (id, resp) in ids.iter().zip(&responses) {
+                match &resp.response {
+                    Some(raft_response::Response::Error(e)) => {
+                        assert_eq!(*id, 3);
+                        assert_eq!(e.message, EtcdError::Compacted.to_string());
+                    }
+                    _ => assert_eq!(resp.revision, *id as i64),
+                }
+            }
+            let entry = &entries[index as usize - 1];
+            let at = entry
+                .iter()
+                .position(|i| *i == ids[0])
+                .expect("the batch is in the entry of its index");
+            assert_eq!(&entry[at..at + ids.len()], &ids[..], "whole and in order");
+        }
+        assert_eq!(
+            entries.iter().map(Vec::len).sum::<usize>(),
+            200 + 1200,
+            "every request proposed exactly once"
+        );
+        assert!(entries.iter().all(|e| e.len() <= MAX_BATCH_REQUESTS));
+        assert!(
+            entries.len() < 40,
+            "1,400 requests went out in {} entries",
             entries.len()
         );
     }
