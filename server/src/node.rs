@@ -118,9 +118,6 @@ pub struct Node {
     defrag: Arc<tokio::sync::Mutex<()>>,
     /// sled's size on disk in bytes, refreshed every second (reading it walks the files).
     db_size: AtomicI64,
-    /// Bytes of keys and values in the member tree (what the quota counts), refreshed in
-    /// the background ([`Node::db_size_in_use`]) and by Defragment.
-    db_size_in_use: AtomicI64,
     next_request_id: AtomicU64,
     proposer: OnceLock<Proposer>,
 }
@@ -292,7 +289,6 @@ impl Node {
             export_locks,
             db_size: AtomicI64::new(live.size_on_disk().map_or(0, |b| b as i64)),
             // Measured by the first refresh, right after start (a scan of the whole tree).
-            db_size_in_use: AtomicI64::new(0),
             live,
             db_link: db_dir,
             defrag: Arc::new(tokio::sync::Mutex::new(())),
@@ -822,25 +818,30 @@ impl Node {
         .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
         .map_err(|e| EtcdError::Internal(format!("defragment: {e}")))?;
         let live = self.live.clone();
-        let in_use = tokio::task::spawn_blocking(move || live.measure_in_use())
+        tokio::task::spawn_blocking(move || live.measure_in_use())
             .await
             .map_err(|e| EtcdError::Internal(format!("defragment task: {e}")))?
             .map_err(|e| EtcdError::Internal(format!("defragment: measure the store: {e}")))?;
-        self.db_size_in_use.store(in_use as i64, Ordering::Relaxed);
         self.db_size.store(report.after as i64, Ordering::Relaxed);
         Ok(report)
     }
 
-    /// Bytes the store occupies on disk (sled's figure, at most ~1 s old).
+    /// Bytes the store occupies on disk: sled's figure (at most ~1 s old), and never less
+    /// than [`Node::db_size_in_use`] (etcd's `dbSize` ≥ `dbSizeInUse`; sled's files can
+    /// lag a burst of writes by that second).
     pub fn db_size(&self) -> i64 {
-        self.db_size.load(Ordering::Relaxed)
+        self.db_size
+            .load(Ordering::Relaxed)
+            .max(self.db_size_in_use())
     }
 
     /// Bytes of the keys and values in the member tree (MVCC records of every revision not
-    /// yet compacted, leases, auth, alarms, meta): the live data, which the quota counts. At
-    /// most a few seconds old ([`IN_USE_SCAN_SHARE`]).
+    /// yet compacted, leases, auth, alarms, meta): the live data, which the quota counts.
+    /// Current to the last applied batch, never below the true figure
+    /// ([`LiveTree::in_use`]); space a compaction frees counts from the next scan
+    /// ([`IN_USE_SCAN_SHARE`]).
     pub fn db_size_in_use(&self) -> i64 {
-        self.db_size_in_use.load(Ordering::Relaxed)
+        i64::try_from(self.live.in_use()).unwrap_or(i64::MAX)
     }
 
     /// etcd's initial corruption check (`--experimental-initial-corrupt-check`): before
@@ -996,9 +997,10 @@ impl Node {
         Err(EtcdError::NoSpace)
     }
 
-    /// Refreshes [`Node::db_size`] and [`Node::db_size_in_use`] every second, and re-measures
-    /// the bytes in use as often as a scan of the tree allows ([`IN_USE_SCAN_SHARE`], or
-    /// [`IN_USE_SCAN_SHARE_COMPACTED`] once the compact revision moved).
+    /// Refreshes [`Node::db_size`] every second, and re-measures the bytes in use
+    /// ([`Node::db_size_in_use`]) as often as a scan of the tree allows
+    /// ([`IN_USE_SCAN_SHARE`], or [`IN_USE_SCAN_SHARE_COMPACTED`] once the compact revision
+    /// moved).
     fn spawn_db_size_refresh(self: Arc<Self>) {
         let weak = Arc::downgrade(&self);
         drop(self);
@@ -1021,14 +1023,13 @@ impl Node {
                     let started = std::time::Instant::now();
                     let scanned = scan && backend.measure_in_use().is_ok();
                     let took = started.elapsed();
-                    (backend.size_on_disk().ok(), backend.in_use(), scanned, took)
+                    (backend.size_on_disk().ok(), scanned, took)
                 })
                 .await;
-                if let Ok((size, in_use, scanned, took)) = measured {
+                if let Ok((size, scanned, took)) = measured {
                     if let Some(size) = size {
                         node.db_size.store(size as i64, Ordering::Relaxed);
                     }
-                    node.db_size_in_use.store(in_use as i64, Ordering::Relaxed);
                     if scanned {
                         let ended = tokio::time::Instant::now();
                         next_scan = ended + took * IN_USE_SCAN_SHARE;

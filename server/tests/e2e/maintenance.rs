@@ -129,8 +129,10 @@ fn nospace_fill_then_delete_compact_defrag_and_disarm_brings_puts_back() {
     let all = cluster.endpoints();
     let value = vec![b'v'; 512 << 10];
 
-    // Fill through every member in turn until the quota refuses a put (at most 4x the quota:
-    // the bytes in use are measured every second, so a few puts may pass the line).
+    // Fill through every member in turn until the quota refuses a put. The bytes in use are
+    // current to the last apply (LiveTree::in_use), and each put waits until the member it
+    // went to applied it, so no put passes the line (before, the figure was refreshed once a
+    // second and a burst could write several times the quota; fresh-user finding).
     let mut written = 0;
     let refused = loop {
         assert!(written < 128, "no NOSPACE after {written} puts of 512 KiB");
@@ -148,8 +150,8 @@ fn nospace_fill_then_delete_compact_defrag_and_disarm_brings_puts_back() {
         (Code::ResourceExhausted, NOSPACE)
     );
     assert!(
-        written >= 16,
-        "only {written} puts of 512 KiB fit a 16 MiB quota"
+        (16..=32).contains(&written),
+        "{written} puts of 512 KiB went into a 16 MiB quota"
     );
     let raiser = cluster.member_id(written % 3).unwrap();
     let expected = format!("memberID:{raiser} alarm:NOSPACE ");
@@ -176,7 +178,7 @@ fn nospace_fill_then_delete_compact_defrag_and_disarm_brings_puts_back() {
         );
         assert_eq!(count.json()["count"].as_i64(), Some(written as i64));
     }
-    // The bytes in use are re-measured every second: they reach the quota on every member.
+    // Every member's bytes in use reach the quota (followers once they applied the last put).
     for ep in &eps {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
