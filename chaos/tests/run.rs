@@ -73,14 +73,16 @@ fn kill_pause_partition_run_has_no_violations() {
     assert!(run.stdout.contains("seed: "), "{dump}");
 
     let samples = read_json_lines(&samples_path).expect("the --resources-out file");
+    // The sampler ran to the end. (Not per member: a member killed in the last seconds may
+    // still be down when the run ends; seen once in a local test run.)
+    assert!(
+        samples.iter().any(|s| s.t_secs >= 15.0),
+        "no sample after 15 s\n{dump}"
+    );
     for member in ["m1", "m2", "m3"] {
         let mine: Vec<_> = samples.iter().filter(|s| s.member == member).collect();
         // 20 s at one sample per 2 s; a killed member misses some while it is down.
         assert!(mine.len() >= 5, "{member}: {} samples\n{dump}", mine.len());
-        assert!(
-            mine.iter().any(|s| s.t_secs >= 15.0),
-            "{member}: no late sample"
-        );
         for s in &mine {
             assert!(s.rss_kib > 1024, "{member}: {s:?}");
             assert!(s.fds >= 10, "{member}: {s:?}");
