@@ -131,7 +131,7 @@ fn nospace_fill_then_delete_compact_defrag_and_disarm_brings_puts_back() {
 
     // Fill through every member in turn until the quota refuses a put. The bytes in use are
     // current to the last apply (LiveTree::in_use), and each put waits until the member it
-    // went to applied it, so no put passes the line (before, the figure was refreshed once a
+    // went to applied it, so puts stop at the line (before, the figure was refreshed once a
     // second and a burst could write several times the quota; fresh-user finding).
     let mut written = 0;
     let refused = loop {
@@ -149,8 +149,11 @@ fn nospace_fill_then_delete_compact_defrag_and_disarm_brings_puts_back() {
         (refused.code(), refused.message()),
         (Code::ResourceExhausted, NOSPACE)
     );
+    // 32 puts fill the quota; a member may not yet have applied the last put or two that
+    // another member acknowledged (a put waits only for its own member's apply), so its
+    // figure can lag by that much. The figure refreshed once a second let 73 through.
     assert!(
-        (16..=32).contains(&written),
+        (16..=34).contains(&written),
         "{written} puts of 512 KiB went into a 16 MiB quota"
     );
     let raiser = cluster.member_id(written % 3).unwrap();
