@@ -288,7 +288,7 @@ impl Node {
             downgrade,
             export_locks,
             db_size: AtomicI64::new(live.size_on_disk().map_or(0, |b| b as i64)),
-            // Measured by the first refresh, right after start (a scan of the whole tree).
+            // Its bytes in use are measured by the first refresh, right after start.
             live,
             db_link: db_dir,
             defrag: Arc::new(tokio::sync::Mutex::new(())),

@@ -32,7 +32,8 @@ pub const MAX_IN_FLIGHT: usize = 4;
 /// Queue length before callers wait.
 const QUEUE: usize = 8192;
 
-/// Proposes one entry and resolves with its applied result and its raft log index.
+/// Proposes one entry and resolves with its applied result and its raft log index (a single
+/// request's apply-time error as `Err`, as [`into_result`] makes it).
 pub type ProposeFn = Arc<
     dyn Fn(
             RaftRequest,
@@ -177,18 +178,20 @@ async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
         let id = batch[0].requests[0].id;
         super::trace::mark_at(Stage::Receive, id, id, 0, batch[0].queued_us);
     }
-    if total == 1 {
-        // One request of this member, or a forwarded batch of one: proposed as itself.
-        let mut p = batch.pop().expect("one unit");
-        let request = p.requests.pop().expect("one request");
-        let result = propose(request).await;
-        match p.reply {
-            Reply::One(reply) => {
-                let _ = reply.send(result.and_then(|(resp, _)| into_result(resp)));
-            }
-            Reply::Many(reply) => {
-                let _ = reply.send(result.map(|(resp, index)| (vec![resp], index)));
-            }
+    if let [
+        Pending {
+            reply: Reply::One(_),
+            ..
+        },
+    ] = batch.as_slice()
+    {
+        // One request of this member alone: proposed as itself. (A forwarded unit always
+        // goes in a batch entry, so its apply errors come back as results.)
+        let p = batch.pop().expect("one unit");
+        let request = p.requests.into_iter().next().expect("one request");
+        let result = propose(request).await.map(|(resp, _)| resp);
+        if let Reply::One(reply) = p.reply {
+            let _ = reply.send(result);
         }
         return;
     }
@@ -226,21 +229,19 @@ async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
         }
         Ok((other, _)) => {
             let e = EtcdError::Internal(format!("keel: batch entry answered with {other:?}"));
-            fail(replies, &e);
+            replies.into_iter().for_each(|(_, r)| r.fail(&e));
         }
-        Err(e) => fail(replies, &e),
+        Err(e) => replies.into_iter().for_each(|(_, r)| r.fail(&e)),
     }
 }
 
-fn fail(replies: Vec<(usize, Reply)>, e: &EtcdError) {
-    for (_, reply) in replies {
-        match reply {
-            Reply::One(reply) => {
-                let _ = reply.send(Err(e.clone()));
-            }
-            Reply::Many(reply) => {
-                let _ = reply.send(Err(e.clone()));
-            }
+impl Reply {
+    /// Answers the unit with `e` (the whole entry failed).
+    fn fail(self, e: &EtcdError) {
+        // A caller that gave up dropped its receiver: nothing to answer.
+        match self {
+            Reply::One(reply) => drop(reply.send(Err(e.clone()))),
+            Reply::Many(reply) => drop(reply.send(Err(e.clone()))),
         }
     }
 }
@@ -382,9 +383,13 @@ mod tests {
                 assert_eq!(res.unwrap().revision, i as i64);
             }
         }
-        let entries = entries.lock().unwrap().clone();
+        let mut answered = Vec::new();
         for t in forwarded {
-            let (ids, res) = t.await.unwrap();
+            answered.push(t.await.unwrap());
+        }
+        // Only now is every entry proposed.
+        let entries = entries.lock().unwrap().clone();
+        for (ids, res) in answered {
             let (responses, index) = res.expect("a forwarded batch is answered");
             assert_eq!(responses.len(), ids.len());
             for (id, resp) in ids.iter().zip(&responses) {
