@@ -662,6 +662,10 @@ impl AppliedState for Applier {
         if let (Some(a), Some(applied)) = (self.qos.admission(), ci.applied) {
             a.load().set_applied(applied.index);
         }
+        // The bytes in use count from the last scan plus what apply inserted since; an
+        // install replaced the tree under both, so it is measured again (one more walk of a
+        // tree the install just wrote whole).
+        self.tree.measure_in_use().map_err(io::Error::other)?;
         // The new store hashes its compactions if the old one did (compact-hash check).
         store.set_compact_hashing(self.store.compact_hashing());
         self.store = store.clone();
