@@ -1,0 +1,68 @@
+//! Criterion: the in-memory key index (`keel_server::mvcc::index`) under apply groups, the
+//! way a member applies puts: each group clones the published index, appends a revision to
+//! `GROUP` random keys (every key already has older revisions, as under a steady put load)
+//! and publishes the result, dropping the previous index. The copy-on-write cost of a put is
+//! the chunk and block copies its key's path needs (docs/mvcc.md, "Key index").
+//!
+//! ```sh
+//! cargo bench -p keel-benches --bench index -- --sample-size 20
+//! ```
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use keel_server::mvcc::Revision;
+use keel_server::mvcc::index::Index;
+use keel_server::mvcc::key_index::{KeyHistory, RevInfo};
+
+/// Puts per apply group (3 members, 64 clients: about 6–16 per group).
+const GROUP: u64 = 16;
+
+fn key(i: u64) -> Vec<u8> {
+    format!("{i:016}").into_bytes()
+}
+
+/// `keys` keys of 16 bytes, each with 3 revisions.
+fn build(keys: u64) -> Index {
+    Index::from_sorted((0..keys).map(|i| {
+        let revs = (0..3)
+            .map(|v| {
+                RevInfo::put(
+                    Revision::new(1 + v * keys as i64 + i as i64, 0),
+                    1,
+                    v + 1,
+                    0,
+                )
+            })
+            .collect();
+        (key(i), KeyHistory::from_revisions(revs).expect("revisions"))
+    }))
+}
+
+fn index(c: &mut Criterion) {
+    let mut group = c.benchmark_group("index_apply_group");
+    group.throughput(Throughput::Elements(GROUP));
+    for keys in [100_000u64, 1_000_000] {
+        let mut published = build(keys);
+        let mut rev = 4 * keys as i64;
+        let mut i = 0u64;
+        group.bench_with_input(
+            BenchmarkId::new("put_16_random", keys),
+            &keys,
+            |b, &keys| {
+                b.iter(|| {
+                    let mut staged = published.clone();
+                    for _ in 0..GROUP {
+                        i = (i + 104_729) % keys;
+                        rev += 1;
+                        staged.push(&key(i), RevInfo::put(Revision::new(rev, 0), 1, 4, 0));
+                    }
+                    published = staged;
+                })
+            },
+        );
+        assert_eq!(published.keys(), keys as usize);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, index);
+criterion_main!(benches);
