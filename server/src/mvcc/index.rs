@@ -4,10 +4,14 @@
 //! A three-level, copy-on-write tree of fixed height:
 //!
 //! ```text
-//! Index { chunks: Vec<Arc<Chunk>> }          top level, in key order
-//! Chunk { blocks: Vec<Arc<Block>>, stats }   up to CHUNK_MAX_BLOCKS blocks
-//! Block { key arena, key ends, histories, stats }   up to BLOCK_MAX_KEYS keys
+//! Index { chunks: Vec<Arc<Chunk>>, firsts }          top level, in key order
+//! Chunk { blocks: Vec<Arc<Block>>, firsts, stats }   up to CHUNK_MAX_BLOCKS blocks
+//! Block { key arena, key ends, histories, stats }    up to BLOCK_MAX_KEYS keys
 //! ```
+//!
+//! `firsts` holds the first key of each child in one arena ([`super::separators`]), so a
+//! lookup's binary search reads two vectors per level instead of chasing into every child
+//! it probes.
 //!
 //! Every block and chunk caches its *live* key count at the newest revision, so counting any
 //! key range at the current revision costs two partial block scans, two partial chunk sums
@@ -19,7 +23,7 @@
 //! # Sharing
 //! `Index: Clone` copies only the top vector (one reference count per chunk). The single
 //! writer clones the published index, changes it (`Arc::make_mut` copies a chunk's pointer
-//! vector and a ~100-key block the first time they are touched) and publishes the result;
+//! vector and a ~32-key block the first time they are touched) and publishes the result;
 //! readers keep the index they started with, unchanged. So readers never block the writer
 //! and never see half an entry, and one write costs a few small copies, not a walk.
 //!
@@ -27,17 +31,20 @@
 //! - keys strictly ascend within a block, across blocks and across chunks;
 //! - no block and no chunk is empty;
 //! - cached `keys` / `live` / `with_history` equal what the entries below imply;
-//! - cached `max_main` ≥ the main revision of every newest revision below.
+//! - cached `max_main` ≥ the main revision of every newest revision below;
+//! - `firsts` of the index and of each chunk name exactly the first key of each child.
 
 use std::cmp::Ordering;
 use std::sync::Arc;
 
 use super::key_index::{KeyHistory, RevInfo};
+use super::separators::Separators;
 
-/// Keys per block when blocks are built or merged.
-pub const BLOCK_TARGET_KEYS: usize = 128;
+/// Keys per block when blocks are built or merged (small: a put copies its key's block, one
+/// reference count per key with history; docs/mvcc.md, "Why 32-key blocks").
+pub const BLOCK_TARGET_KEYS: usize = 32;
 /// A block holding more keys than this is split in two.
-pub const BLOCK_MAX_KEYS: usize = 256;
+pub const BLOCK_MAX_KEYS: usize = 64;
 /// A block whose key bytes exceed this is split in two (when it holds ≥ 2 keys).
 pub const BLOCK_MAX_KEY_BYTES: usize = 32 * 1024;
 /// Key bytes per block when blocks are built or merged.
@@ -292,31 +299,35 @@ fn arena_offset(n: usize) -> u32 {
 #[derive(Debug, Clone, Default)]
 pub struct Chunk {
     blocks: Vec<Arc<Block>>,
+    /// The first key of each block (lookups search here, not through the blocks).
+    firsts: Separators,
     stats: Stats,
 }
 
 impl Chunk {
     fn first_key(&self) -> &[u8] {
-        self.blocks[0].first_key()
+        self.firsts.get(0)
     }
 
     /// The block that holds `key` or would receive it.
     fn block_for(&self, key: &[u8]) -> usize {
-        self.blocks
-            .partition_point(|b| b.first_key() <= key)
-            .saturating_sub(1)
+        self.firsts.child_for(key)
     }
 
     fn push(&mut self, block: Block) {
         self.stats.add(block.stats);
+        self.firsts.push(block.first_key());
         self.blocks.push(Arc::new(block));
     }
 
+    /// Recomputes the statistics and the first keys from the blocks (after a split, a
+    /// merge or a compaction changed them).
     fn recompute(&mut self) {
         self.stats = Stats::default();
         for b in &self.blocks {
             self.stats.add(b.stats);
         }
+        self.firsts = Separators::of(self.blocks.iter().map(|b| b.first_key()));
     }
 
     /// Live keys of blocks `[lo, hi)` at `rev`.
@@ -344,6 +355,8 @@ pub struct Pos {
 #[derive(Clone, Default)]
 pub struct Index {
     chunks: Vec<Arc<Chunk>>,
+    /// The first key of each chunk (lookups search here, not through the chunks).
+    firsts: Separators,
     keys: usize,
     live: usize,
 }
@@ -417,7 +430,7 @@ impl Index {
             if block.len() >= BLOCK_TARGET_KEYS || block.keys.len() >= BLOCK_TARGET_KEY_BYTES {
                 chunk.push(std::mem::take(&mut block));
                 if chunk.blocks.len() >= CHUNK_TARGET_BLOCKS {
-                    index.chunks.push(Arc::new(std::mem::take(&mut chunk)));
+                    index.push_chunk(std::mem::take(&mut chunk));
                 }
             }
         }
@@ -425,9 +438,14 @@ impl Index {
             chunk.push(block);
         }
         if !chunk.blocks.is_empty() {
-            index.chunks.push(Arc::new(chunk));
+            index.push_chunk(chunk);
         }
         index
+    }
+
+    fn push_chunk(&mut self, chunk: Chunk) {
+        self.firsts.push(chunk.first_key());
+        self.chunks.push(Arc::new(chunk));
     }
 
     /// Appends `other`, whose keys all sort after this index's keys.
@@ -443,6 +461,9 @@ impl Index {
         }
         self.keys += other.keys;
         self.live += other.live;
+        for c in &other.chunks {
+            self.firsts.push(c.first_key());
+        }
         self.chunks.extend(other.chunks);
     }
 
@@ -459,11 +480,7 @@ impl Index {
         if self.chunks.is_empty() {
             return None;
         }
-        Some(
-            self.chunks
-                .partition_point(|c| c.first_key() <= key)
-                .saturating_sub(1),
-        )
+        Some(self.firsts.child_for(key))
     }
 
     fn end_pos(&self) -> Pos {
@@ -629,7 +646,7 @@ impl Index {
             chunk.push(block);
             self.keys += 1;
             self.live += usize::from(!rev.tombstone);
-            self.chunks.push(Arc::new(chunk));
+            self.push_chunk(chunk);
             return;
         };
         let chunk = Arc::make_mut(&mut self.chunks[c]);
@@ -638,7 +655,17 @@ impl Index {
         let before = block.stats;
         match block.search(key) {
             Ok(i) => block.push_rev(i, rev),
-            Err(i) => block.insert(i, key, KeyHistory::new(rev)),
+            Err(i) => {
+                block.insert(i, key, KeyHistory::new(rev));
+                if i == 0 {
+                    // A new first key (only of the first block of the first chunk: any other
+                    // block's first key is <= every key routed to it).
+                    chunk.firsts.replace(b, key);
+                    if b == 0 {
+                        self.firsts.replace(c, key);
+                    }
+                }
+            }
         }
         let after = block.stats;
         chunk.stats.replace(before, after);
@@ -646,15 +673,16 @@ impl Index {
         self.live = self.live + after.live - before.live;
         if block.too_big() {
             let right = block.split_off(block.len() / 2);
+            chunk.firsts.insert(b + 1, right.first_key());
             chunk.blocks.insert(b + 1, Arc::new(right));
             if chunk.blocks.len() > CHUNK_MAX_BLOCKS {
-                let right = Chunk {
+                let mut right = Chunk {
                     blocks: chunk.blocks.split_off(chunk.blocks.len() / 2),
-                    stats: Stats::default(),
+                    ..Chunk::default()
                 };
                 chunk.recompute();
-                let mut right = right;
                 right.recompute();
+                self.firsts.insert(c + 1, right.first_key());
                 self.chunks.insert(c + 1, Arc::new(right));
             }
         }
@@ -699,6 +727,7 @@ impl Index {
         if changed {
             self.chunks.retain(|c| !c.blocks.is_empty());
             self.merge_small_chunks();
+            self.firsts = Separators::of(self.chunks.iter().map(|c| c.first_key()));
         }
     }
 
@@ -743,8 +772,18 @@ impl Index {
     pub fn check_invariants(&self) {
         let mut total = Stats::default();
         let mut prev: Option<Vec<u8>> = None;
-        for c in &self.chunks {
+        assert_eq!(self.firsts.len(), self.chunks.len(), "chunk separators");
+        for (i, c) in self.chunks.iter().enumerate() {
             assert!(!c.blocks.is_empty(), "empty chunk");
+            assert_eq!(
+                self.firsts.get(i),
+                c.blocks[0].first_key(),
+                "chunk separator"
+            );
+            assert_eq!(c.firsts.len(), c.blocks.len(), "block separators");
+            for (j, b) in c.blocks.iter().enumerate() {
+                assert_eq!(c.firsts.get(j), b.first_key(), "block separator");
+            }
             let mut cs = Stats::default();
             for b in &c.blocks {
                 assert!(!b.is_empty(), "empty block");

@@ -26,6 +26,7 @@ pub mod key_index;
 mod range;
 mod rebuild;
 pub mod revision;
+mod separators;
 mod shared;
 mod staged;
 mod store;
