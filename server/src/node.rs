@@ -550,50 +550,66 @@ impl Node {
             return Err(EtcdError::Timeout);
         }
         loop {
-            let proposed_us = crate::raft::trace::start();
-            match self.raft.client_write(Request(req.clone())).await {
-                Ok(resp) => {
-                    if proposed_us != 0 {
-                        let index = resp.log_id.index;
-                        crate::raft::trace::mark_proposed(req.id, index, proposed_us);
-                        crate::raft::trace::mark(Stage::Response, index, index, 0);
-                    }
-                    return into_result(resp.data.0).map(|r| (r, resp.log_id.index));
-                }
-                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                    match f.leader_node {
-                        Some(leader) if f.leader_id != Some(self.id) => {
-                            match self.forward(&leader, req.clone(), deadline).await {
-                                Err(PeerFailure::NotDelivered) => {
-                                    // The leader is unreachable (likely crashed) and did not get
-                                    // the request: retry once a new leader is known.
-                                    if tokio::time::Instant::now() + FORWARD_RETRY_PAUSE >= deadline
-                                    {
-                                        return Err(EtcdError::TimeoutDueToLeaderFail);
-                                    }
-                                    tokio::time::sleep(FORWARD_RETRY_PAUSE).await;
-                                }
-                                Err(PeerFailure::Ambiguous) => {
-                                    return Err(EtcdError::TimeoutDueToLeaderFail);
-                                }
-                                Err(PeerFailure::Answer(e)) => return Err(e),
-                                Ok((resp, index)) => {
-                                    // Read-your-writes on this member (as in etcd): wait
-                                    // until it applied the entry too.
-                                    self.wait_applied(index, deadline).await?;
-                                    return into_result(resp).map(|r| (r, index));
+            // A member that knows another member leads forwards at once: asking openraft
+            // first would cost a round trip through its core and a copy of the entry, only
+            // to hear "forward to the leader". (Should the metrics lag behind a change, the
+            // member named forwards again or answers as the leader it now is.)
+            let leader = match self.other_leader() {
+                Some(leader) => leader,
+                None => {
+                    let proposed_us = crate::raft::trace::start();
+                    match self.raft.client_write(Request(req.clone())).await {
+                        Ok(resp) => {
+                            if proposed_us != 0 {
+                                let index = resp.log_id.index;
+                                crate::raft::trace::mark_proposed(req.id, index, proposed_us);
+                                crate::raft::trace::mark(Stage::Response, index, index, 0);
+                            }
+                            return into_result(resp.data.0).map(|r| (r, resp.log_id.index));
+                        }
+                        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                            match f.leader_node {
+                                Some(leader) if f.leader_id != Some(self.id) => leader,
+                                _ => {
+                                    self.wait_for_leader(deadline).await?;
+                                    continue;
                                 }
                             }
                         }
-                        _ => self.wait_for_leader(deadline).await?,
+                        Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                            return Err(EtcdError::Internal(e.to_string()));
+                        }
+                        Err(RaftError::Fatal(_)) => return Err(EtcdError::Stopped),
                     }
                 }
-                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                    return Err(EtcdError::Internal(e.to_string()));
+            };
+            match self.forward(&leader, req.clone(), deadline).await {
+                Err(PeerFailure::NotDelivered) => {
+                    // The leader is unreachable (likely crashed) and did not get the request:
+                    // retry once a new leader is known.
+                    if tokio::time::Instant::now() + FORWARD_RETRY_PAUSE >= deadline {
+                        return Err(EtcdError::TimeoutDueToLeaderFail);
+                    }
+                    tokio::time::sleep(FORWARD_RETRY_PAUSE).await;
                 }
-                Err(RaftError::Fatal(_)) => return Err(EtcdError::Stopped),
+                Err(PeerFailure::Ambiguous) => return Err(EtcdError::TimeoutDueToLeaderFail),
+                Err(PeerFailure::Answer(e)) => return Err(e),
+                Ok((resp, index)) => {
+                    // Read-your-writes on this member (as in etcd): wait until it applied
+                    // the entry too.
+                    self.wait_applied(index, deadline).await?;
+                    return into_result(resp).map(|r| (r, index));
+                }
             }
         }
+    }
+
+    /// The leader's membership entry when raft metrics name a leader other than this member.
+    fn other_leader(&self) -> Option<MemberNode> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let leader = m.current_leader.filter(|l| *l != self.id)?;
+        m.membership_config.membership().get_node(&leader).cloned()
     }
 
     /// The cluster version in force on this member (`/version`'s `keelcluster`, metrics):
