@@ -558,7 +558,21 @@ impl Node {
                 Some(leader) => leader,
                 None => {
                     let proposed_us = crate::raft::trace::start();
-                    match self.raft.client_write(Request(req.clone())).await {
+                    // Bounded by the request deadline: openraft 0.9.25 never answers the
+                    // pending writes of a deposed leader that catches up by installing a
+                    // snapshot (upstream issue #1761), and an unanswered write would hold
+                    // one of the proposer's few in-flight slots for good, wedging every
+                    // later write on this member. The entry may still commit: the client
+                    // gets etcd's "request timed out", which says so.
+                    let written = tokio::time::timeout_at(
+                        deadline,
+                        self.raft.client_write(Request(req.clone())),
+                    )
+                    .await;
+                    let Ok(written) = written else {
+                        return Err(EtcdError::Timeout);
+                    };
+                    match written {
                         Ok(resp) => {
                             if proposed_us != 0 {
                                 let index = resp.log_id.index;
