@@ -556,46 +556,14 @@ impl Node {
             // member named forwards again or answers as the leader it now is.)
             let leader = match self.other_leader() {
                 Some(leader) => leader,
-                None => {
-                    let proposed_us = crate::raft::trace::start();
-                    // Bounded by the request deadline: openraft 0.9.25 never answers the
-                    // pending writes of a deposed leader that catches up by installing a
-                    // snapshot (upstream issue #1761), and an unanswered write would hold
-                    // one of the proposer's few in-flight slots for good, wedging every
-                    // later write on this member. The entry may still commit: the client
-                    // gets etcd's "request timed out", which says so.
-                    let written = tokio::time::timeout_at(
-                        deadline,
-                        self.raft.client_write(Request(req.clone())),
-                    )
-                    .await;
-                    let Ok(written) = written else {
-                        return Err(EtcdError::Timeout);
-                    };
-                    match written {
-                        Ok(resp) => {
-                            if proposed_us != 0 {
-                                let index = resp.log_id.index;
-                                crate::raft::trace::mark_proposed(req.id, index, proposed_us);
-                                crate::raft::trace::mark(Stage::Response, index, index, 0);
-                            }
-                            return into_result(resp.data.0).map(|r| (r, resp.log_id.index));
-                        }
-                        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                            match f.leader_node {
-                                Some(leader) if f.leader_id != Some(self.id) => leader,
-                                _ => {
-                                    self.wait_for_leader(deadline).await?;
-                                    continue;
-                                }
-                            }
-                        }
-                        Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                            return Err(EtcdError::Internal(e.to_string()));
-                        }
-                        Err(RaftError::Fatal(_)) => return Err(EtcdError::Stopped),
+                None => match self.write_locally(&req, deadline).await? {
+                    Local::Written(result) => return result,
+                    Local::ForwardTo(leader) => leader,
+                    Local::NoLeader => {
+                        self.wait_for_leader(deadline).await?;
+                        continue;
                     }
-                }
+                },
             };
             match self.forward(&leader, req.clone(), deadline).await {
                 Err(PeerFailure::NotDelivered) => {
@@ -618,12 +586,53 @@ impl Node {
         }
     }
 
+    /// Proposes `req` through this member's openraft (`client_write`), bounded by `deadline`:
+    /// openraft 0.9.25 never answers the pending writes of a deposed leader that catches up
+    /// by installing a snapshot (upstream issue #1761), and an unanswered write would hold
+    /// one of the proposer's few in-flight slots for good, wedging every later write on this
+    /// member. The entry may still commit: the client gets etcd's "request timed out",
+    /// which says so.
+    ///
+    /// Errors: `Timeout` at `deadline`, `Stopped` when raft stopped, `Internal` for a
+    /// membership-change error.
+    async fn write_locally(
+        &self,
+        req: &RaftRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<Local, EtcdError> {
+        let proposed_us = crate::raft::trace::start();
+        let written =
+            tokio::time::timeout_at(deadline, self.raft.client_write(Request(req.clone())))
+                .await
+                .map_err(|_| EtcdError::Timeout)?;
+        match written {
+            Ok(resp) => {
+                let index = resp.log_id.index;
+                if proposed_us != 0 {
+                    crate::raft::trace::mark_proposed(req.id, index, proposed_us);
+                    crate::raft::trace::mark(Stage::Response, index, index, 0);
+                }
+                Ok(Local::Written(into_result(resp.data.0).map(|r| (r, index))))
+            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Ok(match f.leader_node {
+                    Some(leader) if f.leader_id != Some(self.id) => Local::ForwardTo(leader),
+                    _ => Local::NoLeader,
+                })
+            }
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                Err(EtcdError::Internal(e.to_string()))
+            }
+            Err(RaftError::Fatal(_)) => Err(EtcdError::Stopped),
+        }
+    }
+
     /// The leader's membership entry when raft metrics name a leader other than this member.
     fn other_leader(&self) -> Option<MemberNode> {
-        let m = self.raft.metrics();
-        let m = m.borrow();
-        let leader = m.current_leader.filter(|l| *l != self.id)?;
-        m.membership_config.membership().get_node(&leader).cloned()
+        match crate::raft::peers::leader_node(&self.raft) {
+            (Some(leader), node) if leader != self.id => node,
+            _ => None,
+        }
     }
 
     /// The cluster version in force on this member (`/version`'s `keelcluster`, metrics):
@@ -1096,6 +1105,16 @@ impl Node {
         let live = self.live.clone();
         let _ = tokio::task::spawn_blocking(move || live.flush()).await;
     }
+}
+
+/// What a proposal through this member's own raft came to ([`Node::write_locally`]).
+enum Local {
+    /// Applied: the result (an apply-time etcd error as `Err`) and the entry's log index.
+    Written(Result<(RaftResponse, u64), EtcdError>),
+    /// This member does not lead; this is the leader.
+    ForwardTo(MemberNode),
+    /// This member does not lead and knows no leader.
+    NoLeader,
 }
 
 /// Whether `e` means the proposal did not make it through raft (etcd's

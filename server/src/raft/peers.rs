@@ -23,7 +23,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use super::dial_override::DialOverrides;
-use super::types::{NodeId, Raft};
+use super::types::{MemberNode, NodeId, Raft};
 use crate::error::EtcdError;
 use crate::tls::client::PeerConnector;
 
@@ -218,15 +218,20 @@ impl Peers {
 ///
 /// [`MemberNode::peer_url`]: super::types::MemberNode::peer_url
 pub fn leader_url(raft: &Raft) -> (Option<NodeId>, Option<String>) {
+    let (leader, node) = leader_node(raft);
+    (leader, node.and_then(|n| n.peer_url().cloned()))
+}
+
+/// The leader this member knows of (raft metrics) and its entry in the membership config:
+/// `(None, None)` while no leader is known, a `None` entry when the leader is not in this
+/// member's config yet.
+pub fn leader_node(raft: &Raft) -> (Option<NodeId>, Option<MemberNode>) {
     let m = raft.metrics();
     let m = m.borrow();
-    let url = m.current_leader.and_then(|l| {
-        m.membership_config
-            .membership()
-            .get_node(&l)
-            .and_then(|n| n.peer_url().cloned())
-    });
-    (m.current_leader, url)
+    let node = m
+        .current_leader
+        .and_then(|l| m.membership_config.membership().get_node(&l).cloned());
+    (m.current_leader, node)
 }
 
 /// What a failed peer RPC tells about the request it carried.
