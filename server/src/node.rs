@@ -12,7 +12,7 @@ use anyhow::Context;
 use keel_proto::etcdserverpb::alarm_request::AlarmAction;
 use keel_proto::etcdserverpb::{AlarmRequest, AlarmType, ResponseHeader};
 use keel_proto::keelpb::{self, RaftRequest, RaftResponse, raft_request};
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::ClientWriteError;
 use prost::Message;
 
 use crate::alarm::{Alarms, quota};
@@ -34,7 +34,7 @@ use crate::raft::dial_override;
 use crate::raft::export::ExportLocks;
 use crate::raft::force_new_cluster::restart_as_standalone;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
-use crate::raft::proposer::{Proposer, into_result};
+use crate::raft::proposer::{Proposer, Refused, Route, into_result};
 use crate::raft::trace::Stage;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, StateMachine};
@@ -296,15 +296,17 @@ impl Node {
             proposer: OnceLock::new(),
         });
         let weak: Weak<Node> = Arc::downgrade(&node);
-        let _ = node.proposer.set(Proposer::start(Arc::new(move |req| {
-            let weak = weak.clone();
-            Box::pin(async move {
-                match weak.upgrade() {
-                    Some(node) => node.propose_entry(req).await,
-                    None => Err(EtcdError::Stopped),
-                }
-            })
-        })));
+        let _ = node
+            .proposer
+            .set(Proposer::start(Arc::new(move |req, route| {
+                let weak = weak.clone();
+                Box::pin(async move {
+                    match weak.upgrade() {
+                        Some(node) => node.propose_entry(req, route).await,
+                        None => Err(Refused::Failed(EtcdError::Stopped)),
+                    }
+                })
+            })));
         node.clone().spawn_publish();
         node.spawn_version_monitor();
         if let Some(rules) = qos_file {
@@ -507,15 +509,32 @@ impl Node {
     /// batch of per-request results, apply-time errors included) and the log index of the
     /// entry that carried it. Nothing is checked again: the forwarding member did that.
     ///
-    /// Errors: as [`Node::propose`]; for a single request also its apply-time error.
+    /// Errors: `NotLeader` when this member knows another leader, or stops leading before
+    /// the entry is proposed (the request is never forwarded a second time; the member that
+    /// sent it asks the leader itself: `raft::proposer`, "One forwarding hop"); otherwise as
+    /// [`Node::propose`]; for a single request also its apply-time error.
     pub async fn propose_forwarded(
         &self,
         req: RaftRequest,
     ) -> Result<(RaftResponse, u64), EtcdError> {
+        if self.other_leader().is_some() {
+            return Err(EtcdError::NotLeader);
+        }
         let proposer = self.proposer.get().ok_or(EtcdError::Stopped)?;
+        let mut metrics = self.raft.metrics();
+        let me = self.id;
+        let stepped_down = async move {
+            let other =
+                |m: &openraft::RaftMetrics<_, _>| matches!(m.current_leader, Some(l) if l != me);
+            if metrics.wait_for(other).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         match req.request {
             Some(raft_request::Request::Batch(batch)) => {
-                let (responses, index) = proposer.propose_forwarded(batch.requests).await?;
+                let (responses, index) = proposer
+                    .propose_forwarded(batch.requests, stepped_down)
+                    .await?;
                 let batch = keelpb::ResponseBatch { responses };
                 let resp = RaftResponse {
                     revision: 0,
@@ -524,7 +543,8 @@ impl Node {
                 Ok((resp, index))
             }
             _ => {
-                let (mut responses, index) = proposer.propose_forwarded(vec![req]).await?;
+                let (mut responses, index) =
+                    proposer.propose_forwarded(vec![req], stepped_down).await?;
                 let resp = responses.pop().ok_or_else(|| {
                     EtcdError::Internal("keel: a forwarded request got no result".into())
                 })?;
@@ -538,73 +558,106 @@ impl Node {
         self.proposer.get().map_or(0, Proposer::queued)
     }
 
-    /// Proposes one log entry as is (a request or a batch), forwarding it to the leader when
-    /// this member is a follower, and returns its apply result and log index. A forwarded
-    /// entry is also applied here before this returns (read-your-writes on every member).
+    /// Proposes one log entry as is (a request or a batch) along `route`: here when this
+    /// member leads; else forwarded to the leader ([`Route::Anywhere`]) or handed back
+    /// ([`Route::LeaderOnly`], an entry holding requests another member forwarded: one hop
+    /// only, see `raft::proposer`). Returns its apply result and log index. A forwarded entry
+    /// is also applied here before this returns (read-your-writes on every member).
     ///
-    /// Errors: as [`Node::propose`].
-    pub async fn propose_entry(&self, req: RaftRequest) -> Result<(RaftResponse, u64), EtcdError> {
+    /// Errors: as [`Node::propose`], as [`Refused::Failed`]; [`Refused::NotLeader`] with the
+    /// entry, unproposed, for a `LeaderOnly` entry on a member that does not lead.
+    async fn propose_entry(
+        &self,
+        req: RaftRequest,
+        route: Route,
+    ) -> Result<(RaftResponse, u64), Refused> {
         let deadline = tokio::time::Instant::now() + self.request_timeout();
         // A leadership transfer holds new proposals until leadership moved.
         if !self.cluster.gate.wait_idle(deadline).await {
-            return Err(EtcdError::Timeout);
+            return Err(EtcdError::Timeout.into());
         }
         loop {
             // A member that knows another member leads forwards at once: asking openraft
             // first would cost a round trip through its core and a copy of the entry, only
             // to hear "forward to the leader". (Should the metrics lag behind a change, the
-            // member named forwards again or answers as the leader it now is.)
-            let leader = match self.other_leader() {
+            // member named answers `not leader`, and this member asks again once its metrics
+            // name another leader.)
+            let (leader_id, leader) = match self.other_leader() {
                 Some(leader) => leader,
                 None => match self.write_locally(&req, deadline).await? {
-                    Local::Written(result) => return result,
-                    Local::ForwardTo(leader) => leader,
+                    Local::Written(result) => return Ok(result?),
+                    Local::ForwardTo(id, leader) => (id, leader),
+                    Local::NoLeader if route == Route::LeaderOnly => {
+                        return Err(Refused::NotLeader(req));
+                    }
                     Local::NoLeader => {
                         self.wait_for_leader(deadline).await?;
                         continue;
                     }
                 },
             };
+            if route == Route::LeaderOnly {
+                return Err(Refused::NotLeader(req));
+            }
             match self.forward(&leader, req.clone(), deadline).await {
                 Err(PeerFailure::NotDelivered) => {
                     // The leader is unreachable (likely crashed) and did not get the request:
                     // retry once a new leader is known.
                     if tokio::time::Instant::now() + FORWARD_RETRY_PAUSE >= deadline {
-                        return Err(EtcdError::TimeoutDueToLeaderFail);
+                        return Err(EtcdError::TimeoutDueToLeaderFail.into());
                     }
                     tokio::time::sleep(FORWARD_RETRY_PAUSE).await;
                 }
-                Err(PeerFailure::Ambiguous) => return Err(EtcdError::TimeoutDueToLeaderFail),
-                Err(PeerFailure::Answer(e)) => return Err(e),
+                Err(PeerFailure::Answer(EtcdError::NotLeader)) => {
+                    // It stopped leading and proposed nothing: ask the leader that follows.
+                    self.wait_leader_other_than(leader_id, deadline).await?;
+                }
+                Err(PeerFailure::Ambiguous) => {
+                    return Err(EtcdError::TimeoutDueToLeaderFail.into());
+                }
+                Err(PeerFailure::Answer(e)) => return Err(e.into()),
                 Ok((resp, index)) => {
                     // Read-your-writes on this member (as in etcd): wait until it applied
                     // the entry too.
                     self.wait_applied(index, deadline).await?;
-                    return into_result(resp).map(|r| (r, index));
+                    return Ok(into_result(resp).map(|r| (r, index))?);
                 }
             }
         }
     }
 
-    /// Proposes `req` through this member's openraft (`client_write`), bounded by `deadline`:
-    /// openraft 0.9.25 never answers the pending writes of a deposed leader that catches up
-    /// by installing a snapshot (upstream issue #1761), and an unanswered write would hold
-    /// one of the proposer's few in-flight slots for good, wedging every later write on this
-    /// member. The entry may still commit: the client gets etcd's "request timed out",
-    /// which says so.
+    /// Proposes `req` through this member's openraft (`client_write_ff`, then its answer),
+    /// bounded by `deadline`.
     ///
-    /// Errors: `Timeout` at `deadline`, `Stopped` when raft stopped, `Internal` for a
-    /// membership-change error.
+    /// A deposed leader that catches up by installing a snapshot drops the pending writes the
+    /// snapshot supersedes unanswered (Keel's openraft patch for upstream #1761,
+    /// docs/third_party.md): such an entry may or may not be in the snapshot, so the client
+    /// gets etcd's "request timed out, possibly due to previous leader failure" at once. The
+    /// deadline stays as a safeguard: an unanswered write would hold one of the proposer's
+    /// few in-flight slots.
+    ///
+    /// Errors: `TimeoutDueToLeaderFail` for a superseded write, `Timeout` at `deadline`,
+    /// `Stopped` when raft stopped, `Internal` for a membership-change error.
     async fn write_locally(
         &self,
         req: &RaftRequest,
         deadline: tokio::time::Instant,
     ) -> Result<Local, EtcdError> {
         let proposed_us = crate::raft::trace::start();
-        let written =
-            tokio::time::timeout_at(deadline, self.raft.client_write(Request(req.clone())))
-                .await
-                .map_err(|_| EtcdError::Timeout)?;
+        let answer = self
+            .raft
+            .client_write_ff(Request(req.clone()))
+            .await
+            .map_err(|_| EtcdError::Stopped)?;
+        let written = match tokio::time::timeout_at(deadline, answer).await {
+            Err(_) => return Err(EtcdError::Timeout),
+            Ok(Ok(written)) => written,
+            // The core dropped the answer: it stopped, or a snapshot superseded the entry.
+            Ok(Err(_)) if self.raft.metrics().borrow().running_state.is_err() => {
+                return Err(EtcdError::Stopped);
+            }
+            Ok(Err(_)) => return Err(EtcdError::TimeoutDueToLeaderFail),
+        };
         match written {
             Ok(resp) => {
                 let index = resp.log_id.index;
@@ -614,23 +667,21 @@ impl Node {
                 }
                 Ok(Local::Written(into_result(resp.data.0).map(|r| (r, index))))
             }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Ok(match f.leader_node {
-                    Some(leader) if f.leader_id != Some(self.id) => Local::ForwardTo(leader),
-                    _ => Local::NoLeader,
-                })
-            }
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+            Err(ClientWriteError::ForwardToLeader(f)) => Ok(match (f.leader_id, f.leader_node) {
+                (Some(id), Some(leader)) if id != self.id => Local::ForwardTo(id, leader),
+                _ => Local::NoLeader,
+            }),
+            Err(ClientWriteError::ChangeMembershipError(e)) => {
                 Err(EtcdError::Internal(e.to_string()))
             }
-            Err(RaftError::Fatal(_)) => Err(EtcdError::Stopped),
         }
     }
 
-    /// The leader's membership entry when raft metrics name a leader other than this member.
-    fn other_leader(&self) -> Option<MemberNode> {
+    /// The leader's ID and membership entry when raft metrics name a leader other than this
+    /// member.
+    fn other_leader(&self) -> Option<(NodeId, MemberNode)> {
         match crate::raft::peers::leader_node(&self.raft) {
-            (Some(leader), node) if leader != self.id => node,
+            (Some(leader), Some(node)) if leader != self.id => Some((leader, node)),
             _ => None,
         }
     }
@@ -744,6 +795,24 @@ impl Node {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         crate::raft::wait_applied(&self.raft, index, remaining, "forwarded write applied here")
             .await
+    }
+
+    /// Waits until raft metrics no longer name `stale` as the leader (a member that said it
+    /// does not lead): another leader, this member, or none yet.
+    ///
+    /// Errors: `TimeoutDueToLeaderFail` at `deadline`, `Stopped` when raft stopped.
+    async fn wait_leader_other_than(
+        &self,
+        stale: NodeId,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), EtcdError> {
+        let mut metrics = self.raft.metrics();
+        let moved = metrics.wait_for(|m| m.current_leader != Some(stale));
+        match tokio::time::timeout_at(deadline, moved).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(EtcdError::Stopped),
+            Err(_) => Err(EtcdError::TimeoutDueToLeaderFail),
+        }
     }
 
     async fn wait_for_leader(&self, deadline: tokio::time::Instant) -> Result<(), EtcdError> {
@@ -1111,8 +1180,8 @@ impl Node {
 enum Local {
     /// Applied: the result (an apply-time etcd error as `Err`) and the entry's log index.
     Written(Result<(RaftResponse, u64), EtcdError>),
-    /// This member does not lead; this is the leader.
-    ForwardTo(MemberNode),
+    /// This member does not lead; this is the leader (its ID and membership entry).
+    ForwardTo(NodeId, MemberNode),
     /// This member does not lead and knows no leader.
     NoLeader,
 }

@@ -254,6 +254,11 @@ pub fn classify(status: &tonic::Status) -> PeerFailure {
         PeerFailure::NotDelivered
     } else if is_transport_failure(status) && !is_etcd_error(status) {
         PeerFailure::Ambiguous
+    } else if is_deadline(status) && !is_etcd_error(status) {
+        // The deadline this member set on the call passed first (tonic's "Timeout
+        // expired"): the request may still be applied, which etcd's "request timed out"
+        // says. Found by a fresh-user check: clients got `Internal: Timeout expired`.
+        PeerFailure::Answer(EtcdError::Timeout)
     } else {
         PeerFailure::Answer(EtcdError::from_parts(
             status.code() as i32,
@@ -283,6 +288,15 @@ fn is_etcd_error(status: &tonic::Status) -> bool {
     status.message().starts_with("etcdserver: ")
 }
 
+/// Whether `status` is a gRPC deadline that passed (tonic answers its `grpc-timeout` with
+/// `Cancelled`, other stacks with `DeadlineExceeded`).
+fn is_deadline(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+    )
+}
+
 /// Whether a failed RPC means the connection itself is unusable (refused, reset, closed), as
 /// opposed to an answer or a deadline.
 pub fn is_transport_failure(status: &tonic::Status) -> bool {
@@ -295,6 +309,7 @@ pub fn is_transport_failure(status: &tonic::Status) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_proto::rpctypes::RpcError;
 
     #[test]
     fn health_tracks_runs_of_successes() {
@@ -326,6 +341,17 @@ mod tests {
         assert_eq!(
             classify(&compacted),
             PeerFailure::Answer(EtcdError::Compacted)
+        );
+        for expired in [
+            tonic::Status::cancelled("Timeout expired"),
+            tonic::Status::deadline_exceeded("Deadline Exceeded"),
+        ] {
+            assert_eq!(classify(&expired), PeerFailure::Answer(EtcdError::Timeout));
+        }
+        let canceled: tonic::Status = EtcdError::from(RpcError::Canceled).into();
+        assert_eq!(
+            classify(&canceled),
+            PeerFailure::Answer(RpcError::Canceled.into())
         );
     }
 

@@ -10,10 +10,27 @@
 //! Bounds: at most [`MAX_BATCH_REQUESTS`] requests and [`MAX_BATCH_BYTES`] bytes per entry,
 //! and at most [`MAX_IN_FLIGHT`] entries proposed at once; a full queue makes callers wait
 //! (back-pressure), it never grows without bound.
+//!
+//! **One forwarding hop.** Every member runs a proposer, and a follower's entries go to the
+//! leader (`keelpb.Peer/Forward`), whose proposer batches them with its own. An entry that
+//! holds forwarded requests is proposed with [`Route::LeaderOnly`]: it is never forwarded a
+//! second time. If this member no longer leads (a leadership transfer or an election
+//! happened while the entry waited), the forwarded requests are answered `NotLeader` (their
+//! member asks the new leader itself) and this member's own requests go on in an entry of
+//! their own. Forwarding them again would let two members' in-flight slots wait on each
+//! other: the new leader's slots held by forwards to the old leader, whose slots hold
+//! forwards to the new one, until the request deadline (found by a fresh-user check:
+//! `move-leader` under load left requests hanging for the full 7 s).
+//!
+//! For the same reason a forwarded batch still waiting in the queue when this member stops
+//! leading is withdrawn and answered `NotLeader` at once, rather than waiting for a slot
+//! behind this member's own forwards. A claim decides, exactly once, whether the batch is
+//! withdrawn or taken into an entry, so a withdrawn batch is never proposed.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use keel_proto::keelpb::{RaftRequest, RaftResponse, RequestBatch, raft_request, raft_response};
 use prost::Message;
@@ -32,12 +49,40 @@ pub const MAX_IN_FLIGHT: usize = 4;
 /// Queue length before callers wait.
 const QUEUE: usize = 8192;
 
-/// Proposes one entry and resolves with its applied result and its raft log index (a single
-/// request's apply-time error as `Err`, as [`into_result`] makes it).
+/// Where an entry may be proposed (see "One forwarding hop" above).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Here if this member leads, else forwarded to the leader: an entry of this member's
+    /// own requests only.
+    Anywhere,
+    /// Here, and only while this member leads: an entry holding requests that another member
+    /// forwarded.
+    LeaderOnly,
+}
+
+/// A proposal that produced no result.
+#[derive(Debug)]
+pub enum Refused {
+    /// It failed; the error is every request's answer.
+    Failed(EtcdError),
+    /// [`Route::LeaderOnly`] on a member that does not lead: nothing was proposed, and the
+    /// entry comes back whole.
+    NotLeader(RaftRequest),
+}
+
+impl From<EtcdError> for Refused {
+    fn from(e: EtcdError) -> Refused {
+        Refused::Failed(e)
+    }
+}
+
+/// Proposes one entry along a [`Route`] and resolves with its applied result and its raft
+/// log index (a single request's apply-time error as `Err`, as [`into_result`] makes it).
 pub type ProposeFn = Arc<
     dyn Fn(
             RaftRequest,
-        ) -> Pin<Box<dyn Future<Output = Result<(RaftResponse, u64), EtcdError>> + Send>>
+            Route,
+        ) -> Pin<Box<dyn Future<Output = Result<(RaftResponse, u64), Refused>> + Send>>
         + Send
         + Sync,
 >;
@@ -62,6 +107,24 @@ struct Pending {
     /// When it was queued (`trace::start`: 0 when the timeline is off).
     queued_us: u64,
     reply: Reply,
+    /// A forwarded batch's claim ([`QUEUED`], then [`TAKEN`] or [`WITHDRAWN`], once).
+    claim: Option<Arc<AtomicU8>>,
+}
+
+/// Claim states of a forwarded batch: waiting in the queue; taken into an entry (it will
+/// be answered by that entry); withdrawn by its caller (it is never proposed).
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
+impl Pending {
+    /// Claims the unit for an entry: `false` if its caller withdrew it first.
+    fn take(&self) -> bool {
+        self.claim.as_ref().is_none_or(|c| {
+            c.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
+    }
 }
 
 /// The batching front of a member's raft log.
@@ -70,8 +133,9 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    /// Starts the batching task; `propose` submits one entry to raft (with forwarding to the
-    /// leader and waiting for a leader) and returns its apply result and log index.
+    /// Starts the batching task; `propose` submits one entry to raft (forwarding it to the
+    /// leader, or waiting for one, as its [`Route`] allows) and returns its apply result and
+    /// log index.
     pub fn start(propose: ProposeFn) -> Proposer {
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(run(rx, propose));
@@ -84,7 +148,7 @@ impl Proposer {
     /// is shutting down.
     pub async fn propose(&self, request: RaftRequest) -> Result<RaftResponse, EtcdError> {
         let (reply, rx) = oneshot::channel();
-        self.queue(vec![request], Reply::One(reply)).await?;
+        self.queue(vec![request], Reply::One(reply), None).await?;
         rx.await.unwrap_or(Err(EtcdError::Stopped))
     }
 
@@ -92,19 +156,41 @@ impl Proposer {
     /// this member's own requests and other forwarded batches (one entry per batch made the
     /// leader of a cluster whose clients spread over all members append 2.7× the entries
     /// of one whose clients talk to the leader; docs/benchmarks.md). Waits for their apply
-    /// results, in order, and the entry's log index.
+    /// results, in order, and the entry's log index. When `stepped_down` resolves (this
+    /// member no longer leads) while the batch still waits in the queue, withdraws it.
     ///
-    /// Errors: as [`Proposer::propose`]; apply-time errors are results, not errors.
+    /// Errors: `NotLeader` for a withdrawn batch, or one whose entry found this member no
+    /// longer leading (never proposed either way); otherwise as [`Proposer::propose`];
+    /// apply-time errors are results, not errors.
     pub async fn propose_forwarded(
         &self,
         requests: Vec<RaftRequest>,
+        stepped_down: impl Future<Output = ()>,
     ) -> Result<Forwarded, EtcdError> {
-        let (reply, rx) = oneshot::channel();
-        self.queue(requests, Reply::Many(reply)).await?;
+        let (reply, mut rx) = oneshot::channel();
+        let claim = Arc::new(AtomicU8::new(QUEUED));
+        self.queue(requests, Reply::Many(reply), Some(claim.clone()))
+            .await?;
+        tokio::select! {
+            answer = &mut rx => return answer.unwrap_or(Err(EtcdError::Stopped)),
+            () = stepped_down => {}
+        }
+        let withdrawn = claim
+            .compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if withdrawn {
+            return Err(EtcdError::NotLeader);
+        }
+        // Already in an entry: that entry answers (`NotLeader` if it is refused).
         rx.await.unwrap_or(Err(EtcdError::Stopped))
     }
 
-    async fn queue(&self, requests: Vec<RaftRequest>, reply: Reply) -> Result<(), EtcdError> {
+    async fn queue(
+        &self,
+        requests: Vec<RaftRequest>,
+        reply: Reply,
+        claim: Option<Arc<AtomicU8>>,
+    ) -> Result<(), EtcdError> {
         let bytes = requests.iter().map(Message::encoded_len).sum();
         self.tx
             .send(Pending {
@@ -112,6 +198,7 @@ impl Proposer {
                 bytes,
                 queued_us: super::trace::start(),
                 reply,
+                claim,
             })
             .await
             .map_err(|_| EtcdError::Stopped)
@@ -135,9 +222,12 @@ async fn run(mut rx: mpsc::Receiver<Pending>, propose: ProposeFn) {
         };
         let first = match carried.take() {
             Some(p) => p,
-            None => match rx.recv().await {
-                Some(p) => p,
-                None => return,
+            None => loop {
+                match rx.recv().await {
+                    Some(p) if p.take() => break p,
+                    Some(_withdrawn) => {}
+                    None => return,
+                }
             },
         };
         let mut requests = first.requests.len();
@@ -145,6 +235,7 @@ async fn run(mut rx: mpsc::Receiver<Pending>, propose: ProposeFn) {
         let mut batch = vec![first];
         while requests < MAX_BATCH_REQUESTS && bytes < MAX_BATCH_BYTES {
             match rx.try_recv() {
+                Ok(p) if !p.take() => {}
                 Ok(p) => {
                     // A unit is never split: one that would overflow the bounds waits.
                     if requests + p.requests.len() > MAX_BATCH_REQUESTS
@@ -168,7 +259,7 @@ async fn run(mut rx: mpsc::Receiver<Pending>, propose: ProposeFn) {
     }
 }
 
-async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
+async fn submit(batch: Vec<Pending>, propose: ProposeFn) {
     let total: usize = batch.iter().map(|p| p.requests.len()).sum();
     crate::metrics::keel()
         .proposal_batch_requests
@@ -178,6 +269,25 @@ async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
         let id = batch[0].requests[0].id;
         super::trace::mark_at(Stage::Receive, id, id, 0, batch[0].queued_us);
     }
+    let route = if batch.iter().any(|p| matches!(p.reply, Reply::Many(_))) {
+        Route::LeaderOnly
+    } else {
+        Route::Anywhere
+    };
+    if let Some(own) = propose_units(batch, route, &propose).await {
+        // This member stopped leading: its own requests go to the leader, alone.
+        propose_units(own, Route::Anywhere, &propose).await;
+    }
+}
+
+/// Proposes `batch` as one entry along `route` and answers every unit. When a
+/// [`Route::LeaderOnly`] entry is refused, answers the forwarded units `NotLeader` and returns
+/// this member's own units, unproposed (`None` if there are none).
+async fn propose_units(
+    mut batch: Vec<Pending>,
+    route: Route,
+    propose: &ProposeFn,
+) -> Option<Vec<Pending>> {
     if let [
         Pending {
             reply: Reply::One(_),
@@ -189,12 +299,17 @@ async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
         // goes in a batch entry, so its apply errors come back as results.)
         let p = batch.pop().expect("one unit");
         let request = p.requests.into_iter().next().expect("one request");
-        let result = propose(request).await.map(|(resp, _)| resp);
+        let result = match propose(request, Route::Anywhere).await {
+            Ok((resp, _)) => Ok(resp),
+            Err(Refused::Failed(e)) => Err(e),
+            Err(Refused::NotLeader(_)) => Err(EtcdError::NotLeader),
+        };
         if let Reply::One(reply) = p.reply {
             let _ = reply.send(result);
         }
-        return;
+        return None;
     }
+    let total: usize = batch.iter().map(|p| p.requests.len()).sum();
     let mut requests = Vec::with_capacity(total);
     let mut replies = Vec::with_capacity(batch.len());
     for p in batch {
@@ -206,7 +321,7 @@ async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
         id: requests[0].id,
         request: Some(raft_request::Request::Batch(RequestBatch { requests })),
     };
-    match propose(entry).await {
+    match propose(entry, route).await {
         Ok((
             RaftResponse {
                 response: Some(raft_response::Response::Batch(b)),
@@ -231,8 +346,46 @@ async fn submit(mut batch: Vec<Pending>, propose: ProposeFn) {
             let e = EtcdError::Internal(format!("keel: batch entry answered with {other:?}"));
             replies.into_iter().for_each(|(_, r)| r.fail(&e));
         }
-        Err(e) => replies.into_iter().for_each(|(_, r)| r.fail(&e)),
+        Err(Refused::Failed(e)) => replies.into_iter().for_each(|(_, r)| r.fail(&e)),
+        Err(Refused::NotLeader(entry)) => return split_refused(entry, replies),
     }
+    None
+}
+
+/// Takes a refused batch entry apart: forwarded units are answered `NotLeader`, this
+/// member's own come back as units of one request each (`None` if there are none).
+fn split_refused(entry: RaftRequest, replies: Vec<(usize, Reply)>) -> Option<Vec<Pending>> {
+    let Some(raft_request::Request::Batch(batch)) = entry.request else {
+        let e = EtcdError::Internal("keel: a refused batch entry came back changed".into());
+        replies.into_iter().for_each(|(_, r)| r.fail(&e));
+        return None;
+    };
+    let mut requests = batch.requests.into_iter();
+    let mut own = Vec::new();
+    for (n, reply) in replies {
+        match reply {
+            Reply::Many(_) => {
+                requests.by_ref().take(n).for_each(drop);
+                reply.fail(&EtcdError::NotLeader);
+            }
+            Reply::One(_) => {
+                let Some(request) = requests.next() else {
+                    reply.fail(&EtcdError::Internal(
+                        "keel: a refused batch entry came back short".into(),
+                    ));
+                    continue;
+                };
+                own.push(Pending {
+                    bytes: request.encoded_len(),
+                    requests: vec![request],
+                    queued_us: 0,
+                    reply,
+                    claim: None,
+                });
+            }
+        }
+    }
+    (!own.is_empty()).then_some(own)
 }
 
 impl Reply {
@@ -291,7 +444,7 @@ mod tests {
                 response: Some(raft_response::Response::Put(PutResponse::default())),
             }
         }
-        Arc::new(move |req: RaftRequest| {
+        Arc::new(move |req: RaftRequest, _route: Route| {
             let entries = entries.clone();
             Box::pin(async move {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -310,7 +463,8 @@ mod tests {
                     }
                     _ => {
                         entries.push(vec![req.id]);
-                        into_result(answer(&req)).map(|r| (r, entries.len() as u64))
+                        let index = entries.len() as u64;
+                        Ok((into_result(answer(&req))?, index))
                     }
                 }
             })
@@ -372,7 +526,7 @@ mod tests {
             let p = proposer.clone();
             forwarded.push(tokio::spawn(async move {
                 let reqs = ids.iter().map(|&i| put(i)).collect();
-                (ids, p.propose_forwarded(reqs).await)
+                (ids, p.propose_forwarded(reqs, std::future::pending()).await)
             }));
         }
         for t in own {
@@ -418,6 +572,191 @@ mod tests {
             entries.len() < 40,
             "1,400 requests went out in {} entries",
             entries.len()
+        );
+    }
+
+    /// A member that stopped leading: it refuses every `LeaderOnly` entry and forwards
+    /// `Anywhere` ones (recorded, answered revision = id). Forwarded batches (ids from 1000)
+    /// are answered `NotLeader` and never proposed again; this member's own requests (ids
+    /// below 100) are each proposed exactly once, in entries without forwarded requests.
+    #[tokio::test]
+    async fn a_member_that_stopped_leading_sends_forwarded_requests_back_and_its_own_on() {
+        type Log = Mutex<Vec<(Route, Vec<u64>)>>;
+        let proposed: Arc<Log> = Arc::default();
+        let log = proposed.clone();
+        let follower: ProposeFn = Arc::new(move |req: RaftRequest, route: Route| {
+            let log = log.clone();
+            Box::pin(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                let ids: Vec<u64> = match &req.request {
+                    Some(raft_request::Request::Batch(b)) => {
+                        b.requests.iter().map(|r| r.id).collect()
+                    }
+                    _ => vec![req.id],
+                };
+                log.lock().unwrap().push((route, ids.clone()));
+                if route == Route::LeaderOnly {
+                    return Err(Refused::NotLeader(req));
+                }
+                let response = match req.request {
+                    Some(raft_request::Request::Batch(_)) => {
+                        raft_response::Response::Batch(ResponseBatch {
+                            responses: ids
+                                .iter()
+                                .map(|&id| RaftResponse {
+                                    revision: id as i64,
+                                    response: Some(raft_response::Response::Put(
+                                        PutResponse::default(),
+                                    )),
+                                })
+                                .collect(),
+                        })
+                    }
+                    _ => raft_response::Response::Put(PutResponse::default()),
+                };
+                let revision = if ids.len() == 1 { ids[0] as i64 } else { 0 };
+                Ok((
+                    RaftResponse {
+                        revision,
+                        response: Some(response),
+                    },
+                    7,
+                ))
+            })
+        });
+        let proposer = Arc::new(Proposer::start(follower));
+        let mut own = Vec::new();
+        let mut forwarded = Vec::new();
+        for i in 0..100u64 {
+            let p = proposer.clone();
+            own.push(tokio::spawn(async move { (i, p.propose(put(i)).await) }));
+            if i % 10 == 0 {
+                let p = proposer.clone();
+                let reqs = (0..5).map(|k| put(1000 + i * 10 + k)).collect();
+                forwarded.push(tokio::spawn(async move {
+                    p.propose_forwarded(reqs, std::future::pending()).await
+                }));
+            }
+        }
+        for t in own {
+            let (i, res) = t.await.unwrap();
+            assert_eq!(res.expect("an own request is answered").revision, i as i64);
+        }
+        for t in forwarded {
+            assert_eq!(t.await.unwrap().unwrap_err(), EtcdError::NotLeader);
+        }
+        let proposed = proposed.lock().unwrap();
+        let mut own_ids: Vec<u64> = Vec::new();
+        for (route, ids) in proposed.iter() {
+            let has_forwarded = ids.iter().any(|id| *id >= 1000);
+            match route {
+                Route::LeaderOnly => {
+                    assert!(has_forwarded, "LeaderOnly without forwarded: {ids:?}")
+                }
+                Route::Anywhere => {
+                    assert!(
+                        !has_forwarded,
+                        "a forwarded request was forwarded again: {ids:?}"
+                    );
+                    own_ids.extend(ids);
+                }
+            }
+        }
+        own_ids.sort_unstable();
+        assert_eq!(
+            own_ids,
+            (0..100).collect::<Vec<_>>(),
+            "each own request forwarded once"
+        );
+        assert!(
+            proposed.iter().any(|(r, _)| *r == Route::LeaderOnly),
+            "the test mixed forwarded and own requests in an entry"
+        );
+    }
+
+    /// All slots busy (their entries blocked) and a forwarded batch queued behind them: when
+    /// this member steps down the batch is withdrawn and answered `NotLeader` at once, and
+    /// once the slots free up it is never proposed; a batch queued later still is.
+    #[tokio::test]
+    async fn a_queued_forwarded_batch_is_withdrawn_when_this_member_steps_down() {
+        let release = Arc::new(Semaphore::new(0));
+        let proposed: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let (gate, log) = (release.clone(), proposed.clone());
+        let blocked: ProposeFn = Arc::new(move |req: RaftRequest, _route: Route| {
+            let (gate, log) = (gate.clone(), log.clone());
+            Box::pin(async move {
+                let _ = gate.acquire().await.unwrap();
+                let ids: Vec<u64> = match &req.request {
+                    Some(raft_request::Request::Batch(b)) => {
+                        b.requests.iter().map(|r| r.id).collect()
+                    }
+                    _ => vec![req.id],
+                };
+                log.lock().unwrap().extend(&ids);
+                let responses = ids
+                    .iter()
+                    .map(|&id| RaftResponse {
+                        revision: id as i64,
+                        response: Some(raft_response::Response::Put(PutResponse::default())),
+                    })
+                    .collect();
+                let response = match req.request {
+                    Some(raft_request::Request::Batch(_)) => {
+                        raft_response::Response::Batch(ResponseBatch { responses })
+                    }
+                    _ => raft_response::Response::Put(PutResponse::default()),
+                };
+                Ok((
+                    RaftResponse {
+                        revision: ids[0] as i64,
+                        response: Some(response),
+                    },
+                    1,
+                ))
+            })
+        });
+        let proposer = Arc::new(Proposer::start(blocked));
+        let mut own = Vec::new();
+        for i in 0..MAX_IN_FLIGHT as u64 {
+            let p = proposer.clone();
+            own.push(tokio::spawn(async move { p.propose(put(i)).await }));
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let (step_down, stepped_down) = oneshot::channel::<()>();
+        let p = proposer.clone();
+        let withdrawn = tokio::spawn(async move {
+            let stepped_down = async {
+                let _ = stepped_down.await;
+            };
+            p.propose_forwarded(vec![put(1000), put(1001)], stepped_down)
+                .await
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!withdrawn.is_finished(), "the batch waits for a slot");
+        step_down.send(()).unwrap();
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(5), withdrawn)
+            .await
+            .expect("withdrawn at once, with every slot still busy")
+            .unwrap();
+        assert_eq!(answer.unwrap_err(), EtcdError::NotLeader);
+
+        let p = proposer.clone();
+        let later = tokio::spawn(async move {
+            p.propose_forwarded(vec![put(2000)], std::future::pending())
+                .await
+        });
+        release.add_permits(100);
+        for (i, t) in own.into_iter().enumerate() {
+            assert_eq!(t.await.unwrap().unwrap().revision, i as i64);
+        }
+        let (responses, _) = later.await.unwrap().expect("a later batch is proposed");
+        assert_eq!(responses[0].revision, 2000);
+        let mut proposed = proposed.lock().unwrap().clone();
+        proposed.sort_unstable();
+        assert_eq!(
+            proposed,
+            [0, 1, 2, 3, 2000],
+            "the withdrawn batch was never proposed"
         );
     }
 }

@@ -25,6 +25,7 @@ mod gateway;
 mod http;
 mod keelutl;
 mod kubernetes;
+mod leader_change;
 mod lease_etcdctl;
 mod lease_leader_kill;
 mod lockelect;

@@ -1717,6 +1717,21 @@ where
                     });
                 }
             }
+            Command::AbandonClientWrites { upto } => {
+                // Keel patch (upstream #1761): dropping a responder closes its receiver; the
+                // caller reads that as "outcome unknown" (Keel: etcd's "request timed out,
+                // possibly due to previous leader failure").
+                let kept = self.client_resp_channels.split_off(&(upto.index + 1));
+                let abandoned = std::mem::replace(&mut self.client_resp_channels, kept);
+                if !abandoned.is_empty() {
+                    tracing::warn!(
+                        "a snapshot install up to {} supersedes {} pending client writes: \
+                         dropped unanswered",
+                        upto,
+                        abandoned.len()
+                    );
+                }
+            }
             Command::SendVote { vote_req } => {
                 self.spawn_parallel_vote_requests(&vote_req).await;
             }

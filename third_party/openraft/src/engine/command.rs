@@ -98,6 +98,12 @@ where C: RaftTypeConfig
     /// inclusive.
     DeleteConflictLog { since: LogId<C::NodeId> },
 
+    /// Keel patch (upstream #1761): drop, unanswered, the responders of client writes at log
+    /// indexes up to `upto`, inclusive. A snapshot install supersedes their entries, which may
+    /// or may not be in the snapshot, so neither success nor `ForwardToLeader` is true; without
+    /// this they were never answered at all.
+    AbandonClientWrites { upto: LogId<C::NodeId> },
+
     // TODO(1): current it is only used to replace BuildSnapshot, InstallSnapshot, CancelSnapshot.
     /// A command send to state machine worker [`sm::worker::Worker`].
     ///
@@ -140,6 +146,7 @@ where
             (Command::SendVote { vote_req },                   Command::SendVote { vote_req: b }, )                                            => vote_req == b,
             (Command::PurgeLog { upto },                       Command::PurgeLog { upto: b })                                                  => upto == b,
             (Command::DeleteConflictLog { since },             Command::DeleteConflictLog { since: b }, )                                      => since == b,
+            (Command::AbandonClientWrites { upto },            Command::AbandonClientWrites { upto: b })                                       => upto == b,
             (Command::Respond { when, resp: send },            Command::Respond { when: b_when, resp: b })                                     => send == b && when == b_when,
             (Command::StateMachine { command },                Command::StateMachine { command: b })                                           => command == b,
             _ => false,
@@ -158,6 +165,7 @@ where C: RaftTypeConfig
             Command::QuitLeader                       => CommandKind::Main,
             Command::RebuildReplicationStreams { .. } => CommandKind::Main,
             Command::Respond { .. }                   => CommandKind::Main,
+            Command::AbandonClientWrites { .. }       => CommandKind::Main,
 
             Command::AppendInputEntries { .. }        => CommandKind::Log,
             Command::SaveVote { .. }                  => CommandKind::Log,
@@ -192,6 +200,7 @@ where C: RaftTypeConfig
             Command::SendVote { .. }                  => None,
             Command::PurgeLog { .. }                  => None,
             Command::DeleteConflictLog { .. }         => None,
+            Command::AbandonClientWrites { .. }       => None,
             Command::Respond { when, .. }             => when.as_ref(),
             // TODO(1): 
             Command::StateMachine { .. }              => None,

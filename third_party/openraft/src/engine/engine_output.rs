@@ -58,6 +58,7 @@ where C: RaftTypeConfig
             Command::SendVote { .. } => {}
             Command::PurgeLog { .. } => {}
             Command::DeleteConflictLog { .. } => {}
+            Command::AbandonClientWrites { .. } => {}
             Command::Respond { .. } => {}
         }
         self.commands.push_back(cmd)

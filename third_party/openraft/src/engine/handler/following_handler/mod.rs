@@ -303,6 +303,15 @@ where C: RaftTypeConfig
             return None;
         }
 
+        // Keel patch (upstream #1761): client writes this node proposed as a leader, up to the
+        // snapshot's last index, are superseded whether or not the snapshot holds them; their
+        // callers get no answer rather than a wrong one. This runs before the truncation
+        // below, which answers `ForwardToLeader` to every write above `committed`: right only
+        // above the snapshot, where a conflicting local entry proves the rest was not kept.
+        self.output.push_command(Command::AbandonClientWrites {
+            upto: snap_last_log_id.clone(),
+        });
+
         let local = self.state.get_log_id(snap_last_log_id.index);
         if let Some(local) = local {
             if local != snap_last_log_id {

@@ -1,0 +1,267 @@
+//! Writes across leader changes: every write is answered promptly, with its result or one of
+//! etcd's errors, never left to run into the request timeout.
+//!
+//! - Leadership transfers (`MoveLeader`) while clients write through every member. Found by a
+//!   fresh-user check: the new leader's proposer slots were held by forwards to the old
+//!   leader, whose slots held forwards to the new one, so writes hung for the full 7 s and
+//!   clients got gRPC's `Internal: Timeout expired` (a forwarded entry now takes one hop at
+//!   most: `raft::proposer`, and a peer deadline reads as etcd's "request timed out").
+//! - A deposed leader that catches up by installing a snapshot: the write it held, which the
+//!   snapshot supersedes, is answered at once with etcd's "request timed out, possibly due to
+//!   previous leader failure" (openraft patch for upstream #1761, docs/third_party.md).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keel_proto::etcdserverpb::{MoveLeaderRequest, PutRequest};
+use keel_testkit::grpc;
+
+use crate::cluster;
+
+/// etcd's request timeout with the default 1 s election timeout (5 s + 2 × 1 s): how long a
+/// stranded write used to wait.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(7);
+const WRITERS: usize = 24;
+const TRANSFERS: usize = 6;
+
+/// One answered write: how long it took and, if it failed, its gRPC code and message.
+type Answer = (Duration, Result<(), String>);
+
+#[test]
+fn writes_through_every_member_are_answered_promptly_across_leader_transfers() {
+    let (_alone, cluster) = cluster(3, &[]);
+    let endpoints: Vec<String> = (0..3).map(|i| cluster.members[i].endpoint()).collect();
+    let ids: Vec<u64> = (0..3).map(|i| cluster.member_id(i).unwrap()).collect();
+    let rt = grpc::runtime();
+    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (endpoint, answers, stop) =
+                (endpoints[w % 3].clone(), answers.clone(), stop.clone());
+            rt.spawn(async move {
+                let channel = grpc::channel(&endpoint, 2 * REQUEST_TIMEOUT).await.unwrap();
+                let mut kv = keel_proto::etcdserverpb::kv_client::KvClient::new(channel);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let put = kv
+                        .put(PutRequest {
+                            key: format!("w{w}/{n}").into_bytes(),
+                            value: vec![b'v'; 64],
+                            ..Default::default()
+                        })
+                        .await;
+                    let result = put
+                        .map(|_| ())
+                        .map_err(|s| format!("{:?}: {}", s.code(), s.message()));
+                    answers.lock().unwrap().push((started.elapsed(), result));
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+
+    std::thread::sleep(Duration::from_secs(1));
+    for round in 0..TRANSFERS {
+        let leader = cluster.leader(Duration::from_secs(15));
+        let target = (leader + 1 + round % 2) % 3;
+        let moved = rt.block_on(async {
+            grpc::maintenance(&endpoints[leader])
+                .await
+                .move_leader(MoveLeaderRequest {
+                    target_id: ids[target],
+                })
+                .await
+        });
+        assert!(
+            moved.is_ok(),
+            "transfer {round} to {target}: {moved:?}\n{}",
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(async {
+        for w in writers {
+            tokio::time::timeout(3 * REQUEST_TIMEOUT, w)
+                .await
+                .expect("a writer stopped")
+                .unwrap();
+        }
+    });
+
+    let answers = answers.lock().unwrap();
+    let failed: Vec<&Answer> = answers.iter().filter(|(_, r)| r.is_err()).collect();
+    let slowest = answers.iter().map(|(t, _)| *t).max().unwrap();
+    eprintln!(
+        "{} writes across {TRANSFERS} transfers, {} failed, slowest {slowest:?}",
+        answers.len(),
+        failed.len()
+    );
+    assert!(answers.len() > 500, "only {} writes", answers.len());
+    // A transfer holds new writes on the old leader for about one election timeout; none
+    // may wait anywhere near the request timeout.
+    assert!(
+        slowest < REQUEST_TIMEOUT / 2,
+        "a write took {slowest:?}; failures: {failed:?}"
+    );
+    assert_eq!(
+        failed,
+        Vec::<&Answer>::new(),
+        "writes failed across transfers"
+    );
+}
+
+/// Attempts of the superseded-write scenario before giving up on ever seeing the snapshot
+/// path (each takes about 6 s; the path came up in 3 of 5 attempts on the dev box).
+const SUPERSEDE_ATTEMPTS: usize = 6;
+
+/// What became of the write a deposed leader held.
+#[derive(Debug, PartialEq)]
+enum Superseded {
+    /// A snapshot install dropped it, and the client was told so.
+    BySnapshot,
+    /// The new leader's log cut it (a conflicting entry), so it was forwarded to the new leader
+    /// and applied there: also right, but not the path under test.
+    ByConflict,
+}
+
+/// The leader takes a write while both followers are down (SIGKILL), so the entry is in its
+/// log only and is never committed; then it is stopped itself (SIGSTOP), the followers
+/// restart, elect a new leader and write past several snapshots (`--snapshot-count 20`, 5
+/// entries kept), and the old leader resumes.
+///
+/// Where the new leader's first probes of the old leader's log land decides its path: a probe
+/// at the write's index finds a conflict and cuts it (openraft answers `ForwardToLeader`, and
+/// the write goes to the new leader: it was never committed, so it is applied exactly once);
+/// otherwise the old leader installs a snapshot past its whole log, which supersedes the
+/// write, and the client must hear etcd's "request timed out, possibly due to previous leader
+/// failure" at once, not at its request timeout. Each attempt checks the path it took; the
+/// test needs the snapshot path at least once.
+#[test]
+fn a_deposed_leaders_pending_write_is_answered_when_a_snapshot_supersedes_it() {
+    let mut paths = Vec::new();
+    for _ in 0..SUPERSEDE_ATTEMPTS {
+        let path = supersede_a_pending_write();
+        paths.push(path);
+        if paths.last() == Some(&Superseded::BySnapshot) {
+            return;
+        }
+    }
+    panic!("no attempt took the snapshot path: {paths:?}");
+}
+
+fn supersede_a_pending_write() -> Superseded {
+    let (_alone, mut cluster) = cluster(
+        3,
+        &[
+            "--snapshot-count",
+            "20",
+            "--experimental-snapshot-catchup-entries",
+            "5",
+        ],
+    );
+    let rt = grpc::runtime();
+    let old = cluster.leader(Duration::from_secs(15));
+    let followers: Vec<usize> = (0..3).filter(|i| *i != old).collect();
+    let old_endpoint = cluster.members[old].endpoint();
+    let mut kv_old = rt.block_on(async {
+        let channel = grpc::channel(&old_endpoint, 3 * REQUEST_TIMEOUT)
+            .await
+            .unwrap();
+        keel_proto::etcdserverpb::kv_client::KvClient::new(channel)
+    });
+
+    for &f in &followers {
+        cluster.members[f].kill9();
+    }
+    let sent = Instant::now();
+    let pending = rt.spawn(async move {
+        let put = kv_old
+            .put(PutRequest {
+                key: b"stranded".to_vec(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            })
+            .await;
+        let answered = Instant::now();
+        (
+            answered,
+            put.map(|_| ())
+                .map_err(|s| (s.code(), s.message().to_string())),
+        )
+    });
+    // Long enough for the leader to append the entry; it cannot commit it.
+    std::thread::sleep(Duration::from_millis(200));
+    cluster.members[old].pause();
+    for &f in &followers {
+        cluster.members[f].spawn();
+    }
+    for &f in &followers {
+        cluster.members[f].wait_ready();
+    }
+    let new_leader = followers
+        .iter()
+        .copied()
+        .find(|&f| {
+            let s = cluster.status(f).unwrap();
+            s.header.is_some_and(|h| h.member_id == s.leader)
+        })
+        .expect("one of the restarted followers leads");
+    rt.block_on(async {
+        let mut kv = grpc::kv(&cluster.members[new_leader].endpoint()).await;
+        for i in 0..60 {
+            grpc::put(&mut kv, &format!("after/{i}"), "v").await;
+        }
+        // Give the calls in flight to the stopped member time to fail: openraft purges no
+        // entry they cover. Then snapshot (and purge) once more.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        for i in 60..80 {
+            grpc::put(&mut kv, &format!("after/{i}"), "v").await;
+        }
+    });
+    let resumed = Instant::now();
+    cluster.members[old].resume();
+
+    let (answered, result) = rt.block_on(pending).unwrap();
+    // Whether a snapshot install dropped the write, once the old leader caught up.
+    let count = rt.block_on(async {
+        let mut kv = grpc::kv(&cluster.members[old].endpoint()).await;
+        grpc::put(&mut kv, "after-resume", "v").await;
+        grpc::range(&mut kv, b"stranded", b"").await.count
+    });
+    let dropped = cluster.members[old]
+        .log()
+        .contains("pending client writes: dropped unanswered");
+    eprintln!(
+        "setup took {:?}; the write was answered {:?} after the resume: {result:?} \
+         (dropped by a snapshot: {dropped})",
+        resumed - sent,
+        answered.saturating_duration_since(resumed)
+    );
+    assert!(
+        answered < sent + REQUEST_TIMEOUT,
+        "answered only at its request timeout ({:?} after it was sent): {result:?}\n{}",
+        answered - sent,
+        cluster.log_tails()
+    );
+    if dropped {
+        assert_eq!(
+            result,
+            Err((
+                tonic::Code::Unavailable,
+                "etcdserver: request timed out, possibly due to previous leader failure"
+                    .to_string()
+            ))
+        );
+        assert_eq!(count, 0, "the superseded write was applied");
+        Superseded::BySnapshot
+    } else {
+        assert_eq!(result, Ok(()), "{}", cluster.log_tails());
+        assert_eq!(count, 1, "the forwarded write was applied once");
+        Superseded::ByConflict
+    }
+}
