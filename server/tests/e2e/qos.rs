@@ -263,6 +263,19 @@ fn a_member_that_installs_a_snapshot_gets_the_rules_in_it() {
         ],
     );
     let endpoints: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
+    // Rule changes need cluster version 0.2, which the leader decides only once every member
+    // published its version: stopping member 2 before it did would leave the cluster at 0.1.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster.members[2]
+        .log()
+        .contains("published member attributes")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "member 2 never published its version"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     cluster.members[2].terminate();
     let rt = grpc::runtime();
     rt.block_on(async {
