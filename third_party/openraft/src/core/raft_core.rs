@@ -1521,6 +1521,13 @@ where
         // Every time elect, reset this flag.
         self.engine.reset_greater_log();
 
+        // Keel patch: draw a new random election timeout for every election (Raft paper
+        // §5.2: "each candidate restarts its randomized election timeout at the start of an
+        // election"). openraft 0.9 drew it once per process, so two members whose draws
+        // were close split the vote election after election after a leader failed.
+        self.engine.config.timer_config.election_timeout =
+            Duration::from_millis(self.config.new_rand_election_timeout::<C::AsyncRuntime>());
+
         tracing::info!("do trigger election");
         self.engine.elect();
     }
