@@ -3,8 +3,9 @@
 //! etcd: a follower campaigns after a randomized election timeout in `[ET, 2·ET)` without a
 //! message from the leader. openraft 0.9.25: a follower that has a leader campaigns after
 //! `leader_lease + election_timeout`, where `leader_lease = election_timeout_max` and
-//! `election_timeout` is drawn once per member from `[election_timeout_min,
-//! election_timeout_max)`; before the lease ends it also refuses to vote. Passing etcd's
+//! `election_timeout` is drawn from `[election_timeout_min, election_timeout_max)` (once per
+//! member in openraft; again for every election with Keel's patch, docs/third_party.md);
+//! before the lease ends it also refuses to vote. Passing etcd's
 //! numbers straight through would make a failover take `3·ET` to `4·ET`.
 //!
 //! Keel therefore sets `election_timeout_max = 0.6·ET` and `election_timeout_min = 0.4·ET`:

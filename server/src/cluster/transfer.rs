@@ -5,14 +5,22 @@
 //! leader hands over like this:
 //!
 //! 1. It checks that the target is a voter, and stops new client work: the [`TransferGate`]
-//!    holds proposals and read-index rounds, and heartbeats are switched off.
-//! 2. It waits until the target's replicated log matches its own last log index.
-//! 3. It waits out the followers' leader lease (counted from the last replication message),
-//!    so that they will grant a vote; their own election timers need another
-//!    `election_timeout_min` to fire, which leaves the target a clear head start.
+//!    holds proposals and read-index rounds. Heartbeats go on.
+//! 2. It waits, at most one election timeout, until the target's replicated log matches its
+//!    own last log index and the target answered a raft RPC within two heartbeat intervals.
+//! 3. It switches heartbeats off and waits out the followers' leader lease (counted from the
+//!    last replication message), so that they will grant a vote; their own election timers
+//!    need another `election_timeout_min` to fire, which leaves the target a clear head
+//!    start.
 //! 4. It sends `keelpb.Peer/TimeoutNow`; the target calls `raft.trigger().elect()`.
-//! 5. It waits until the target is the leader it follows, then releases the gate and turns
-//!    heartbeats back on (also when the transfer fails).
+//! 5. It waits, at most one election timeout, until the target is the leader it follows.
+//!
+//! Whatever the outcome, the gate reopens and heartbeats come back on at the end, and at
+//! once should this member stop leading meanwhile (another member won an election). etcd
+//! bounds a transfer by one election timeout too, and keeps heartbeating while the target
+//! catches up; Keel used to wait for the request timeout (7 s) with heartbeats off, so a
+//! target that did not answer held the leader's writes for 7 s while another member took
+//! over (found by a fresh-user check).
 //!
 //! Errors follow etcd: `NotLeader` when not asked on the leader, `BadLeaderTransferee` for a
 //! target that is not a voting member, `TimeoutLeaderTransfer` when leadership did not move in
@@ -26,6 +34,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::Cluster;
+
+/// How often a transfer checks whether the target caught up.
+const TRANSFER_POLL: Duration = Duration::from_millis(10);
 use crate::error::EtcdError;
 use crate::raft::Peers;
 use crate::raft::types::{NodeId, Raft};
@@ -60,12 +71,9 @@ impl TransferGate {
         let took = self
             .busy
             .send_if_modified(|busy| !std::mem::replace(busy, true));
-        took.then(|| {
-            raft.runtime_config().heartbeat(false);
-            TransferGuard {
-                gate: self.clone(),
-                raft: raft.clone(),
-            }
+        took.then(|| TransferGuard {
+            gate: self.clone(),
+            raft: raft.clone(),
         })
     }
 
@@ -79,6 +87,13 @@ impl TransferGate {
 struct TransferGuard {
     gate: TransferGate,
     raft: Raft,
+}
+
+impl TransferGuard {
+    /// Stops heartbeats until the guard is dropped.
+    fn heartbeats_off(&self) {
+        self.raft.runtime_config().heartbeat(false);
+    }
 }
 
 impl Drop for TransferGuard {
@@ -100,8 +115,17 @@ pub struct Transfer<'a> {
     pub gate: &'a TransferGate,
     /// openraft's leader lease (`election_timeout_max`).
     pub lease: Duration,
+    /// Bound on the target's catching up and on the election after `TimeoutNow` (etcd's
+    /// election timeout).
+    pub election_timeout: Duration,
     /// Head start of the target over the followers' own election timers.
     pub margin: Duration,
+    /// How recently the target must have answered a raft RPC for the handover to start
+    /// (two heartbeat intervals).
+    pub answered_within: Duration,
+    /// Deadline of the `TimeoutNow` call: short enough that heartbeats resume before the
+    /// other followers' election timers can fire should the target not answer.
+    pub timeout_now_within: Duration,
     /// Bound on the whole transfer (etcd's request timeout).
     pub timeout: Duration,
 }
@@ -133,7 +157,7 @@ impl Transfer<'_> {
         if target == self.id {
             return Ok(());
         }
-        let _guard = loop {
+        let guard = loop {
             if let Some(g) = self.gate.begin(self.raft) {
                 break g;
             }
@@ -142,27 +166,39 @@ impl Transfer<'_> {
             }
         };
 
-        // 2. The target must hold every entry we have, or the followers refuse to vote for it.
-        let caught_up = self
-            .raft
-            .wait(Some(deadline.saturating_duration_since(Instant::now())))
-            .metrics(
-                |m| {
-                    let matched = m
-                        .replication
-                        .as_ref()
-                        .and_then(|r| r.get(&target).cloned().flatten())
-                        .map(|l| l.index);
-                    m.current_leader == Some(self.id) && matched >= m.last_log_index
-                },
-                "transferee caught up",
-            )
-            .await;
-        if caught_up.is_err() {
-            return Err(EtcdError::TimeoutLeaderTransfer);
+        // 2. The target must hold every entry we have, or the followers refuse to vote for
+        //    it, and must be answering: heartbeats stop next, and a target that cannot take
+        //    over would leave the cluster to an election.
+        let step = (Instant::now() + self.election_timeout).min(deadline);
+        loop {
+            let (leading, matched, last) = {
+                let m = self.raft.metrics();
+                let m = m.borrow();
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&target).cloned().flatten())
+                    .map(|l| l.index);
+                (m.current_leader == Some(self.id), matched, m.last_log_index)
+            };
+            if !leading {
+                return Err(EtcdError::NotLeader);
+            }
+            let answering = self
+                .peers
+                .last_answer(target)
+                .is_some_and(|t| t.elapsed() <= self.answered_within);
+            if matched >= last && answering {
+                break;
+            }
+            if Instant::now() >= step {
+                return Err(EtcdError::TimeoutLeaderTransfer);
+            }
+            tokio::time::sleep(TRANSFER_POLL).await;
         }
 
-        // 3. Let the followers' leader lease lapse (no message has gone out since).
+        // 3. Let the followers' leader lease lapse: no message goes out from now on.
+        guard.heartbeats_off();
         tokio::time::sleep_until((Instant::now() + self.lease + self.margin).min(deadline)).await;
 
         // 4. TimeoutNow.
@@ -174,20 +210,46 @@ impl Transfer<'_> {
             leader_id: self.id,
             term,
         });
-        request.set_timeout(deadline.saturating_duration_since(Instant::now()));
-        if let Err(status) = client.timeout_now(request).await {
-            tracing::warn!(target = format!("{target:x}"), %status, "leadership transfer: TimeoutNow failed");
-            return Err(EtcdError::TimeoutLeaderTransfer);
+        request.set_timeout(self.timeout_now_within);
+        let sent = tokio::time::timeout(self.timeout_now_within, client.timeout_now(request));
+        match sent.await {
+            Ok(Ok(_)) => {}
+            Ok(Err(status)) => {
+                tracing::warn!(target = format!("{target:x}"), %status, "leadership transfer: TimeoutNow failed");
+                return Err(EtcdError::TimeoutLeaderTransfer);
+            }
+            Err(_) => {
+                tracing::warn!(
+                    target = format!("{target:x}"),
+                    "leadership transfer: TimeoutNow not answered in time"
+                );
+                return Err(EtcdError::TimeoutLeaderTransfer);
+            }
         }
+        let step = (Instant::now() + self.election_timeout).min(deadline);
 
-        // 5. Done once we follow the target.
-        self.raft
-            .wait(Some(deadline.saturating_duration_since(Instant::now())))
-            .metrics(|m| m.current_leader == Some(target), "leadership moved")
-            .await
-            .map(|_| ())
-            .map_err(|_| EtcdError::TimeoutLeaderTransfer)
+        // 5. Done once we follow the target; another leader ends the wait too.
+        let moved = self
+            .raft
+            .wait(Some(step.saturating_duration_since(Instant::now())))
+            .metrics(
+                |m| m.current_leader.is_some() && m.current_leader != Some(self.id),
+                "leadership moved",
+            )
+            .await;
+        match moved {
+            Ok(m) if m.current_leader == Some(target) => Ok(()),
+            _ => Err(EtcdError::TimeoutLeaderTransfer),
+        }
     }
+}
+
+/// The target's head start over the other followers' election timers, in ms: one
+/// heartbeat, at most a quarter of `election_timeout_min`.
+fn margin_ms(timers: &crate::cluster::timing::RaftTimers) -> u64 {
+    timers
+        .heartbeat_interval
+        .min(timers.election_timeout_min / 4)
 }
 
 /// etcd `MoveLeader` on this member: moves leadership to `target` (see the module docs).
@@ -201,11 +263,12 @@ pub async fn move_leader(cluster: &Cluster, target: NodeId) -> Result<(), EtcdEr
         peers: &cluster.peers,
         gate: &cluster.gate,
         lease: Duration::from_millis(timers.election_timeout_max),
-        margin: Duration::from_millis(
-            timers
-                .heartbeat_interval
-                .min(timers.election_timeout_min / 4),
+        election_timeout: cluster.timing.election_timeout,
+        answered_within: Duration::from_millis(2 * timers.heartbeat_interval),
+        timeout_now_within: Duration::from_millis(
+            (timers.election_timeout_min - margin_ms(&timers)) / 2,
         ),
+        margin: Duration::from_millis(margin_ms(&timers)),
         timeout: cluster.timing.request_timeout,
     };
     let started = Instant::now();

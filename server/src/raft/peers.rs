@@ -87,6 +87,8 @@ pub struct AppendStats {
 struct Health {
     /// Start of the current run of successful RPCs; `None` after a transport failure.
     active_since: Option<Instant>,
+    /// When the member last answered an RPC.
+    answered: Option<Instant>,
 }
 
 impl Peers {
@@ -169,6 +171,9 @@ impl Peers {
     pub fn record(&self, id: NodeId, reachable: bool) {
         let mut health = self.health.lock().expect("peer health lock");
         let h = health.entry(id).or_default();
+        if reachable {
+            h.answered = Some(Instant::now());
+        }
         match (reachable, h.active_since) {
             (true, None) => h.active_since = Some(Instant::now()),
             (true, Some(_)) => {}
@@ -184,6 +189,16 @@ impl Peers {
             .expect("peer health lock")
             .get(&id)
             .and_then(|h| h.active_since)
+    }
+
+    /// When `id` last answered one of this member's raft RPCs (an RPC that timed out, to a
+    /// stopped member say, records nothing: this shows it).
+    pub fn last_answer(&self, id: NodeId) -> Option<Instant> {
+        self.health
+            .lock()
+            .expect("peer health lock")
+            .get(&id)
+            .and_then(|h| h.answered)
     }
 
     /// Counts one AppendEntries RPC carrying `entries` entries (heartbeats, with none, are
@@ -321,8 +336,14 @@ mod tests {
         assert_eq!(peers.active_since(7), Some(first), "a run keeps its start");
         assert!(peers.connected_since(7, Instant::now()));
         assert!(!peers.connected_since(7, first - Duration::from_secs(1)));
+        let answered = peers.last_answer(7).expect("answered");
         peers.record(7, false);
         assert_eq!(peers.active_since(7), None);
+        assert_eq!(
+            peers.last_answer(7),
+            Some(answered),
+            "a failure keeps the last answer"
+        );
         assert!(!peers.connected_since(7, Instant::now()));
     }
 

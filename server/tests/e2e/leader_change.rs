@@ -265,3 +265,62 @@ fn supersede_a_pending_write() -> Superseded {
         Superseded::ByConflict
     }
 }
+
+/// `MoveLeader` to a member that does not answer (SIGSTOP) fails within about two election
+/// timeouts with etcd's error; the leader keeps leading in the same term, and writes through
+/// it wait no longer than the attempt. (etcd bounds a transfer by one election timeout and
+/// keeps heartbeating; Keel waited 7 s with heartbeats off, so the third member took over and
+/// the old leader held its clients' writes for 7 s: found by a fresh-user check.)
+#[test]
+fn a_transfer_to_a_member_that_does_not_answer_fails_fast_and_keeps_the_leader() {
+    let (_alone, mut cluster) = cluster(3, &[]);
+    let rt = grpc::runtime();
+    let leader = cluster.leader(Duration::from_secs(15));
+    let target = (leader + 1) % 3;
+    let target_id = cluster.member_id(target).unwrap();
+    let term = cluster.status(leader).unwrap().raft_term;
+    let endpoint = cluster.members[leader].endpoint();
+    cluster.members[target].pause();
+
+    let writer = rt.spawn({
+        let endpoint = endpoint.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut kv = grpc::kv(&endpoint).await;
+            let started = Instant::now();
+            grpc::put(&mut kv, "during-transfer", "v").await;
+            started.elapsed()
+        }
+    });
+    let started = Instant::now();
+    let moved = rt.block_on(async {
+        grpc::maintenance(&endpoint)
+            .await
+            .move_leader(MoveLeaderRequest { target_id })
+            .await
+    });
+    let took = started.elapsed();
+    let write_took = rt.block_on(writer).unwrap();
+    cluster.members[target].resume();
+    eprintln!("the transfer failed after {took:?}; a write during it took {write_took:?}");
+    grpc::assert_fails_with(
+        moved,
+        tonic::Code::Unavailable,
+        "etcdserver: request timed out, leader transfer took too long",
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "the transfer took {took:?}"
+    );
+    assert!(
+        write_took < Duration::from_millis(2500),
+        "a write took {write_took:?}"
+    );
+    let status = cluster.status(leader).unwrap();
+    assert_eq!(
+        (status.leader, status.raft_term),
+        (cluster.member_id(leader).unwrap(), term),
+        "the leader changed\n{}",
+        cluster.log_tails()
+    );
+}
