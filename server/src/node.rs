@@ -517,16 +517,16 @@ impl Node {
         &self,
         req: RaftRequest,
     ) -> Result<(RaftResponse, u64), EtcdError> {
-        if self.other_leader().is_some() {
+        let me = self.id;
+        let other_leads =
+            move |m: &openraft::RaftMetrics<_, _>| matches!(m.current_leader, Some(l) if l != me);
+        let mut metrics = self.raft.metrics();
+        if other_leads(&metrics.borrow()) {
             return Err(EtcdError::NotLeader);
         }
         let proposer = self.proposer.get().ok_or(EtcdError::Stopped)?;
-        let mut metrics = self.raft.metrics();
-        let me = self.id;
         let stepped_down = async move {
-            let other =
-                |m: &openraft::RaftMetrics<_, _>| matches!(m.current_leader, Some(l) if l != me);
-            if metrics.wait_for(other).await.is_err() {
+            if metrics.wait_for(other_leads).await.is_err() {
                 std::future::pending::<()>().await;
             }
         };
