@@ -609,8 +609,19 @@ impl Node {
                     tokio::time::sleep(FORWARD_RETRY_PAUSE).await;
                 }
                 Err(PeerFailure::Answer(EtcdError::NotLeader)) => {
-                    // It stopped leading and proposed nothing: ask the leader that follows.
-                    self.wait_leader_other_than(leader_id, deadline).await?;
+                    // It proposed nothing: it stopped leading, or does not lead yet (it won
+                    // the election our metrics name it for, but its own do not show it).
+                    // Ask again once our metrics name another leader, or after a pause.
+                    let now = tokio::time::Instant::now();
+                    if now + FORWARD_RETRY_PAUSE >= deadline {
+                        return Err(EtcdError::TimeoutDueToLeaderFail.into());
+                    }
+                    let pause = now + FORWARD_RETRY_PAUSE;
+                    if let Err(EtcdError::Stopped) =
+                        self.wait_leader_other_than(leader_id, pause).await
+                    {
+                        return Err(EtcdError::Stopped.into());
+                    }
                 }
                 Err(PeerFailure::Ambiguous) => {
                     return Err(EtcdError::TimeoutDueToLeaderFail.into());
@@ -800,15 +811,15 @@ impl Node {
     /// Waits until raft metrics no longer name `stale` as the leader (a member that said it
     /// does not lead): another leader, this member, or none yet.
     ///
-    /// Errors: `TimeoutDueToLeaderFail` at `deadline`, `Stopped` when raft stopped.
+    /// Errors: `TimeoutDueToLeaderFail` at `until`, `Stopped` when raft stopped.
     async fn wait_leader_other_than(
         &self,
         stale: NodeId,
-        deadline: tokio::time::Instant,
+        until: tokio::time::Instant,
     ) -> Result<(), EtcdError> {
         let mut metrics = self.raft.metrics();
         let moved = metrics.wait_for(|m| m.current_leader != Some(stale));
-        match tokio::time::timeout_at(deadline, moved).await {
+        match tokio::time::timeout_at(until, moved).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) => Err(EtcdError::Stopped),
             Err(_) => Err(EtcdError::TimeoutDueToLeaderFail),
