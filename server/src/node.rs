@@ -603,25 +603,13 @@ impl Node {
                 Err(PeerFailure::NotDelivered) => {
                     // The leader is unreachable (likely crashed) and did not get the request:
                     // retry once a new leader is known.
-                    if tokio::time::Instant::now() + FORWARD_RETRY_PAUSE >= deadline {
-                        return Err(EtcdError::TimeoutDueToLeaderFail.into());
-                    }
-                    tokio::time::sleep(FORWARD_RETRY_PAUSE).await;
+                    self.retry_pause(None, deadline).await?;
                 }
                 Err(PeerFailure::Answer(EtcdError::NotLeader)) => {
                     // It proposed nothing: it stopped leading, or does not lead yet (it won
                     // the election our metrics name it for, but its own do not show it).
                     // Ask again once our metrics name another leader, or after a pause.
-                    let now = tokio::time::Instant::now();
-                    if now + FORWARD_RETRY_PAUSE >= deadline {
-                        return Err(EtcdError::TimeoutDueToLeaderFail.into());
-                    }
-                    let pause = now + FORWARD_RETRY_PAUSE;
-                    if let Err(EtcdError::Stopped) =
-                        self.wait_leader_other_than(leader_id, pause).await
-                    {
-                        return Err(EtcdError::Stopped.into());
-                    }
+                    self.retry_pause(Some(leader_id), deadline).await?;
                 }
                 Err(PeerFailure::Ambiguous) => {
                     return Err(EtcdError::TimeoutDueToLeaderFail.into());
@@ -808,21 +796,30 @@ impl Node {
             .await
     }
 
-    /// Waits until raft metrics no longer name `stale` as the leader (a member that said it
-    /// does not lead): another leader, this member, or none yet.
+    /// The pause before a request that was not proposed is sent again: [`FORWARD_RETRY_PAUSE`],
+    /// cut short once raft metrics no longer name `stale` as the leader (a member that said
+    /// it does not lead).
     ///
-    /// Errors: `TimeoutDueToLeaderFail` at `until`, `Stopped` when raft stopped.
-    async fn wait_leader_other_than(
+    /// Errors: `TimeoutDueToLeaderFail` when the pause would reach `deadline`, `Stopped`
+    /// when raft stopped.
+    async fn retry_pause(
         &self,
-        stale: NodeId,
-        until: tokio::time::Instant,
+        stale: Option<NodeId>,
+        deadline: tokio::time::Instant,
     ) -> Result<(), EtcdError> {
+        let until = tokio::time::Instant::now() + FORWARD_RETRY_PAUSE;
+        if until >= deadline {
+            return Err(EtcdError::TimeoutDueToLeaderFail);
+        }
+        let Some(stale) = stale else {
+            tokio::time::sleep_until(until).await;
+            return Ok(());
+        };
         let mut metrics = self.raft.metrics();
         let moved = metrics.wait_for(|m| m.current_leader != Some(stale));
         match tokio::time::timeout_at(until, moved).await {
-            Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) => Err(EtcdError::Stopped),
-            Err(_) => Err(EtcdError::TimeoutDueToLeaderFail),
+            Ok(Ok(_)) | Err(_) => Ok(()),
         }
     }
 

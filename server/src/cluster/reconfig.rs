@@ -268,11 +268,7 @@ pub async fn promote_on_leader(
     let (leader_index, learner_index) = {
         let m = cluster.raft.metrics();
         let m = m.borrow();
-        let matched = m
-            .replication
-            .as_ref()
-            .and_then(|r| r.get(&id).cloned().flatten())
-            .map_or(0, |l| l.index);
+        let matched = crate::raft::peers::matched_index(&m, id).unwrap_or(0);
         (m.last_log_index.unwrap_or(0), matched)
     };
     if (learner_index as f64) < (leader_index as f64) * LEARNER_READY_PERCENT {

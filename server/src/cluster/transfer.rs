@@ -34,12 +34,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::Cluster;
+use crate::error::EtcdError;
+use crate::raft::Peers;
+use crate::raft::peers::matched_index;
+use crate::raft::types::{NodeId, Raft};
 
 /// How often a transfer checks whether the target caught up.
 const TRANSFER_POLL: Duration = Duration::from_millis(10);
-use crate::error::EtcdError;
-use crate::raft::Peers;
-use crate::raft::types::{NodeId, Raft};
 
 /// Holds client proposals and read-index rounds on the leader while a transfer runs.
 /// Cheap to clone; clones share the state.
@@ -174,11 +175,7 @@ impl Transfer<'_> {
             let (leading, matched, last) = {
                 let m = self.raft.metrics();
                 let m = m.borrow();
-                let matched = m
-                    .replication
-                    .as_ref()
-                    .and_then(|r| r.get(&target).cloned().flatten())
-                    .map(|l| l.index);
+                let matched = matched_index(&m, target);
                 (m.current_leader == Some(self.id), matched, m.last_log_index)
             };
             if !leading {
@@ -212,19 +209,18 @@ impl Transfer<'_> {
         });
         request.set_timeout(self.timeout_now_within);
         let sent = tokio::time::timeout(self.timeout_now_within, client.timeout_now(request));
-        match sent.await {
-            Ok(Ok(_)) => {}
-            Ok(Err(status)) => {
-                tracing::warn!(target = format!("{target:x}"), %status, "leadership transfer: TimeoutNow failed");
-                return Err(EtcdError::TimeoutLeaderTransfer);
-            }
-            Err(_) => {
-                tracing::warn!(
-                    target = format!("{target:x}"),
-                    "leadership transfer: TimeoutNow not answered in time"
-                );
-                return Err(EtcdError::TimeoutLeaderTransfer);
-            }
+        let failure = match sent.await {
+            Ok(Ok(_)) => None,
+            Ok(Err(status)) => Some(status.to_string()),
+            Err(_) => Some("not answered in time".to_string()),
+        };
+        if let Some(why) = failure {
+            tracing::warn!(
+                target = format!("{target:x}"),
+                why,
+                "leadership transfer: TimeoutNow failed"
+            );
+            return Err(EtcdError::TimeoutLeaderTransfer);
         }
         let step = (Instant::now() + self.election_timeout).min(deadline);
 

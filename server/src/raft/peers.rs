@@ -249,6 +249,15 @@ pub fn leader_node(raft: &Raft) -> (Option<NodeId>, Option<MemberNode>) {
     (m.current_leader, node)
 }
 
+/// The index of the last log entry the leader knows `id` holds (openraft's replication
+/// metrics: `None` on a follower, for a member not replicated to, or before the first match).
+pub fn matched_index(m: &openraft::RaftMetrics<NodeId, MemberNode>, id: NodeId) -> Option<u64> {
+    m.replication
+        .as_ref()
+        .and_then(|r| r.get(&id).cloned().flatten())
+        .map(|l| l.index)
+}
+
 /// What a failed peer RPC tells about the request it carried.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerFailure {

@@ -107,23 +107,36 @@ struct Pending {
     /// When it was queued (`trace::start`: 0 when the timeline is off).
     queued_us: u64,
     reply: Reply,
-    /// A forwarded batch's claim ([`QUEUED`], then [`TAKEN`] or [`WITHDRAWN`], once).
-    claim: Option<Arc<AtomicU8>>,
+    /// A forwarded batch's claim (see [`Claim`]).
+    claim: Option<Arc<Claim>>,
 }
-
-/// Claim states of a forwarded batch: waiting in the queue; taken into an entry (it will
-/// be answered by that entry); withdrawn by its caller (it is never proposed).
-const QUEUED: u8 = 0;
-const TAKEN: u8 = 1;
-const WITHDRAWN: u8 = 2;
 
 impl Pending {
     /// Claims the unit for an entry: `false` if its caller withdrew it first.
     fn take(&self) -> bool {
-        self.claim.as_ref().is_none_or(|c| {
-            c.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        })
+        self.claim.as_ref().is_none_or(|c| c.settle(TAKEN))
+    }
+}
+
+/// Decides, exactly once, whether a forwarded batch is taken into an entry (which then
+/// answers it) or withdrawn by its caller (and never proposed).
+struct Claim(AtomicU8);
+
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
+impl Claim {
+    fn new() -> Claim {
+        Claim(AtomicU8::new(QUEUED))
+    }
+
+    /// Moves a queued claim to `to` ([`TAKEN`] or [`WITHDRAWN`]); `false` if it was settled
+    /// already.
+    fn settle(&self, to: u8) -> bool {
+        self.0
+            .compare_exchange(QUEUED, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 }
 
@@ -168,17 +181,14 @@ impl Proposer {
         stepped_down: impl Future<Output = ()>,
     ) -> Result<Forwarded, EtcdError> {
         let (reply, mut rx) = oneshot::channel();
-        let claim = Arc::new(AtomicU8::new(QUEUED));
+        let claim = Arc::new(Claim::new());
         self.queue(requests, Reply::Many(reply), Some(claim.clone()))
             .await?;
         tokio::select! {
             answer = &mut rx => return answer.unwrap_or(Err(EtcdError::Stopped)),
             () = stepped_down => {}
         }
-        let withdrawn = claim
-            .compare_exchange(QUEUED, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if withdrawn {
+        if claim.settle(WITHDRAWN) {
             return Err(EtcdError::NotLeader);
         }
         // Already in an entry: that entry answers (`NotLeader` if it is refused).
@@ -189,7 +199,7 @@ impl Proposer {
         &self,
         requests: Vec<RaftRequest>,
         reply: Reply,
-        claim: Option<Arc<AtomicU8>>,
+        claim: Option<Arc<Claim>>,
     ) -> Result<(), EtcdError> {
         let bytes = requests.iter().map(Message::encoded_len).sum();
         self.tx
@@ -425,6 +435,27 @@ mod tests {
         }
     }
 
+    /// The request ids of an entry and an answer that gives each request revision = its id
+    /// (a single request: the entry's own revision; a batch: one response per request).
+    fn echo(req: &RaftRequest) -> (Vec<u64>, RaftResponse) {
+        let put = |id: u64| RaftResponse {
+            revision: id as i64,
+            response: Some(raft_response::Response::Put(PutResponse::default())),
+        };
+        match &req.request {
+            Some(raft_request::Request::Batch(b)) => {
+                let ids: Vec<u64> = b.requests.iter().map(|r| r.id).collect();
+                let responses = ids.iter().map(|&id| put(id)).collect();
+                let batch = RaftResponse {
+                    revision: 0,
+                    response: Some(raft_response::Response::Batch(ResponseBatch { responses })),
+                };
+                (ids, batch)
+            }
+            _ => (vec![req.id], put(req.id)),
+        }
+    }
+
     /// A fake raft: records the request ids of each entry (its log index is its position,
     /// from 1), answers each request with revision = its id, and fails request id 3 with an
     /// apply error.
@@ -588,40 +619,12 @@ mod tests {
             let log = log.clone();
             Box::pin(async move {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                let ids: Vec<u64> = match &req.request {
-                    Some(raft_request::Request::Batch(b)) => {
-                        b.requests.iter().map(|r| r.id).collect()
-                    }
-                    _ => vec![req.id],
-                };
-                log.lock().unwrap().push((route, ids.clone()));
+                let (ids, answer) = echo(&req);
+                log.lock().unwrap().push((route, ids));
                 if route == Route::LeaderOnly {
                     return Err(Refused::NotLeader(req));
                 }
-                let response = match req.request {
-                    Some(raft_request::Request::Batch(_)) => {
-                        raft_response::Response::Batch(ResponseBatch {
-                            responses: ids
-                                .iter()
-                                .map(|&id| RaftResponse {
-                                    revision: id as i64,
-                                    response: Some(raft_response::Response::Put(
-                                        PutResponse::default(),
-                                    )),
-                                })
-                                .collect(),
-                        })
-                    }
-                    _ => raft_response::Response::Put(PutResponse::default()),
-                };
-                let revision = if ids.len() == 1 { ids[0] as i64 } else { 0 };
-                Ok((
-                    RaftResponse {
-                        revision,
-                        response: Some(response),
-                    },
-                    7,
-                ))
+                Ok((answer, 7))
             })
         });
         let proposer = Arc::new(Proposer::start(follower));
@@ -686,33 +689,9 @@ mod tests {
             let (gate, log) = (gate.clone(), log.clone());
             Box::pin(async move {
                 let _ = gate.acquire().await.unwrap();
-                let ids: Vec<u64> = match &req.request {
-                    Some(raft_request::Request::Batch(b)) => {
-                        b.requests.iter().map(|r| r.id).collect()
-                    }
-                    _ => vec![req.id],
-                };
+                let (ids, answer) = echo(&req);
                 log.lock().unwrap().extend(&ids);
-                let responses = ids
-                    .iter()
-                    .map(|&id| RaftResponse {
-                        revision: id as i64,
-                        response: Some(raft_response::Response::Put(PutResponse::default())),
-                    })
-                    .collect();
-                let response = match req.request {
-                    Some(raft_request::Request::Batch(_)) => {
-                        raft_response::Response::Batch(ResponseBatch { responses })
-                    }
-                    _ => raft_response::Response::Put(PutResponse::default()),
-                };
-                Ok((
-                    RaftResponse {
-                        revision: ids[0] as i64,
-                        response: Some(response),
-                    },
-                    1,
-                ))
+                Ok((answer, 1))
             })
         });
         let proposer = Arc::new(Proposer::start(blocked));
