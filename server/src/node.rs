@@ -28,7 +28,7 @@ use crate::error::EtcdError;
 use crate::lease::runner::{self, RunnerConfig};
 use crate::lease::{Lessor, id::LeaseIdGenerator};
 use crate::membership::Attributes;
-use crate::mvcc::{MvccStore, SharedStore};
+use crate::mvcc::{MvccStore, PersistPolicy, SharedStore};
 use crate::qos::{Admission, LoadGauge, RuleChange, RuleSet};
 use crate::raft::dial_override;
 use crate::raft::export::ExportLocks;
@@ -185,6 +185,10 @@ impl Node {
             tokio::task::block_in_place(|| MvccStore::open_live(live.clone()))
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,
         );
+        // Groups reach sled in batches, as etcd's backend batch transaction (mvcc/unpersisted.rs).
+        store
+            .set_persist_policy(PersistPolicy::BATCHED)
+            .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?;
         // Message-only errors (`{e}`): the text names the cause once, as before.
         let attributes = Arc::new(Attributes::load(&tree).map_err(|e| anyhow::anyhow!("{e}"))?);
         let lessor = Arc::new(Lessor::new());
@@ -1179,8 +1183,16 @@ impl Node {
             "peer transport totals"
         );
         let _ = self.raft.shutdown().await;
-        let live = self.live.clone();
-        let _ = tokio::task::spawn_blocking(move || live.flush()).await;
+        let (live, store) = (self.live.clone(), self.store.get());
+        let _ = tokio::task::spawn_blocking(move || {
+            // Nothing is lost without it (the WAL holds every entry), but a restart then
+            // has nothing to apply again.
+            if let Err(e) = store.persist() {
+                tracing::warn!(error = %e, "shutdown: could not commit the store's pending writes");
+            }
+            live.flush()
+        })
+        .await;
     }
 }
 

@@ -3,8 +3,11 @@
 //! For each entry, apply writes the MVCC changes, the member attributes and lease changes
 //! together with the consistent index in **one atomic sled batch** (DESIGN.md "Path of a
 //! write", step 3): the requests of a batch entry are staged one by one (each sees the
-//! previous ones' changes) and the entry's group is flushed to sled once, at its end
-//! (mvcc/staged.rs says why). Watchers hear of the entry's revisions only after the flush.
+//! previous ones' changes) and the entry's group is published once, at its end
+//! (mvcc/staged.rs says why). Published groups reach sled together, in one batch whose last
+//! consistent index accounts for all of them, by the store's persist policy
+//! (mvcc/unpersisted.rs, etcd's backend batch transaction). Watchers hear of the entry's
+//! revisions only after the flush.
 //! Entries at or below the stored consistent index are skipped, so replay after a crash
 //! never applies an entry twice.
 //!
@@ -113,7 +116,8 @@ pub struct Applier {
     ci: ConsistentIndex,
     membership: StoredMembership<NodeId, MemberNode>,
     /// Receives the events of every committed revision (watchers on this member), after
-    /// their group is in sled (a watcher that catches up from the store must find them).
+    /// their group is published (a watcher that catches up from the store finds them: the
+    /// store persists pending groups before it reads history from sled).
     watch: Option<Arc<WatchHub>>,
     /// The QoS rules of the applied state (`qos_rule_change` entries).
     qos: qos_rules::QosRules,
@@ -269,7 +273,7 @@ impl Applier {
         }
     }
 
-    /// Applies one committed entry, writes it to sled and returns its result
+    /// Applies one committed entry, publishes it and returns its result
     /// ([`Applier::stage`] then [`Applier::flush`]).
     ///
     /// Errors: only storage failures (sled I/O), which are fatal for the member. etcd-level
@@ -337,7 +341,8 @@ impl Applier {
         Ok(Response(response))
     }
 
-    /// Writes the staged group to sled (one batch, consistent index included), then tells
+    /// Publishes the staged group (its writes, consistent index included, join the store's
+    /// pending sled batch, which reaches sled whole by the persist policy), then tells
     /// watchers about its revisions. A no-op when nothing is staged.
     ///
     /// Errors: sled I/O, fatal for the member (openraft stops it).
@@ -619,6 +624,10 @@ impl AppliedState for Applier {
         Applier::flush(self)
     }
 
+    fn persist(&mut self) -> io::Result<()> {
+        self.store.persist().map_err(io::Error::other)
+    }
+
     fn tree(&self) -> sled::Tree {
         self.tree.tree()
     }
@@ -666,8 +675,12 @@ impl AppliedState for Applier {
         // install replaced the tree under both, so it is measured again (one more walk of a
         // tree the install just wrote whole).
         self.tree.measure_in_use().map_err(io::Error::other)?;
-        // The new store hashes its compactions if the old one did (compact-hash check).
+        // The new store hashes its compactions if the old one did (compact-hash check), and
+        // batches its sled writes as the old one did.
         store.set_compact_hashing(self.store.compact_hashing());
+        store
+            .set_persist_policy(self.store.persist_policy())
+            .map_err(io::Error::other)?;
         self.store = store.clone();
         self.shared.set(store);
         if let Some(hub) = &self.watch {

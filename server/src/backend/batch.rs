@@ -55,6 +55,13 @@ impl Batch {
         self.ops.len()
     }
 
+    /// The inserts staged, `(key, value)` in order (removals left out).
+    pub fn inserts(&self) -> impl Iterator<Item = (&IVec, &IVec)> {
+        self.ops
+            .iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+    }
+
     /// Bytes of the keys and values this batch inserts (removals count 0): an upper bound
     /// on how much it grows the tree, for [`super::LiveTree::in_use`].
     pub fn inserted_bytes(&self) -> u64 {

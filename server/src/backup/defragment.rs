@@ -112,6 +112,9 @@ pub async fn defragment(
     let (l, link, mvcc) = (live.clone(), link.to_path_buf(), store.get());
     let followed = blocking(move || {
         let _removals = mvcc.pause_removals();
+        // Apply is paused: what is pending reaches the old generation before the fence, so
+        // the follower copies it and the new generation starts with nothing pending.
+        mvcc.persist().map_err(std::io::Error::other)?;
         let dir = rewrite.dir().to_path_buf();
         let (generation, followed) = rewrite.finish()?;
         generation::point(&link, &dir)?;

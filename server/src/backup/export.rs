@@ -59,7 +59,10 @@ impl Capture {
         let mvcc = store.get();
         let (revision, compact_revision) = (mvcc.current_revision(), mvcc.compact_revision());
         let tree = tree.clone();
+        let pending = mvcc.clone();
         let tables = tokio::task::spawn_blocking(move || -> Result<Backend, BackupError> {
+            // Apply is paused: every applied group goes to sled before the copy.
+            pending.persist().map_err(std::io::Error::other)?;
             let tables = Backend::temporary()?;
             let records_end = [schema::RECORD_PREFIX + 1];
             let below = tree.range(..[schema::RECORD_PREFIX].as_slice());

@@ -9,7 +9,7 @@ use keel_proto::mvccpb::KeyValue;
 use prost::Message;
 
 use super::MvccError;
-use super::revision::{Revision, parse_record_key, record_key};
+use super::revision::{Revision, parse_record_key};
 
 /// Current on-disk format of MVCC records and meta (the value of
 /// [`crate::backend::schema::MVCC_FORMAT`]). Bump on any incompatible change.
@@ -139,22 +139,10 @@ fn read_varint(buf: &mut &[u8]) -> Option<u64> {
     None
 }
 
-/// Reads and decodes the record of `rev` from `tree`. `Ok(None)` when it is absent.
-pub fn read_record(
-    tree: &sled::Tree,
-    rev: Revision,
-    tombstone: bool,
-) -> Result<Option<KeyValue>, MvccError> {
-    let rkey = record_key(rev, tombstone);
-    match tree.get(&rkey)? {
-        Some(v) => decode_kv(&rkey, &v).map(Some),
-        None => Ok(None),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mvcc::revision::record_key;
 
     fn kv(key: &[u8], value: &[u8], rev: i64) -> KeyValue {
         KeyValue {
@@ -211,21 +199,5 @@ mod tests {
             -1
         );
         assert!(decode_i64(crate::backend::schema::MVCC_COMPACT, &[1, 2]).is_err());
-    }
-
-    #[test]
-    fn read_record_finds_puts_and_misses_absent_revisions() {
-        let tree = crate::mvcc::test_support::temp_tree();
-        let k = kv(b"a", b"1", 3);
-        tree.insert(record_key(Revision::new(3, 0), false), encode_put(&k))
-            .unwrap();
-        assert_eq!(
-            read_record(&tree, Revision::new(3, 0), false).unwrap(),
-            Some(k)
-        );
-        assert_eq!(
-            read_record(&tree, Revision::new(3, 1), false).unwrap(),
-            None
-        );
     }
 }

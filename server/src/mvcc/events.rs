@@ -48,6 +48,8 @@ impl MvccStore {
             batch.last_revision = from - 1;
             return Ok(batch);
         }
+        // The records up to the view's revision must be in sled before the scan.
+        self.persist_for_read()?;
         let range = record_key_lower_bound(from)..record_key_lower_bound(to.saturating_add(1));
         let internal =
             |e: &dyn std::fmt::Display| EtcdError::Internal(format!("mvcc: events: {e}"));

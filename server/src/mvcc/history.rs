@@ -246,6 +246,8 @@ impl MvccStore {
         let internal =
             |e: &dyn std::fmt::Display| EtcdError::Internal(format!("mvcc: watch history: {e}"));
         let mut complete = true;
+        // The caller's view was taken before: its records must be in sled for the scan.
+        self.persist_for_read()?;
         let generation = self.tree.get();
         for item in generation.tree().range(bounds) {
             let (rkey, value) = item.map_err(|e| internal(&e))?;

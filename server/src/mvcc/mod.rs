@@ -31,6 +31,7 @@ mod shared;
 mod staged;
 mod store;
 mod txn;
+mod unpersisted;
 mod write_txn;
 
 #[cfg(test)]
@@ -46,6 +47,8 @@ mod tests_model;
 #[cfg(test)]
 mod tests_perf;
 #[cfg(test)]
+mod tests_persist;
+#[cfg(test)]
 mod tests_read_txn;
 #[cfg(test)]
 mod tests_scenarios;
@@ -60,6 +63,7 @@ pub use revision::Revision;
 pub use shared::SharedStore;
 pub use store::{IndexStats, MvccStore};
 pub use txn::{is_txn_read_only, is_txn_serializable};
+pub use unpersisted::PersistPolicy;
 pub use write_txn::{Committed, WriteTxn};
 
 /// A storage-level failure of the MVCC store (not an etcd request error: those are

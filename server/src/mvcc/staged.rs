@@ -11,7 +11,7 @@ use super::compactor::Job;
 use super::store::View;
 use crate::backend::Batch;
 
-/// Committed write txns that are not in sled yet. Only the apply loop touches it (one writer),
+/// Committed write txns that are not published yet. Only the apply loop touches it (one writer),
 /// so its mutex is never contended.
 #[derive(Debug, Default)]
 pub(super) struct Staged {
@@ -20,7 +20,8 @@ pub(super) struct Staged {
     /// Every staged txn's sled writes, in commit order.
     pub batch: Batch,
     /// The changes of each staged revision, by main revision (`events[sub]` has sub revision
-    /// `sub`): later txns of the group read values from here, as the records are not in sled.
+    /// `sub`): later txns of the group read values from here, as the records are not
+    /// published.
     pub records: HashMap<i64, Vec<Event>>,
     /// Highest compact revision among the staged txns (raised before the batch is applied).
     pub compact_floor: Option<i64>,
@@ -32,7 +33,8 @@ pub(super) struct Staged {
 }
 
 impl Staged {
-    /// The staged changes in revision order (what watchers hear of once the group is in sled).
+    /// The staged changes in revision order (what watchers hear of once the group is
+    /// published).
     pub fn into_events(self) -> Vec<(i64, Vec<Event>)> {
         let mut events: Vec<_> = self.records.into_iter().collect();
         events.sort_unstable_by_key(|(revision, _)| *revision);

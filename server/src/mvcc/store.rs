@@ -15,7 +15,9 @@ use super::index::Index;
 use super::key_index::RevInfo;
 use super::range::{ReadView, ValueSource};
 use super::rebuild;
+use super::revision::record_key;
 use super::staged::Staged;
+use super::unpersisted::{Overlay, PersistPolicy, Unpersisted};
 use super::write_txn::WriteTxn;
 use crate::backend::LiveTree;
 use crate::backend::schema::{MVCC_COMPACT, MVCC_FORMAT};
@@ -51,24 +53,36 @@ pub struct IndexStats {
 ///
 /// Concurrency: `Send + Sync`, shared through `Arc`. Readers ([`MvccStore::range`],
 /// [`MvccStore::hash_kv`], ...) take the current view (an `Arc` clone under a read lock held
-/// for nanoseconds) and then work without any lock, reading values from sled. The apply loop
-/// is the only writer ([`MvccStore::write`]); it publishes a new view after its sled batch
-/// is applied. A reader whose revision is compacted away while it reads gets
-/// [`EtcdError::Compacted`], never a partial answer. Lock order: `view` only; no lock is held
-/// across sled I/O.
+/// for nanoseconds) and then work without any lock, reading values from the overlay of
+/// published groups not yet in sled, else from sled. The apply loop is the only writer
+/// ([`MvccStore::write`]); it publishes a new view after each apply group, and its sled
+/// writes go to sled by the [`PersistPolicy`] (unpersisted.rs). A reader whose revision is
+/// compacted away while it reads gets [`EtcdError::Compacted`], never a partial answer.
+/// Lock order: `staged`, then `unpersisted`, then `overlay`; `view` alone; the only lock
+/// held across sled I/O is `unpersisted`, while its batch is committed.
 ///
 /// Invariants:
-/// - the published view's index describes exactly the records in sled at or below its
-///   revision (records are written before the view that references them is published);
+/// - the published view's index describes exactly the records in the overlay or in sled
+///   at or below its revision (a group's records join the overlay, or reach sled, before
+///   the view that references them is published; they leave the overlay only once in sled);
+/// - anything that reads sled directly (HashKV, watch catch-up, exports) first commits
+///   the pending groups ([`MvccStore::persist`]), after taking its view;
 /// - `compact_floor` ≥ the compact revision of any batch already applied to sled, so a
-///   reader that misses a record can tell a compaction from corruption.
+///   reader that misses a record can tell a compaction from corruption; a group with a
+///   compaction goes to sled at once, with everything pending before it.
 #[derive(Debug)]
 pub struct MvccStore {
     /// The member tree of the current database generation (an online defragment switches it).
     pub(super) tree: LiveTree,
     view: RwLock<Arc<View>>,
-    /// The apply group: committed txns not yet in sled (see staged.rs).
+    /// The apply group: committed txns not yet published (see staged.rs).
     staged: Mutex<Staged>,
+    /// Published groups' sled writes not yet in sled (see unpersisted.rs).
+    unpersisted: Mutex<Unpersisted>,
+    /// Their records, for readers.
+    overlay: RwLock<Arc<Overlay>>,
+    /// When the unpersisted writes go to sled.
+    policy: Mutex<PersistPolicy>,
     writer_active: AtomicBool,
     /// Highest compact revision whose record removals may already be in sled. Raised
     /// before a compaction batch is applied.
@@ -161,6 +175,9 @@ impl MvccStore {
                 compact_rev,
             })),
             staged: Mutex::new(Staged::default()),
+            unpersisted: Mutex::new(Unpersisted::default()),
+            overlay: RwLock::new(Arc::new(Overlay::default())),
+            policy: Mutex::new(PersistPolicy::EVERY_GROUP),
             writer_active: AtomicBool::new(false),
             compact_floor,
             compactor,
@@ -321,6 +338,7 @@ impl MvccStore {
     /// during the computation), `Internal` on storage failure.
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv, EtcdError> {
         let view = self.view();
+        self.persist_for_read()?;
         let generation = self.tree.get();
         hash::hash_kv(&view, generation.tree(), &self.compact_floor, revision)
     }
@@ -359,10 +377,12 @@ impl MvccStore {
         }
     }
 
-    /// Applies every staged txn to sled as ONE batch, then publishes the last staged view
-    /// and hands staged compaction removals to the compactor. Returns the group's changes,
-    /// `(revision, events)` in revision order, for watchers. A no-op (returning nothing) when
-    /// nothing is staged. Only the apply loop calls it, with no [`WriteTxn`] open.
+    /// Publishes every staged txn as ONE group: adds the group's sled writes to the
+    /// unpersisted batch (committed now if the [`PersistPolicy`] says so, or if the group
+    /// compacts), publishes the last staged view and hands staged compaction removals to the
+    /// compactor. Returns the group's changes, `(revision, events)` in revision order, for
+    /// watchers. A no-op (returning nothing) when nothing is staged. Only the apply loop
+    /// calls it, with no [`WriteTxn`] open.
     ///
     /// Errors: sled I/O, or an abandoned group; then nothing is published (the member must
     /// stop: its applied state is behind what it acknowledged to the group).
@@ -377,16 +397,23 @@ impl MvccStore {
             }
             std::mem::take(&mut *staged)
         };
-        if let Some(floor) = group.compact_floor {
-            // Before the removals reach sled, so a reader that misses a record knows why.
-            self.compact_floor.fetch_max(floor, Ordering::AcqRel);
+        {
+            let mut pending = self.unpersisted();
+            let overlay = self.overlay();
+            if let Some(next) = pending.push(std::mem::take(&mut group.batch), &overlay) {
+                *self.overlay.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+            }
+            // A compaction's removals must not reach sled before the records they remove,
+            // nor its jobs run before them: the whole pending batch goes now.
+            let compacts = group.compact_floor.is_some() || !group.jobs.is_empty();
+            if compacts || pending.due(&self.persist_policy()) {
+                if let Some(floor) = group.compact_floor {
+                    // Before the removals reach sled, so a reader that misses a record knows why.
+                    self.compact_floor.fetch_max(floor, Ordering::AcqRel);
+                }
+                self.commit_pending(&mut pending)?;
+            }
         }
-        let started = std::time::Instant::now();
-        let batch = std::mem::take(&mut group.batch);
-        let inserted = batch.inserted_bytes();
-        batch.commit(self.tree.get().tree())?;
-        self.tree.note_inserted(inserted);
-        crate::metrics::disk().observe_backend_commit(started.elapsed());
         let published = group.view.take();
         if let Some(view) = &published {
             self.publish(view.clone());
@@ -400,6 +427,57 @@ impl MvccStore {
             self.compactor.submit(job);
         }
         Ok(group.into_events())
+    }
+
+    /// Commits every published group's sled writes that are not in sled yet, as one sled
+    /// batch (no fsync). Call it after taking the view whose records must be in sled, before
+    /// reading sled directly; apply calls it by the [`PersistPolicy`]. Blocking (sled I/O).
+    ///
+    /// Errors: sled I/O, fatal for the member.
+    pub fn persist(&self) -> Result<(), MvccError> {
+        let mut pending = self.unpersisted();
+        self.commit_pending(&mut pending)
+    }
+
+    /// Sets when published groups go to sled (a member's store: [`PersistPolicy::BATCHED`];
+    /// [`MvccStore::open`] starts with [`PersistPolicy::EVERY_GROUP`]). Commits what is
+    /// pending first.
+    ///
+    /// Errors: sled I/O, fatal for the member.
+    pub fn set_persist_policy(&self, policy: PersistPolicy) -> Result<(), MvccError> {
+        self.persist()?;
+        *self.policy.lock().unwrap_or_else(|e| e.into_inner()) = policy;
+        Ok(())
+    }
+
+    /// When published groups go to sled.
+    pub fn persist_policy(&self) -> PersistPolicy {
+        *self.policy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn unpersisted(&self) -> MutexGuard<'_, Unpersisted> {
+        self.unpersisted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn overlay(&self) -> Arc<Overlay> {
+        self.overlay
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Writes `pending` to sled and empties the overlay (its records are all in sled now).
+    fn commit_pending(&self, pending: &mut Unpersisted) -> Result<(), MvccError> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let (batch, inserted) = pending.take();
+        batch.commit(self.tree.get().tree())?;
+        self.tree.note_inserted(inserted);
+        *self.overlay.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Overlay::default());
+        crate::metrics::disk().observe_backend_commit(started.elapsed());
+        Ok(())
     }
 
     /// Called by [`WriteTxn`]'s drop.
@@ -442,15 +520,27 @@ impl MvccStore {
         }
     }
 
-    /// Reads the record of a revision that the index says exists.
+    /// [`MvccStore::persist`] for a reader about to scan sled, its error as etcd's.
+    pub(super) fn persist_for_read(&self) -> Result<(), EtcdError> {
+        self.persist()
+            .map_err(|e| EtcdError::Internal(format!("mvcc: persist: {e}")))
+    }
+
+    /// Reads the record of a revision that the index says exists: from the overlay of
+    /// unpersisted groups, else from sled.
     pub(super) fn read_value(
         &self,
         key: &[u8],
         rev: &RevInfo,
         read_rev: i64,
     ) -> Result<KeyValue, EtcdError> {
-        let generation = self.tree.get();
-        match codec::read_record(generation.tree(), rev.revision(), rev.tombstone)? {
+        let rkey = record_key(rev.revision(), rev.tombstone);
+        let stored = match self.overlay().get(&rkey) {
+            Some(v) => Some(v),
+            None => self.tree.get().tree().get(&rkey).map_err(MvccError::from)?,
+        };
+        let record = stored.map(|v| codec::decode_kv(&rkey, &v)).transpose()?;
+        match record {
             Some(kv) if kv.key == key => Ok(kv),
             Some(kv) => Err(EtcdError::Internal(format!(
                 "mvcc: record {} holds key {:?}, the index says {:?}",

@@ -1,6 +1,7 @@
 //! Property test: the store against a simple model (`BTreeMap` of key → full history) over
 //! random puts, deletes, txns (compares, nested ops), compactions and reopens, checking
-//! Range at random revisions with every option, HashKV, events, and index invariants.
+//! Range at random revisions with every option, HashKV, events, and index invariants; with
+//! every group going to sled at once, and with groups pending in the overlay.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -16,6 +17,7 @@ use keel_proto::mvccpb::{Event, KeyValue};
 use proptest::prelude::*;
 use prost::Message;
 
+use super::PersistPolicy;
 use super::index::KeyRange;
 use super::revision::{Revision, etcd_rev_bytes};
 use super::tests_scenarios::{Fixture, fixture};
@@ -436,9 +438,24 @@ fn check(f: &Fixture, m: &mut Model, reads: &[Read]) -> Result<(), TestCaseError
     Ok(())
 }
 
-fn run(ops: Vec<Op>, reads: Vec<Read>, inline: usize) -> Result<(), TestCaseError> {
+/// `max_writes` of the store's persist policy (0: every group to sled at once).
+fn policy(max_writes: usize) -> PersistPolicy {
+    PersistPolicy {
+        max_writes,
+        max_bytes: u64::MAX,
+        max_age: std::time::Duration::from_secs(3600),
+    }
+}
+
+fn run(
+    ops: Vec<Op>,
+    reads: Vec<Read>,
+    inline: usize,
+    max_writes: usize,
+) -> Result<(), TestCaseError> {
     let mut f = fixture();
     f.store.set_inline_removals(inline);
+    f.store.set_persist_policy(policy(max_writes)).unwrap();
     let mut m = Model::new();
     for (i, op) in ops.into_iter().enumerate() {
         match op {
@@ -498,6 +515,7 @@ fn run(ops: Vec<Op>, reads: Vec<Read>, inline: usize) -> Result<(), TestCaseErro
             Op::Reopen => {
                 f = f.reopen();
                 f.store.set_inline_removals(inline);
+                f.store.set_persist_policy(policy(max_writes)).unwrap();
             }
         }
         let start = (i * 3) % reads.len().max(1);
@@ -533,7 +551,10 @@ proptest! {
         ops in proptest::collection::vec(op_strategy(), 1..40),
         reads in proptest::collection::vec(read_strategy(), 1..24),
         inline in prop_oneof![Just(usize::MAX), Just(0usize), Just(2usize)],
+        // Every group to sled at once, or groups pending (read from the overlay) until
+        // 3 or 1,000 writes gather, a read scans sled, a compaction or a reopen.
+        max_writes in prop_oneof![Just(0usize), Just(3usize), Just(1_000usize)],
     ) {
-        run(ops, reads, inline)?;
+        run(ops, reads, inline, max_writes)?;
     }
 }

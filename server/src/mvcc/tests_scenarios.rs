@@ -30,6 +30,8 @@ pub(super) fn fixture() -> Fixture {
 impl Fixture {
     pub fn reopen(self) -> Fixture {
         let Fixture { db, store } = self;
+        // As a member's shutdown does; a crash would re-apply the pending groups from the WAL.
+        store.persist().unwrap();
         drop(store);
         let store = MvccStore::open(db.open_tree("keel").unwrap()).unwrap();
         Fixture { db, store }

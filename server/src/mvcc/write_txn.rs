@@ -38,14 +38,14 @@ pub struct Committed {
 /// writes, and those of the txns staged before it in the same apply group. Nothing reaches
 /// sled or readers until the group is flushed: [`WriteTxn::stage`] adds the txn to the group
 /// (MVCC records, MVCC meta, and whatever other modules put in [`WriteTxn::batch_mut`]),
-/// [`MvccStore::flush`] applies the whole group as one sled batch and then publishes the new
-/// index; [`WriteTxn::commit`] does both. Dropping a `WriteTxn` without staging it discards
+/// [`MvccStore::flush`] publishes the whole group (its sled writes join the store's pending
+/// batch, see unpersisted.rs); [`WriteTxn::commit`] does both. Dropping a `WriteTxn` without staging it discards
 /// everything it did.
 pub struct WriteTxn<'a> {
     store: &'a MvccStore,
     /// The view this txn starts from: the last staged txn's, or the published one.
     base: Arc<View>,
-    /// Revision of the published view: records above it are staged, not in sled.
+    /// Revision of the published view: records above it are staged, not published.
     published_rev: i64,
     /// `base` is the apply group's staged view, which this txn holds exclusively.
     from_staged: bool,
@@ -375,7 +375,7 @@ impl<'a> WriteTxn<'a> {
 impl ValueSource for WriteTxn<'_> {
     fn value(&self, key: &[u8], rev: &RevInfo, read_rev: i64) -> Result<KeyValue, EtcdError> {
         if rev.main == self.begin_rev() + 1 {
-            // Written by this txn: not in sled yet.
+            // Written by this txn: not published yet.
             return self
                 .events
                 .get(rev.sub as usize)
@@ -389,7 +389,7 @@ impl ValueSource for WriteTxn<'_> {
                 });
         }
         if rev.main > self.published_rev {
-            // Written by an earlier txn of this apply group: not in sled yet either.
+            // Written by an earlier txn of this apply group: not published yet either.
             return self
                 .store
                 .staged()

@@ -45,10 +45,17 @@ pub trait AppliedState: Send + Sync + 'static {
     /// Errors: storage failures only (fatal for the member).
     fn stage(&mut self, entry: &Entry) -> Result<Response, StorageError>;
 
-    /// Writes the apply group to the store in one batch, then notifies watchers.
+    /// Publishes the apply group (its writes join the store's pending sled batch), then
+    /// notifies watchers.
     ///
     /// Errors: storage failures (fatal for the member).
     fn flush(&mut self) -> Result<(), StorageError>;
+
+    /// Commits every published group's writes to [`AppliedState::tree`] (before a snapshot
+    /// reads or replaces it). Blocking.
+    ///
+    /// Errors: sled I/O (fatal for the member).
+    fn persist(&mut self) -> io::Result<()>;
 
     /// The sled tree holding the replicated state (what a snapshot carries), of the current
     /// database generation.
@@ -130,6 +137,9 @@ impl StateMachine {
             ),
         };
         let revision = self.applier.revision();
+        // The capture and the export read sled: every applied group must be in it.
+        tokio::task::block_in_place(|| self.applier.persist())
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
         ExportJob::capture(
             &self.export_lock,
             &self.applier.tree(),
@@ -209,6 +219,9 @@ impl StateMachine {
     /// has the applied state reload from it.
     fn replace_store(&mut self, path: &std::path::Path) -> io::Result<()> {
         self.applier.begin_install();
+        // Pending groups of the old store go to sled before the clear, so none can land on
+        // top of the snapshot later.
+        tokio::task::block_in_place(|| self.applier.persist())?;
         let tree = self.applier.tree().clone();
         let mut file = std::fs::File::open(path)?;
         let meta = tokio::task::block_in_place(|| -> io::Result<snapshot::Meta> {
@@ -344,7 +357,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Captures see whole groups only (lock order: gate, then export lock).
         let _gate = self.apply_gate.clone().write_owned().await;
         // Compaction deletes records a running export may still need: wait for it, and keep
-        // exports out until the group (and so the compaction) is in sled.
+        // exports out until the group (and so the compaction) is in sled (a group that
+        // compacts goes to sled at once, with everything pending before it).
         let mut exclusive = None;
         let mut indexes: Option<(u64, u64)> = None;
         for entry in entries {
@@ -355,7 +369,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             indexes = Some(indexes.map_or((i, i), |(first, _)| (first, i)));
             responses.push(self.applier.stage(&entry)?);
         }
-        // One sled batch for everything openraft handed over (see mvcc/staged.rs).
+        // One apply group for everything openraft handed over (see mvcc/staged.rs).
         self.applier.flush()?;
         if let Some((first, last)) = indexes {
             super::trace::mark(super::trace::Stage::Apply, first, last, 0);
