@@ -1,6 +1,7 @@
 //! [`MvccStore`]: the published view for readers, and the entry point of the single writer.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use super::range::{ReadView, ValueSource};
 use super::rebuild;
 use super::revision::record_key;
 use super::staged::Staged;
-use super::unpersisted::{Overlay, PersistPolicy, Unpersisted};
+use super::unpersisted::{PersistPolicy, Persister};
 use super::write_txn::WriteTxn;
 use crate::backend::LiveTree;
 use crate::backend::schema::{MVCC_COMPACT, MVCC_FORMAT};
@@ -58,8 +59,8 @@ pub struct IndexStats {
 /// ([`MvccStore::write`]); it publishes a new view after each apply group, and its sled
 /// writes go to sled by the [`PersistPolicy`] (unpersisted.rs). A reader whose revision is
 /// compacted away while it reads gets [`EtcdError::Compacted`], never a partial answer.
-/// Lock order: `staged`, then `unpersisted`, then `overlay`; `view` alone; the only lock
-/// held across sled I/O is `unpersisted`, while its batch is committed.
+/// Lock order: `staged`, then the persister's (unpersisted.rs); `view` alone; the only
+/// lock held across sled I/O is the persister's `committing`.
 ///
 /// Invariants:
 /// - the published view's index describes exactly the records in the overlay or in sled
@@ -77,12 +78,11 @@ pub struct MvccStore {
     view: RwLock<Arc<View>>,
     /// The apply group: committed txns not yet published (see staged.rs).
     staged: Mutex<Staged>,
-    /// Published groups' sled writes not yet in sled (see unpersisted.rs).
-    unpersisted: Mutex<Unpersisted>,
-    /// Their records, for readers.
-    overlay: RwLock<Arc<Overlay>>,
-    /// When the unpersisted writes go to sled.
-    policy: Mutex<PersistPolicy>,
+    /// Published groups' sled writes not yet in sled, and their records for readers (see
+    /// unpersisted.rs).
+    persister: Arc<Persister>,
+    /// Wakes the background committer (when the policy has one).
+    wake: Mutex<Option<SyncSender<()>>>,
     writer_active: AtomicBool,
     /// Highest compact revision whose record removals may already be in sled. Raised
     /// before a compaction batch is applied.
@@ -168,6 +168,8 @@ impl MvccStore {
             });
         }
         Ok(MvccStore {
+            persister: Arc::new(Persister::new(live.clone())),
+            wake: Mutex::new(None),
             tree: live,
             view: RwLock::new(Arc::new(View {
                 index: rebuilt.index,
@@ -175,9 +177,6 @@ impl MvccStore {
                 compact_rev,
             })),
             staged: Mutex::new(Staged::default()),
-            unpersisted: Mutex::new(Unpersisted::default()),
-            overlay: RwLock::new(Arc::new(Overlay::default())),
-            policy: Mutex::new(PersistPolicy::EVERY_GROUP),
             writer_active: AtomicBool::new(false),
             compact_floor,
             compactor,
@@ -397,21 +396,21 @@ impl MvccStore {
             }
             std::mem::take(&mut *staged)
         };
-        {
-            let mut pending = self.unpersisted();
-            let overlay = self.overlay();
-            if let Some(next) = pending.push(std::mem::take(&mut group.batch), &overlay) {
-                *self.overlay.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+        let due = self.persister.push(std::mem::take(&mut group.batch))?;
+        // A compaction's removals must not reach sled before the records they remove, nor
+        // its jobs run before them: everything pending goes now, from here.
+        let compacts = group.compact_floor.is_some() || !group.jobs.is_empty();
+        if compacts {
+            // Before the removals reach sled, so a reader that misses a record knows why.
+            if let Some(floor) = group.compact_floor {
+                self.compact_floor.fetch_max(floor, Ordering::AcqRel);
             }
-            // A compaction's removals must not reach sled before the records they remove,
-            // nor its jobs run before them: the whole pending batch goes now.
-            let compacts = group.compact_floor.is_some() || !group.jobs.is_empty();
-            if compacts || pending.due(&self.persist_policy()) {
-                if let Some(floor) = group.compact_floor {
-                    // Before the removals reach sled, so a reader that misses a record knows why.
-                    self.compact_floor.fetch_max(floor, Ordering::AcqRel);
-                }
-                self.commit_pending(&mut pending)?;
+            self.persister.commit()?;
+        } else if due {
+            match &*self.wake.lock().unwrap_or_else(|e| e.into_inner()) {
+                // Full: a wake is queued already, and that commit will take this group too.
+                Some(wake) => drop(wake.try_send(())),
+                None => self.persister.commit()?,
             }
         }
         let published = group.view.take();
@@ -430,54 +429,34 @@ impl MvccStore {
     }
 
     /// Commits every published group's sled writes that are not in sled yet, as one sled
-    /// batch (no fsync). Call it after taking the view whose records must be in sled, before
-    /// reading sled directly; apply calls it by the [`PersistPolicy`]. Blocking (sled I/O).
+    /// batch (no fsync), after a commit in progress. Call it after taking the view whose
+    /// records must be in sled, before reading sled directly; apply commits by the
+    /// [`PersistPolicy`]. Blocking (sled I/O).
     ///
     /// Errors: sled I/O, fatal for the member.
     pub fn persist(&self) -> Result<(), MvccError> {
-        let mut pending = self.unpersisted();
-        self.commit_pending(&mut pending)
+        self.persister.commit()
     }
 
     /// Sets when published groups go to sled (a member's store: [`PersistPolicy::BATCHED`];
     /// [`MvccStore::open`] starts with [`PersistPolicy::EVERY_GROUP`]). Commits what is
-    /// pending first.
+    /// pending first, and starts the background committer if the policy has one.
     ///
-    /// Errors: sled I/O, fatal for the member.
+    /// Errors: sled I/O, fatal for the member, or no thread for the committer.
     pub fn set_persist_policy(&self, policy: PersistPolicy) -> Result<(), MvccError> {
         self.persist()?;
-        *self.policy.lock().unwrap_or_else(|e| e.into_inner()) = policy;
+        let mut wake = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+        *wake = match policy.background {
+            true => Some(self.persister.start().map_err(MvccError::Thread)?),
+            false => None,
+        };
+        self.persister.set_policy(policy);
         Ok(())
     }
 
     /// When published groups go to sled.
     pub fn persist_policy(&self) -> PersistPolicy {
-        *self.policy.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn unpersisted(&self) -> MutexGuard<'_, Unpersisted> {
-        self.unpersisted.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn overlay(&self) -> Arc<Overlay> {
-        self.overlay
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Writes `pending` to sled and empties the overlay (its records are all in sled now).
-    fn commit_pending(&self, pending: &mut Unpersisted) -> Result<(), MvccError> {
-        if pending.is_empty() {
-            return Ok(());
-        }
-        let started = std::time::Instant::now();
-        let (batch, inserted) = pending.take();
-        batch.commit(self.tree.get().tree())?;
-        self.tree.note_inserted(inserted);
-        *self.overlay.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Overlay::default());
-        crate::metrics::disk().observe_backend_commit(started.elapsed());
-        Ok(())
+        self.persister.policy()
     }
 
     /// Called by [`WriteTxn`]'s drop.
@@ -535,7 +514,7 @@ impl MvccStore {
         read_rev: i64,
     ) -> Result<KeyValue, EtcdError> {
         let rkey = record_key(rev.revision(), rev.tombstone);
-        let stored = match self.overlay().get(&rkey) {
+        let stored = match self.persister.overlay().get(&rkey) {
             Some(v) => Some(v),
             None => self.tree.get().tree().get(&rkey).map_err(MvccError::from)?,
         };

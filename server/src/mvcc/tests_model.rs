@@ -438,12 +438,14 @@ fn check(f: &Fixture, m: &mut Model, reads: &[Read]) -> Result<(), TestCaseError
     Ok(())
 }
 
-/// `max_writes` of the store's persist policy (0: every group to sled at once).
-fn policy(max_writes: usize) -> PersistPolicy {
+/// The store's persist policy: `max_writes` (0: every group to sled at once), committed in
+/// apply or on the background thread.
+fn policy((max_writes, background): (usize, bool)) -> PersistPolicy {
     PersistPolicy {
         max_writes,
         max_bytes: u64::MAX,
         max_age: std::time::Duration::from_secs(3600),
+        background,
     }
 }
 
@@ -451,11 +453,11 @@ fn run(
     ops: Vec<Op>,
     reads: Vec<Read>,
     inline: usize,
-    max_writes: usize,
+    persist: (usize, bool),
 ) -> Result<(), TestCaseError> {
     let mut f = fixture();
     f.store.set_inline_removals(inline);
-    f.store.set_persist_policy(policy(max_writes)).unwrap();
+    f.store.set_persist_policy(policy(persist)).unwrap();
     let mut m = Model::new();
     for (i, op) in ops.into_iter().enumerate() {
         match op {
@@ -515,7 +517,7 @@ fn run(
             Op::Reopen => {
                 f = f.reopen();
                 f.store.set_inline_removals(inline);
-                f.store.set_persist_policy(policy(max_writes)).unwrap();
+                f.store.set_persist_policy(policy(persist)).unwrap();
             }
         }
         let start = (i * 3) % reads.len().max(1);
@@ -552,9 +554,15 @@ proptest! {
         reads in proptest::collection::vec(read_strategy(), 1..24),
         inline in prop_oneof![Just(usize::MAX), Just(0usize), Just(2usize)],
         // Every group to sled at once, or groups pending (read from the overlay) until
-        // 3 or 1,000 writes gather, a read scans sled, a compaction or a reopen.
-        max_writes in prop_oneof![Just(0usize), Just(3usize), Just(1_000usize)],
+        // 3 or 1,000 writes gather (committed in apply), or 2 (committed in the
+        // background), a read scans sled, a compaction or a reopen.
+        persist in prop_oneof![
+            Just((0usize, false)),
+            Just((3usize, false)),
+            Just((1_000usize, false)),
+            Just((2usize, true)),
+        ],
     ) {
-        run(ops, reads, inline, max_writes)?;
+        run(ops, reads, inline, persist)?;
     }
 }

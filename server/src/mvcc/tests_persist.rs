@@ -17,6 +17,7 @@ fn batched(max_writes: usize) -> Fixture {
             max_writes,
             max_bytes: u64::MAX,
             max_age: Duration::from_secs(3600),
+            background: false,
         })
         .unwrap();
     f
@@ -160,4 +161,35 @@ fn a_compaction_takes_everything_pending_with_it() {
     let f = f.reopen();
     assert_eq!(f.store.compact_revision(), 4);
     assert_eq!(get(&f, "a", 0), Some((b"3".to_vec(), 4, 3)));
+}
+
+#[test]
+fn the_background_committer_takes_due_groups_to_sled_while_apply_goes_on() {
+    let f = fixture();
+    f.store
+        .set_persist_policy(PersistPolicy {
+            max_writes: 2,
+            max_bytes: u64::MAX,
+            max_age: Duration::from_secs(3600),
+            background: true,
+        })
+        .unwrap();
+    put(&f, "a", "1");
+    assert_eq!(records_in_sled(&f), 0, "below the bound");
+    put(&f, "b", "1");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while records_in_sled(&f) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the committer did not commit within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(get(&f, "a", 0), Some((b"1".to_vec(), 2, 1)));
+    assert_eq!(get(&f, "b", 0), Some((b"1".to_vec(), 3, 1)));
+    put(&f, "c", "1");
+    assert_eq!(get(&f, "c", 0), Some((b"1".to_vec(), 4, 1)));
+    let f = f.reopen();
+    assert_eq!(f.store.current_revision(), 4);
+    assert_eq!(get(&f, "c", 0), Some((b"1".to_vec(), 4, 1)));
 }
