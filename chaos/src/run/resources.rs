@@ -130,9 +130,15 @@ struct Reading {
     db_bytes: u64,
 }
 
-/// `None` when the process is gone (its `/proc` entry cannot be read).
+/// `None` when the process is gone (its `/proc` entry cannot be read), or has not started
+/// yet: a process with one thread is still in the dynamic loader or parsing its flags (a
+/// member runs a dozen threads), and its RSS and fds (2.6 MiB, 5 fds, seen in a run that
+/// sampled a member restarted a moment before) say nothing about the member.
 fn read_sample(pid: u32, data_dir: &Path) -> Option<Reading> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    if parse_status_field(&status, "Threads:")? < 2 {
+        return None;
+    }
     let rss_kib = parse_vm_rss_kib(&status)?;
     let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
     let member = data_dir.join("member");
@@ -160,6 +166,14 @@ pub fn parse_vm_rss_kib(status: &str) -> Option<u64> {
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// The number after `field` (e.g. `Threads:`) in a `/proc/<pid>/status` text.
+fn parse_status_field(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|n| n.trim().parse().ok())
 }
 
@@ -208,6 +222,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_process_with_one_thread_is_not_sampled_yet() {
+        let loader = "Name:\tkeel\nVmRSS:\t    2692 kB\nThreads:\t1\n";
+        assert_eq!(parse_status_field(loader, "Threads:"), Some(1));
+        assert_eq!(parse_vm_rss_kib(loader), Some(2692));
+        assert_eq!(parse_status_field("Name:\tkeel\n", "Threads:"), None);
+    }
+
+    /// Runs `f` while this process has a second thread (tests may run on the main thread
+    /// alone, and [`read_sample`] skips one-thread processes).
+    fn with_two_threads<T>(f: impl FnOnce() -> T) -> T {
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || drop(wait.recv()));
+        let out = f();
+        drop(done);
+        other.join().unwrap();
+        out
+    }
+
+    #[test]
     fn vm_rss_is_read_from_a_status_text() {
         let status = "Name:\tkeel\nVmPeak:\t  900 kB\nVmRSS:\t   51234 kB\nRssAnon:\t 40000 kB\n";
         assert_eq!(parse_vm_rss_kib(status), Some(51234));
@@ -234,7 +267,8 @@ mod tests {
         let wal = dir.path().join("member").join("wal");
         fs::create_dir_all(&wal).unwrap();
         fs::write(wal.join("0.wal"), vec![0u8; 4096]).unwrap();
-        let r = read_sample(std::process::id(), dir.path()).expect("own /proc entry");
+        let r = with_two_threads(|| read_sample(std::process::id(), dir.path()))
+            .expect("own /proc entry");
         assert!(r.rss_kib > 0);
         assert!(r.fds >= 3, "stdin, stdout, stderr at least: {}", r.fds);
         assert_eq!(r.wal_bytes, 4096);
@@ -246,7 +280,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("live.jsonl");
         let log = SampleLog::to_file(&path).unwrap();
-        let r = read_sample(std::process::id(), dir.path()).unwrap();
+        let r = with_two_threads(|| read_sample(std::process::id(), dir.path())).unwrap();
         let s = Sample {
             t_secs: 1.0,
             member: "m1".into(),
