@@ -127,6 +127,9 @@ fn metrics_and_probes_answer_on_the_client_and_metrics_urls() {
     // A future revision: an error answered in the response headers (trailers-only).
     let out = etcdctl(&ep, &["get", "k0", "--rev", "99"]);
     assert_ne!(out.code, Some(0));
+    // Writes reach the backend in batches (every 100 ms, docs/mvcc.md); HashKV commits
+    // whatever is pending first, so at least one backend commit has happened after it.
+    assert_eq!(etcdctl(&ep, &["endpoint", "hashkv"]).code, Some(0));
 
     let m = get(&ep, "/metrics");
     assert_eq!(m.status, 200);
@@ -182,7 +185,7 @@ fn metrics_and_probes_answer_on_the_client_and_metrics_urls() {
     assert!(applied >= 4.0, "3 puts and the leader's entries: {applied}");
     assert!(sample(text, "etcd_server_proposals_committed_total").unwrap() >= applied);
     assert!(sample(text, "etcd_disk_wal_fsync_duration_seconds_count").unwrap() >= 3.0);
-    assert!(sample(text, "etcd_disk_backend_commit_duration_seconds_count").unwrap() >= 3.0);
+    assert!(sample(text, "etcd_disk_backend_commit_duration_seconds_count").unwrap() >= 1.0);
     assert!(
         sample(
             text,
