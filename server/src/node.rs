@@ -28,7 +28,7 @@ use crate::error::EtcdError;
 use crate::lease::runner::{self, RunnerConfig};
 use crate::lease::{Lessor, id::LeaseIdGenerator};
 use crate::membership::Attributes;
-use crate::mvcc::{MvccStore, PersistPolicy, SharedStore};
+use crate::mvcc::{MvccStore, SharedStore};
 use crate::qos::{Admission, LoadGauge, RuleChange, RuleSet};
 use crate::raft::dial_override;
 use crate::raft::export::ExportLocks;
@@ -187,7 +187,7 @@ impl Node {
         );
         // Groups reach sled in batches, as etcd's backend batch transaction (mvcc/unpersisted.rs).
         store
-            .set_persist_policy(PersistPolicy::BATCHED)
+            .set_persist_policy(config.persist_policy())
             .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?;
         // Message-only errors (`{e}`): the text names the cause once, as before.
         let attributes = Arc::new(Attributes::load(&tree).map_err(|e| anyhow::anyhow!("{e}"))?);

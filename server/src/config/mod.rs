@@ -88,6 +88,14 @@ pub struct Config {
     /// Number of committed transactions to trigger a snapshot to disk.
     #[arg(long, default_value_t = 10_000)]
     pub snapshot_count: u64,
+    /// Maximum time before the store's pending writes are committed to its backend (a Go
+    /// duration; etcd `--backend-batch-interval`; 0, the default, means 100ms).
+    #[arg(long, default_value = "0")]
+    pub backend_batch_interval: GoDuration,
+    /// Maximum writes before the store's pending writes are committed to its backend (etcd
+    /// `--backend-batch-limit`; 0, the default, means 10000).
+    #[arg(long, default_value_t = 0)]
+    pub backend_batch_limit: u64,
     /// Number of entries for a slow follower to catch up after compacting the raft log
     /// (entries kept in the log after a snapshot).
     #[arg(long = "experimental-snapshot-catchup-entries", default_value_t = 5000)]
@@ -390,6 +398,7 @@ mod tests {
         assert_eq!(c.snapshot_count, 10_000);
         assert_eq!(c.snapshot_catchup_entries, 5000);
         assert_eq!(c.quota_bytes(), 2 * 1024 * 1024 * 1024);
+        assert_eq!(c.persist_policy(), crate::mvcc::PersistPolicy::BATCHED);
         assert_eq!(
             (c.auth_token.as_str(), c.auth_token_ttl, c.bcrypt_cost),
             ("simple", 300, 10)

@@ -11,6 +11,7 @@ use crate::lease::PrimaryConfig;
 use crate::lease::runner::{
     DEFAULT_CHECKPOINT_BATCH, DEFAULT_EXPIRE_BATCH, DEFAULT_MAX_IN_FLIGHT, RunnerConfig,
 };
+use crate::mvcc::PersistPolicy;
 use crate::watch::{WatchConfig, progress};
 
 impl Config {
@@ -36,6 +37,24 @@ impl Config {
     /// The bcrypt cost passwords are hashed with (`--bcrypt-cost`, etcd's range rule).
     pub fn effective_bcrypt_cost(&self) -> u32 {
         password::effective_cost(self.bcrypt_cost)
+    }
+
+    /// When the member's MVCC store commits its pending writes to sled: etcd's
+    /// `--backend-batch-interval` and `--backend-batch-limit` (0 = etcd's defaults, 100 ms
+    /// and 10,000), at most 4 MiB pending, committed on the store's own thread.
+    pub fn persist_policy(&self) -> PersistPolicy {
+        let interval = self.backend_batch_interval.0;
+        PersistPolicy {
+            max_writes: match self.backend_batch_limit {
+                0 => PersistPolicy::BATCHED.max_writes,
+                n => usize::try_from(n).unwrap_or(usize::MAX),
+            },
+            max_age: match interval.is_zero() {
+                true => PersistPolicy::BATCHED.max_age,
+                false => interval,
+            },
+            ..PersistPolicy::BATCHED
+        }
     }
 
     /// The cluster layer's timers and timeouts.
@@ -164,5 +183,31 @@ mod tests {
             None
         );
         assert!(!bootstrap::Flags::from_config(&c).new_cluster);
+    }
+
+    #[test]
+    fn etcds_backend_batch_flags_set_the_persist_policy() {
+        let c = Config::parse_from([
+            "keel",
+            "--backend-batch-interval",
+            "25ms",
+            "--backend-batch-limit",
+            "500",
+        ]);
+        let p = c.persist_policy();
+        assert_eq!((p.max_writes, p.max_age), (500, Duration::from_millis(25)));
+        assert!(p.background);
+        let zero = Config::parse_from([
+            "keel",
+            "--backend-batch-interval",
+            "0s",
+            "--backend-batch-limit",
+            "0",
+        ]);
+        assert_eq!(
+            zero.persist_policy(),
+            PersistPolicy::BATCHED,
+            "0 = etcd's defaults"
+        );
     }
 }

@@ -18,7 +18,7 @@ use super::range::{ReadView, ValueSource};
 use super::rebuild;
 use super::revision::record_key;
 use super::staged::Staged;
-use super::unpersisted::{PersistPolicy, Persister};
+use super::unpersisted::{Commit, PersistPolicy, Persister};
 use super::write_txn::WriteTxn;
 use crate::backend::LiveTree;
 use crate::backend::schema::{MVCC_COMPACT, MVCC_FORMAT};
@@ -396,7 +396,7 @@ impl MvccStore {
             }
             std::mem::take(&mut *staged)
         };
-        let due = self.persister.push(std::mem::take(&mut group.batch))?;
+        let commit = self.persister.push(std::mem::take(&mut group.batch))?;
         // A compaction's removals must not reach sled before the records they remove, nor
         // its jobs run before them: everything pending goes now, from here.
         let compacts = group.compact_floor.is_some() || !group.jobs.is_empty();
@@ -406,11 +406,14 @@ impl MvccStore {
                 self.compact_floor.fetch_max(floor, Ordering::AcqRel);
             }
             self.persister.commit()?;
-        } else if due {
-            match &*self.wake.lock().unwrap_or_else(|e| e.into_inner()) {
+        } else if commit != Commit::Later {
+            match (
+                &*self.wake.lock().unwrap_or_else(|e| e.into_inner()),
+                commit,
+            ) {
                 // Full: a wake is queued already, and that commit will take this group too.
-                Some(wake) => drop(wake.try_send(())),
-                None => self.persister.commit()?,
+                (Some(wake), Commit::Due) => drop(wake.try_send(())),
+                _ => self.persister.commit()?,
             }
         }
         let published = group.view.take();

@@ -70,6 +70,18 @@ impl PersistPolicy {
     };
 }
 
+/// When the pending writes go to sled, after a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Commit {
+    /// Under every bound.
+    Later,
+    /// A bound is reached: commit (on the background thread, if there is one).
+    Due,
+    /// Four times a bound: the background commits do not keep up; commit before going on,
+    /// so what is pending stays bounded.
+    Now,
+}
+
 /// One published group's records (`k` keys → encoded `mvccpb.KeyValue`), sorted by key.
 type GroupRecords = Arc<[(IVec, IVec)]>;
 
@@ -161,6 +173,14 @@ impl Unpersisted {
                 || self.since.is_some_and(|t| t.elapsed() >= policy.max_age))
     }
 
+    /// True when four times a bound of `policy` is pending (a background committer that
+    /// does not keep up).
+    pub fn overfull(&self, policy: &PersistPolicy) -> bool {
+        !self.batch.is_empty()
+            && (self.batch.len() >= policy.max_writes.saturating_mul(4)
+                || self.bytes >= policy.max_bytes.saturating_mul(4))
+    }
+
     /// Takes every pending write, their inserted bytes and how many overlay groups they
     /// hold, leaving nothing pending.
     pub fn take(&mut self) -> (Batch, u64, usize) {
@@ -216,11 +236,11 @@ impl Persister {
         *lock(&self.policy) = policy;
     }
 
-    /// Adds a published group's writes (before its view is published); returns whether the
-    /// policy says the pending writes go to sled now.
+    /// Adds a published group's writes (before its view is published); returns when the
+    /// policy says the pending writes go to sled.
     ///
     /// Errors: an earlier background commit failed.
-    pub fn push(&self, group: Batch) -> Result<bool, MvccError> {
+    pub fn push(&self, group: Batch) -> Result<Commit, MvccError> {
         if let Some(why) = lock(&self.failed).clone() {
             return Err(MvccError::Background(why));
         }
@@ -228,7 +248,14 @@ impl Persister {
         if let Some(next) = pending.push(group, &self.overlay()) {
             *self.overlay.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
         }
-        Ok(pending.due(&self.policy()))
+        let policy = self.policy();
+        Ok(if pending.overfull(&policy) {
+            Commit::Now
+        } else if pending.due(&policy) {
+            Commit::Due
+        } else {
+            Commit::Later
+        })
     }
 
     /// Commits every pending write to sled as one batch (no fsync), after any commit in
@@ -262,7 +289,7 @@ impl Persister {
         let (wake, woken) = sync_channel(1);
         let weak = Arc::downgrade(self);
         std::thread::Builder::new()
-            .name("mvcc-persist".into())
+            .name("keel-mvcc-persist".into())
             .spawn(move || committer(weak, woken))?;
         Ok(wake)
     }
@@ -390,6 +417,10 @@ mod tests {
             &Overlay::default(),
         );
         assert!(pending.due(&policy), "3 writes");
+        assert!(!pending.overfull(&policy));
+        let many: Vec<_> = (0..9).map(|s| (rkey(4, s), "v")).collect();
+        pending.push(group(&many), &Overlay::default());
+        assert!(pending.overfull(&policy), "12 writes: 4 times the bound");
         pending.take();
         pending.push(
             group(&[(rkey(4, 0), &"v".repeat(1_000))]),
