@@ -233,7 +233,7 @@ mod tests {
     /// alone, and [`read_sample`] skips one-thread processes).
     fn with_two_threads<T>(f: impl FnOnce() -> T) -> T {
         let (done, wait) = std::sync::mpsc::channel::<()>();
-        let other = std::thread::spawn(move || drop(wait.recv()));
+        let other = std::thread::spawn(move || wait.recv().is_err());
         let out = f();
         drop(done);
         other.join().unwrap();
