@@ -102,6 +102,9 @@ pub struct LiveTree {
     inserted: Arc<AtomicU64>,
     /// The last [`LiveTree::measure_in_use`]: `(bytes in use, inserted when it started)`.
     measured: Arc<Mutex<(u64, u64)>>,
+    /// Bytes apply published that are not committed to the tree yet (the MVCC store's
+    /// pending batch, mvcc/unpersisted.rs).
+    pending: Arc<AtomicU64>,
 }
 
 impl LiveTree {
@@ -111,6 +114,7 @@ impl LiveTree {
             current: Arc::new(RwLock::new(Arc::new(generation))),
             inserted: Arc::new(AtomicU64::new(0)),
             measured: Arc::new(Mutex::new((0, 0))),
+            pending: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -153,17 +157,29 @@ impl LiveTree {
         })
     }
 
-    /// Counts `bytes` of keys and values a committed apply batch inserted
-    /// ([`super::Batch::inserted_bytes`]) toward [`LiveTree::in_use`].
-    pub fn note_inserted(&self, bytes: u64) {
-        self.inserted.fetch_add(bytes, Ordering::Relaxed);
+    /// Counts `bytes` of keys and values apply published but has not committed to the tree
+    /// yet ([`super::Batch::inserted_bytes`] of a group joining the pending batch) toward
+    /// [`LiveTree::in_use`].
+    pub fn note_pending(&self, bytes: u64) {
+        self.pending.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// Bytes of the keys and values in the member tree, never below the true figure except
-    /// for writes made outside the apply path: the last [`LiveTree::measure_in_use`] plus
-    /// every byte inserted since it started. Overwrites and removals since then are not
-    /// subtracted until the next measurement, so between measurements this reads high,
-    /// which is the safe side for the quota. O(1).
+    /// Counts `bytes` of keys and values a committed apply batch inserted toward
+    /// [`LiveTree::in_use`]; with `was_pending`, the same bytes stop counting as pending
+    /// (after they count as inserted: the figure may read high for a moment, never low).
+    pub fn note_inserted(&self, bytes: u64, was_pending: bool) {
+        self.inserted.fetch_add(bytes, Ordering::Relaxed);
+        if was_pending {
+            self.pending.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes of the keys and values in the member tree and in apply's pending batch, never
+    /// below the true figure except for writes made outside the apply path: the last
+    /// [`LiveTree::measure_in_use`] plus every byte inserted since it started plus the
+    /// pending bytes. Overwrites and removals since then are not subtracted until the next
+    /// measurement, so between measurements this reads high, which is the safe side for the
+    /// quota. O(1).
     pub fn in_use(&self) -> u64 {
         let (measured, inserted_then) = *self.measured.lock().unwrap_or_else(|e| e.into_inner());
         measured
@@ -171,6 +187,7 @@ impl LiveTree {
                 .inserted
                 .load(Ordering::Relaxed)
                 .saturating_sub(inserted_then)
+            + self.pending.load(Ordering::Relaxed)
     }
 
     /// Walks the whole tree, sums its keys and values, and makes that the base of
@@ -236,6 +253,30 @@ mod tests {
         let after = sum(&live.tree());
         assert!(after >= before + 103, "{before} -> {after}");
         // Not measured again: the estimate covers the put (and may read high).
+        assert!(live.in_use() >= after, "{} < {after}", live.in_use());
+
+        // A put still pending (not in the tree yet) counts too, before and after its commit.
+        store
+            .set_persist_policy(crate::mvcc::PersistPolicy {
+                max_writes: 1_000,
+                max_bytes: u64::MAX,
+                max_age: std::time::Duration::from_secs(3600),
+                background: false,
+            })
+            .unwrap();
+        let in_use = live.in_use();
+        let mut w = store.write();
+        w.put(&PutRequest {
+            key: b"key2".to_vec(),
+            value: vec![7; 1_000],
+            ..Default::default()
+        })
+        .unwrap();
+        w.commit().unwrap();
+        assert_eq!(sum(&live.tree()), after, "the put is pending");
+        assert!(live.in_use() >= in_use + 1_004, "pending bytes count");
+        store.persist().unwrap();
+        let after = sum(&live.tree());
         assert!(live.in_use() >= after, "{} < {after}", live.in_use());
 
         // A removal is seen at the next measurement, which resets the base.

@@ -228,10 +228,12 @@ impl Persister {
             .clone()
     }
 
+    /// When pending writes go to sled.
     pub fn policy(&self) -> PersistPolicy {
         *lock(&self.policy)
     }
 
+    /// Sets when pending writes go to sled (the caller commits what is pending first).
     pub fn set_policy(&self, policy: PersistPolicy) {
         *lock(&self.policy) = policy;
     }
@@ -244,6 +246,7 @@ impl Persister {
         if let Some(why) = lock(&self.failed).clone() {
             return Err(MvccError::Background(why));
         }
+        self.tree.note_pending(group.inserted_bytes());
         let mut pending = lock(&self.pending);
         if let Some(next) = pending.push(group, &self.overlay()) {
             *self.overlay.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
@@ -270,7 +273,7 @@ impl Persister {
         }
         let started = Instant::now();
         batch.commit(self.tree.get().tree())?;
-        self.tree.note_inserted(inserted);
+        self.tree.note_inserted(inserted, true);
         {
             // Under `pending`, so no group joins the overlay between the read and the write.
             let _pending = lock(&self.pending);
