@@ -292,7 +292,10 @@ impl BoltFile {
 fn bucket_from_value(v: &[u8]) -> Result<Bucket> {
     let root = u64_at(v, 0).ok_or_else(|| invalid("bucket value shorter than its header"))?;
     let inline = if root == 0 {
-        Some(Page::new(v[BUCKET_HEADER..].to_vec())?)
+        let page = v
+            .get(BUCKET_HEADER..)
+            .ok_or_else(|| invalid("bucket value shorter than its header"))?;
+        Some(Page::new(page.to_vec())?)
     } else {
         None
     };

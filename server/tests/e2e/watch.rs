@@ -407,12 +407,16 @@ fn a_stalled_stream_never_blocks_writes_and_catches_up_in_order() {
         }
         let elapsed = started.elapsed();
         let grown = rss_bytes(pid).saturating_sub(rss_before);
+        eprintln!("stalled watcher: member RSS grew by {} KiB", grown >> 10);
         assert!(
             elapsed < Duration::from_secs(120),
             "writes took {elapsed:?}"
         );
+        // Measured on 2026-12-04: 71–79 MiB before sled commits were batched (100 ms), 78–102
+        // MiB after (sled holds more of its I/O buffers per larger batch; docs/benchmarks.md,
+        // "Deferred sled commits"). 16 MiB of events buffered per copy would show as far more.
         assert!(
-            grown < 96 << 20,
+            grown < 128 << 20,
             "member RSS grew by {} MiB for a stalled watcher",
             grown >> 20
         );
