@@ -438,6 +438,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_bucket_value_shorter_than_its_header_is_an_error() {
+        // root 0 (an inline bucket) in 8 bytes: the 16-byte header is cut (a fuzz finding).
+        let err = bucket_from_value(&[0u8; 8]).err().expect("an error");
+        assert!(err.to_string().contains("shorter than its header"), "{err}");
+        assert!(bucket_from_value(&[0u8; 4]).is_err());
+    }
+
+    #[test]
     fn fnv64a_matches_go() {
         // Go: fnv.New64a() over "" and "a".
         assert_eq!(fnv64a(b""), 0xcbf29ce484222325);
