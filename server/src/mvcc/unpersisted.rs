@@ -246,11 +246,13 @@ impl Persister {
         if let Some(why) = lock(&self.failed).clone() {
             return Err(MvccError::Background(why));
         }
-        self.tree.note_pending(group.inserted_bytes());
         let mut pending = lock(&self.pending);
+        let before = pending.bytes;
         if let Some(next) = pending.push(group, &self.overlay()) {
             *self.overlay.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
         }
+        // The group's inserted bytes, counted once by `Unpersisted::push`.
+        self.tree.note_pending(pending.bytes - before);
         let policy = self.policy();
         Ok(if pending.overfull(&policy) {
             Commit::Now
