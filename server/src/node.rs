@@ -18,7 +18,7 @@ use prost::Message;
 use crate::alarm::{Alarms, quota};
 use crate::apply::Applier;
 use crate::auth::{AuthInfo, AuthState, TokenProvider};
-use crate::backend::{Backend, LiveTree, generation};
+use crate::backend::{Backend, DamageMark, LiveTree, generation};
 use crate::backup::defragment;
 use crate::cluster::bootstrap::{self, Identity};
 use crate::cluster::{Cluster, timing};
@@ -30,7 +30,6 @@ use crate::lease::{Lessor, id::LeaseIdGenerator};
 use crate::membership::Attributes;
 use crate::mvcc::{MvccStore, SharedStore};
 use crate::qos::{Admission, LoadGauge, RuleChange, RuleSet};
-use crate::raft::dial_override;
 use crate::raft::export::ExportLocks;
 use crate::raft::force_new_cluster::restart_as_standalone;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
@@ -38,6 +37,7 @@ use crate::raft::proposer::{Proposer, Refused, Route, into_result};
 use crate::raft::trace::Stage;
 use crate::raft::types::{MemberNode, NodeId, Raft, Request};
 use crate::raft::{LogStore, PeerNetwork, StateMachine};
+use crate::raft::{dial_override, rebuild};
 use crate::version::{ClusterVersion, Downgrade, Version, gates};
 use crate::wal::Wal;
 use crate::watch::{StoreHistory, WatchConfig, WatchHub};
@@ -157,6 +157,21 @@ impl Node {
         let backend = Backend::open(&db_real)
             .with_context(|| format!("cannot open store in {}", db_real.display()))?;
         let tree = backend.tree().clone();
+        // Before anything reads the store: rebuild a tree a failed commit left damaged
+        // (backend/damage.rs, raft/rebuild.rs).
+        let damage = tokio::task::block_in_place(|| -> anyhow::Result<Arc<DamageMark>> {
+            let (mark, state) =
+                DamageMark::open(&member_dir, tree.is_empty()).with_context(|| {
+                    format!("cannot open the damage mark in {}", member_dir.display())
+                })?;
+            let log = rebuild::LogStart {
+                first_index: wal.first_index(),
+                purged_index: wal.purged_index(),
+            };
+            rebuild::repair(&tree, &snap_dir, log, &mark, &state)
+                .context("cannot rebuild the member tree")?;
+            Ok(Arc::new(mark))
+        })?;
         // Before anything reads the store: refuse a newer data dir, migrate an older one.
         tokio::task::block_in_place(|| {
             crate::version::check_and_migrate(
@@ -181,6 +196,7 @@ impl Node {
         peers.set_cluster_id(cluster_id);
 
         let live = backend.into_live();
+        live.set_damage_mark(damage);
         let store = Arc::new(
             tokio::task::block_in_place(|| MvccStore::open_live(live.clone()))
                 .map_err(|e| anyhow::anyhow!("cannot open MVCC store: {e}"))?,

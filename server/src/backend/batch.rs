@@ -71,24 +71,44 @@ impl Batch {
             .sum()
     }
 
-    /// Writes everything staged to `tree` as one atomic sled batch (no fsync: durability
-    /// comes from the raft WAL and the consistent index). A no-op when nothing is staged.
+    /// Writes everything staged to `tree` as one sled batch (no fsync: durability comes from
+    /// the raft WAL and the consistent index), atomic across a crash. A no-op when nothing
+    /// is staged.
     ///
-    /// Errors: sled I/O; then nothing of the batch is in the tree.
+    /// Errors: sled I/O; then the tree may hold any part of the batch, in memory and after
+    /// a restart (sled cancels the batch's manifest, `damage.rs`), and the caller must not
+    /// trust it: apply marks it damaged and stops.
     pub fn commit(self, tree: &sled::Tree) -> Result<(), BackendError> {
         if self.ops.is_empty() {
             return Ok(());
         }
-        let mut batch = sled::Batch::default();
-        for (key, value) in self.ops {
-            match value {
-                Some(v) => batch.insert(key, v),
-                None => batch.remove(key),
-            }
+        // sled failing part way (a full disk while it writes a blob): sled applies a batch
+        // in key order, so the first half of its keys (the newest consistent index among
+        // them, `c/` sorts before the `k` records) reaches the tree and the disk, then the
+        // error.
+        if let Some(e) = crate::failpoint::io_error("backend_commit_partial", libc::ENOSPC) {
+            let sorted: std::collections::BTreeMap<_, _> = self.ops.into_iter().collect();
+            let half = sorted.len().div_ceil(2);
+            tree.apply_batch(sled_batch(sorted.into_iter().take(half)))?;
+            // As sled's I/O buffers would, sooner or later (the member may stop first).
+            tree.flush()?;
+            return Err(BackendError::Storage(sled::Error::Io(e)));
         }
-        tree.apply_batch(batch)?;
+        tree.apply_batch(sled_batch(self.ops))?;
         Ok(())
     }
+}
+
+/// `ops` as a sled batch (a later write of a key wins, as in sled).
+fn sled_batch(ops: impl IntoIterator<Item = (IVec, Option<IVec>)>) -> sled::Batch {
+    let mut batch = sled::Batch::default();
+    for (key, value) in ops {
+        match value {
+            Some(v) => batch.insert(key, v),
+            None => batch.remove(key),
+        }
+    }
+    batch
 }
 
 #[cfg(test)]

@@ -12,9 +12,10 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::BackendError;
+use super::damage::DamageMark;
 
 /// One sled database and its member tree. When it was replaced by a defragment
 /// (`retire`), dropping the last handle closes the database and removes its directory.
@@ -105,6 +106,9 @@ pub struct LiveTree {
     /// Bytes apply published that are not committed to the tree yet (the MVCC store's
     /// pending batch, mvcc/unpersisted.rs).
     pending: Arc<AtomicU64>,
+    /// Where a failed commit of apply groups is recorded (a member's tree; tools and tests
+    /// have none).
+    damage: Arc<OnceLock<Arc<DamageMark>>>,
 }
 
 impl LiveTree {
@@ -115,6 +119,28 @@ impl LiveTree {
             inserted: Arc::new(AtomicU64::new(0)),
             measured: Arc::new(Mutex::new((0, 0))),
             pending: Arc::new(AtomicU64::new(0)),
+            damage: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Records failed commits in `mark` from now on (a member's tree, once, at start).
+    pub fn set_damage_mark(&self, mark: Arc<DamageMark>) {
+        let _ = self.damage.set(mark);
+    }
+
+    /// Records that a commit of apply groups failed part way, so the tree may hold part of
+    /// it ([`DamageMark::mark`]); the member must stop next. Logs (and otherwise ignores) a
+    /// mark that cannot be written: the member stops either way. Blocking (fdatasync).
+    pub fn mark_damaged(&self, why: &str) {
+        if let Some(mark) = self.damage.get() {
+            match mark.mark(why) {
+                Ok(()) => {
+                    tracing::error!(mark = %mark.path().display(), "backend: a failed commit marked the member tree damaged; the next start rebuilds it")
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, mark = %mark.path().display(), "backend: cannot mark the member tree damaged after a failed commit")
+                }
+            }
         }
     }
 

@@ -13,6 +13,7 @@
 //! there. Docs: `docs/backend.md`.
 
 mod batch;
+pub mod damage;
 pub mod defrag;
 pub mod generation;
 mod live;
@@ -21,6 +22,7 @@ pub mod schema;
 use std::path::Path;
 
 pub use batch::Batch;
+pub use damage::DamageMark;
 pub use live::{Generation, LiveTree};
 
 /// sled's page cache size per member.

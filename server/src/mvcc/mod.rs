@@ -101,9 +101,10 @@ pub enum MvccError {
     /// from its last flushed state and the WAL.
     #[error("mvcc: apply group abandoned after a partial write: {0}")]
     Abandoned(String),
-    /// A background commit of published groups to sled failed (unpersisted.rs); the member
-    /// must stop and restart from its last committed state and the WAL.
-    #[error("mvcc: background commit to sled failed: {0}")]
+    /// An earlier commit of published groups to sled failed (unpersisted.rs), so no later
+    /// one may go; the member must stop and restart from its last committed state and the
+    /// WAL.
+    #[error("mvcc: an earlier commit to sled failed: {0}")]
     Background(String),
 }
 

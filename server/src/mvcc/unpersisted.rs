@@ -269,12 +269,24 @@ impl Persister {
     /// Errors: sled I/O, fatal for the member.
     pub fn commit(&self) -> Result<(), MvccError> {
         let _one = lock(&self.committing);
+        // After a failed commit, sled may hold part of that batch and is missing the rest;
+        // a later batch carries a newer consistent index, so committing it would make the
+        // lost records' loss durable (a restart would not re-apply them). Nothing more goes.
+        if let Some(why) = lock(&self.failed).clone() {
+            return Err(MvccError::Background(why));
+        }
         let (batch, inserted, groups) = lock(&self.pending).take();
         if batch.is_empty() {
             return Ok(());
         }
         let started = Instant::now();
-        batch.commit(self.tree.get().tree())?;
+        if let Err(e) = batch.commit(self.tree.get().tree()) {
+            *lock(&self.failed) = Some(e.to_string());
+            // sled may recover part of this batch (backend/damage.rs): the next start must
+            // rebuild the tree rather than trust its consistent index.
+            self.tree.mark_damaged(&e.to_string());
+            return Err(e.into());
+        }
         self.tree.note_inserted(inserted, true);
         {
             // Under `pending`, so no group joins the overlay between the read and the write.
@@ -304,8 +316,8 @@ fn committer(persister: Weak<Persister>, woken: Receiver<()>) {
     while woken.recv().is_ok() {
         let Some(p) = persister.upgrade() else { return };
         if let Err(e) = p.commit() {
+            // `commit` poisoned the persister: the next flush (and every commit) fails.
             tracing::error!(error = %e, "mvcc: background commit to sled failed");
-            *lock(&p.failed) = Some(e.to_string());
             return;
         }
     }

@@ -12,6 +12,7 @@ pub mod log_tail;
 pub mod network;
 pub mod peers;
 pub mod proposer;
+pub mod rebuild;
 pub mod retention;
 pub mod snapshot;
 pub mod state_machine;

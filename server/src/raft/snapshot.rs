@@ -108,6 +108,35 @@ pub fn read_records(
     walk(file, each)
 }
 
+/// Replaces every key of `tree` with the records of the verified snapshot file at `path`
+/// (sled batches of 10,000 records), flushes the tree and returns the file's metadata.
+/// Blocking. Not atomic: a crash part way leaves the tree cleared and partly loaded, so the
+/// caller holds a marker that makes the next start redo it (the install marker,
+/// `state_machine.rs`; the damage mark, `backend/damage.rs`).
+///
+/// Errors: I/O, sled, or a file that does not verify.
+pub fn load_into(tree: &sled::Tree, path: &Path) -> io::Result<Meta> {
+    let mut file = File::open(path)?;
+    tree.clear().map_err(io::Error::other)?;
+    let mut batch = sled::Batch::default();
+    let mut n = 0usize;
+    let meta = read_records(&mut file, |k, v| {
+        batch.insert(k, v);
+        n += 1;
+        if n.is_multiple_of(10_000) {
+            tree.apply_batch(std::mem::take(&mut batch))
+                .map_err(io::Error::other)?;
+        }
+        Ok(())
+    })?;
+    // Crash with the old store cleared and the snapshot partly loaded; the caller's marker
+    // makes the next start redo the load.
+    crate::failpoint::crash_point!("snapshot_install_mid");
+    tree.apply_batch(batch).map_err(io::Error::other)?;
+    tree.flush().map_err(io::Error::other)?;
+    Ok(meta)
+}
+
 /// [`verify`], then [`read_records`]: `each` runs only for a file whose CRC matched.
 #[cfg(test)]
 fn load(file: &mut File, each: impl FnMut(Vec<u8>, Vec<u8>) -> io::Result<()>) -> io::Result<Meta> {

@@ -223,27 +223,7 @@ impl StateMachine {
         // top of the snapshot later.
         tokio::task::block_in_place(|| self.applier.persist())?;
         let tree = self.applier.tree().clone();
-        let mut file = std::fs::File::open(path)?;
-        let meta = tokio::task::block_in_place(|| -> io::Result<snapshot::Meta> {
-            tree.clear().map_err(io::Error::other)?;
-            let mut batch = sled::Batch::default();
-            let mut n = 0usize;
-            let meta = snapshot::read_records(&mut file, |k, v| {
-                batch.insert(k, v);
-                n += 1;
-                if n.is_multiple_of(10_000) {
-                    tree.apply_batch(std::mem::take(&mut batch))
-                        .map_err(io::Error::other)?;
-                }
-                Ok(())
-            })?;
-            // Crash with the old store cleared and the snapshot partly loaded; the install
-            // marker makes the next start redo the install.
-            crate::failpoint::crash_point!("snapshot_install_mid");
-            tree.apply_batch(batch).map_err(io::Error::other)?;
-            tree.flush().map_err(io::Error::other)?;
-            Ok(meta)
-        })?;
+        let meta = tokio::task::block_in_place(|| snapshot::load_into(&tree, path))?;
         self.applier.finish_install(&meta.last_membership)
     }
 

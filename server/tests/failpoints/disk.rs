@@ -78,6 +78,64 @@ fn wal_fsync_enospc_fences_the_member_and_recovers_every_acknowledged_write() {
     fence_and_recover("wal_fsync_enospc");
 }
 
+/// A commit of apply groups to sled that fails part way (`backend_commit_partial`: the
+/// first half of the batch's keys, its newest consistent index among them, reach the tree):
+/// the member marks its tree damaged and stops; the next start rebuilds the tree (`how`:
+/// `FromEmpty` or `FromSnapshot`, raft/rebuild.rs) and re-applies the log, so every
+/// acknowledged put is there exactly once. Without the rebuild the restart trusts the newer
+/// consistent index and puts of the batch are lost.
+fn partial_commit_is_rebuilt(extra: &[&str], commits_before: u32, how: &str) {
+    let mut keel = Member::start_with(&keel_bin(), extra);
+    keel.terminate();
+    keel.set_failpoints(Some(&format!(
+        "backend_commit_partial={commits_before}*off->return"
+    )));
+    keel.restart();
+    let acked = write_until_crash(&keel.endpoint());
+    assert_fenced_at(&mut keel, "backend_commit_partial");
+    assert!(
+        keel.log()
+            .contains("a failed commit marked the member tree damaged"),
+        "{}",
+        keel.log_tail()
+    );
+    assert!(
+        acked.len() > 50,
+        "only {} puts before the fault",
+        acked.len()
+    );
+    keel.set_failpoints(None);
+    let before_restart = keel.log().len();
+    keel.restart();
+    let restart_log = keel.log()[before_restart..].to_string();
+    assert!(
+        restart_log.contains("the member tree is rebuilt") && restart_log.contains(how),
+        "{}",
+        keel.log_tail()
+    );
+    check_sequential_history(&keel.endpoint(), &acked);
+    // The mark was cleared: the next start trusts the tree.
+    keel.terminate();
+    keel.restart();
+    let again = keel.log().len();
+    keel.terminate();
+    assert!(
+        !keel.log()[again..].contains("rebuilding it"),
+        "{}",
+        keel.log_tail()
+    );
+}
+
+#[test]
+fn a_partial_commit_is_rebuilt_from_an_empty_tree_and_the_log() {
+    partial_commit_is_rebuilt(&[], 5, "FromEmpty");
+}
+
+#[test]
+fn a_partial_commit_is_rebuilt_from_the_latest_snapshot_and_the_log() {
+    partial_commit_is_rebuilt(&["--snapshot-count", "100"], 20, "FromSnapshot");
+}
+
 /// The alarms the member at `endpoint` reports.
 async fn alarms(endpoint: &str) -> Vec<AlarmMember> {
     let mut m = grpc::maintenance(endpoint).await;
@@ -286,8 +344,17 @@ fn a_full_filesystem_fences_the_member_and_space_coming_back_recovers_it() {
     );
     assert!(acked > 100, "only {acked} puts fit");
     eprintln!("{acked} puts of 64 KiB were acknowledged on the 100 MiB tmpfs before it filled");
+    // A sled commit that failed part way marks the tree damaged (the WAL may fill first).
+    let damaged = log.contains("a failed commit marked the member tree damaged");
     disk.resize(400);
+    let before_restart = keel.log().len();
     keel.restart();
+    assert_eq!(
+        keel.log()[before_restart..].contains("the member tree is rebuilt"),
+        damaged,
+        "{}",
+        keel.log_tail()
+    );
     rt.block_on(async {
         let mut kv = grpc::kv(&endpoint).await;
         let all = kv
