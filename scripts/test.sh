@@ -302,14 +302,35 @@ fi
 # ---------------------------------------------------------------------------------------------
 # 4. + 5. conformance against a release keel
 
-free_ports() { # prints two free 127.0.0.1 ports
-    python3 -c 'import socket
-socks = [socket.socket() for _ in range(2)]
-for s in socks: s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))'
+free_ports() { # prints two free 127.0.0.1 ports below the kernel's ephemeral range
+    # (32768-60999), so no outgoing connection takes one between this check and keel's bind.
+    python3 -c 'import random, socket
+ports = []
+while len(ports) < 2:
+    p = random.randrange(20000, 32000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+        ports.append(p)
+    except OSError:
+        pass
+    finally:
+        s.close()
+print(" ".join(map(str, ports)))'
 }
 
-start_keel() {
+start_keel() { # a port taken between the check and the bind: up to 3 tries with new ports
+    local try
+    for try in 1 2 3; do
+        if start_keel_once; then return 0; fi
+        grep -q "Address already in use" "$workdir/keel.log" || return 1
+        note "a port was taken before keel bound it (try $try of 3); picking new ports"
+        rm -rf "$workdir/data"
+    done
+    return 1
+}
+
+start_keel_once() {
     local client peer
     read -r client peer < <(free_ports)
     endpoint="127.0.0.1:$client"
