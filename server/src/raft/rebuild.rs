@@ -108,6 +108,15 @@ mod tests {
         DamageMark::open(dir, from_empty).unwrap()
     }
 
+    fn temp_tree() -> sled::Tree {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        db.open_tree("keel").unwrap()
+    }
+
+    fn still_damaged(dir: &Path) -> bool {
+        DamageMark::open(dir, false).unwrap().1.damaged.is_some()
+    }
+
     fn keys(tree: &sled::Tree) -> Vec<Vec<u8>> {
         tree.iter().keys().map(|k| k.unwrap().to_vec()).collect()
     }
@@ -115,12 +124,7 @@ mod tests {
     #[test]
     fn a_whole_tree_is_left_alone() {
         let dir = tempfile::tempdir().unwrap();
-        let tree = sled::Config::new()
-            .temporary(true)
-            .open()
-            .unwrap()
-            .open_tree("t")
-            .unwrap();
+        let tree = temp_tree();
         tree.insert(b"k1", b"v").unwrap();
         let (mark, state) = DamageMark::open(dir.path(), false).unwrap();
         let r = repair(&tree, dir.path(), NEVER_PURGED, &mark, &state).unwrap();
@@ -131,12 +135,7 @@ mod tests {
     #[test]
     fn a_damaged_tree_is_replaced_by_the_latest_snapshot_and_the_mark_cleared() {
         let dir = tempfile::tempdir().unwrap();
-        let tree = sled::Config::new()
-            .temporary(true)
-            .open()
-            .unwrap()
-            .open_tree("t")
-            .unwrap();
+        let tree = temp_tree();
         let meta_at = |term, index| Meta {
             last_log_id: Some(openraft::LogId::new(
                 openraft::CommittedLeaderId::new(term, 1),
@@ -145,12 +144,7 @@ mod tests {
             ..Meta::default()
         };
         let (meta, older) = (meta_at(2, 40), meta_at(1, 9));
-        let src = sled::Config::new()
-            .temporary(true)
-            .open()
-            .unwrap()
-            .open_tree("s")
-            .unwrap();
+        let src = temp_tree();
         src.insert(b"old", b"1").unwrap();
         snapshot::write(&snapshot::file_name(dir.path(), &older), &older, &src).unwrap();
         src.insert(b"k0000000000000001", b"a").unwrap();
@@ -167,18 +161,13 @@ mod tests {
         ];
         want.sort();
         assert_eq!(keys(&tree), want);
-        assert_eq!(DamageMark::open(dir.path(), true).unwrap().1.damaged, None);
+        assert!(!still_damaged(dir.path()));
     }
 
     #[test]
     fn with_no_snapshot_a_tree_born_empty_is_emptied_but_keeps_its_cluster_id() {
         let dir = tempfile::tempdir().unwrap();
-        let tree = sled::Config::new()
-            .temporary(true)
-            .open()
-            .unwrap()
-            .open_tree("t")
-            .unwrap();
+        let tree = temp_tree();
         tree.insert(CLUSTER_ID, b"id").unwrap();
         tree.insert(b"c/consistent_index", b"ci").unwrap();
         tree.insert(b"k1", b"record").unwrap();
@@ -187,18 +176,13 @@ mod tests {
         assert_eq!(r, Repair::FromEmpty);
         assert_eq!(keys(&tree), vec![CLUSTER_ID.to_vec()]);
         assert_eq!(tree.get(CLUSTER_ID).unwrap().unwrap(), b"id"[..]);
-        assert_eq!(DamageMark::open(dir.path(), true).unwrap().1.damaged, None);
+        assert!(!still_damaged(dir.path()));
     }
 
     #[test]
     fn with_nothing_to_rebuild_from_the_start_is_refused_and_the_mark_stays() {
         let dir = tempfile::tempdir().unwrap();
-        let tree = sled::Config::new()
-            .temporary(true)
-            .open()
-            .unwrap()
-            .open_tree("t")
-            .unwrap();
+        let tree = temp_tree();
         tree.insert(b"k1", b"restored").unwrap();
         // Not born empty (a restored tree).
         let (mark, state) = damaged(dir.path(), false);
@@ -213,19 +197,6 @@ mod tests {
         };
         assert!(repair(&tree, dir2.path(), purged, &mark2, &state2).is_err());
         assert_eq!(keys(&tree), vec![b"k1".to_vec()]);
-        assert!(
-            DamageMark::open(dir.path(), false)
-                .unwrap()
-                .1
-                .damaged
-                .is_some()
-        );
-        assert!(
-            DamageMark::open(dir2.path(), true)
-                .unwrap()
-                .1
-                .damaged
-                .is_some()
-        );
+        assert!(still_damaged(dir.path()) && still_damaged(dir2.path()));
     }
 }
