@@ -836,6 +836,9 @@ impl RunningConfig {
                 let path_str = &*path.to_string_lossy();
                 if path_str.starts_with(&*absolute_path.to_string_lossy())
                     && !path_str.ends_with(".in___motion")
+                    // Keel patch: a snapshot whose write failed (ENOSPC) or was cut by a
+                    // crash is left as `.generating`; it is never the newest snapshot.
+                    && !path_str.ends_with(".generating")
                 {
                     Some(path.to_path_buf())
                 } else {
