@@ -281,10 +281,11 @@ impl Persister {
         }
         let started = Instant::now();
         if let Err(e) = batch.commit(self.tree.get().tree()) {
-            *lock(&self.failed) = Some(e.to_string());
+            let why = e.to_string();
             // sled may recover part of this batch (backend/damage.rs): the next start must
             // rebuild the tree rather than trust its consistent index.
-            self.tree.mark_damaged(&e.to_string());
+            self.tree.mark_damaged(&why);
+            *lock(&self.failed) = Some(why);
             return Err(e.into());
         }
         self.tree.note_inserted(inserted, true);

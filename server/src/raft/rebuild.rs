@@ -65,6 +65,7 @@ pub fn repair(
     };
     tracing::warn!(reason = %why, "the member tree is damaged by a failed commit: rebuilding it");
     let done = if let Some(path) = snapshot::latest(snap_dir)? {
+        // A whole read before the clear: a corrupt file must leave the tree as it was.
         snapshot::verify(&mut std::fs::File::open(&path)?)?;
         let meta = snapshot::load_into(tree, &path)?;
         Repair::FromSnapshot {
