@@ -410,6 +410,26 @@ where C: RaftTypeConfig
         self.inner.call_core(RaftMsg::AppendEntries { rpc, tx }, rx).await
     }
 
+    /// Keel patch: hands an AppendEntries RPC to `RaftCore` now, before returning, and returns
+    /// the wait for its response. A caller that receives AppendEntries RPCs in order on one
+    /// stream (Keel's streamed peer transport) submits them to the core in that order while
+    /// earlier ones still wait for their flush.
+    pub fn submit_append_entries(
+        &self,
+        rpc: AppendEntriesRequest<C>,
+    ) -> impl Future<Output = Result<AppendEntriesResponse<C::NodeId>, RaftError<C::NodeId>>> + Send + 'static {
+        let (tx, rx) = C::AsyncRuntime::oneshot();
+        let sent = self.inner.tx_api.send(RaftMsg::AppendEntries { rpc, tx });
+        let inner = self.inner.clone();
+        async move {
+            if sent.is_err() {
+                let fatal = inner.get_core_stopped_error("sending RaftMsg to RaftCore", None::<&'static str>).await;
+                return Err(RaftError::Fatal(fatal));
+            }
+            inner.recv_msg(rx).await.map_err(RaftError::Fatal)?.map_err(RaftError::APIError)
+        }
+    }
+
     /// Submit a VoteRequest (RequestVote in the spec) RPC to this Raft node.
     ///
     /// These RPCs are sent by cluster peers which are in candidate state attempting to gather votes
