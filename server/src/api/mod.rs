@@ -23,6 +23,7 @@ mod lock;
 mod maintenance;
 mod peer;
 pub mod peer_cluster_id;
+mod peer_stream;
 mod qos;
 pub mod range_stream;
 pub mod require_leader;
@@ -165,7 +166,14 @@ where
     let check = peer_cluster_id::ClusterIdCheck {
         local: node.cluster_id,
     };
-    let service = PeerServer::new(PeerService::new(node))
+    // The AppendEntries streams end when the member stops: a graceful shutdown waits for
+    // open streams, and a leader's stream stays open as long as the leader.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    let service = PeerServer::new(PeerService::new(node, stop_rx))
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX);
     Server::builder()

@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
-use super::lease_leader;
+use super::{lease_leader, peer_stream};
 use crate::cluster::{reconfig, removal, transfer};
 use crate::node::{FORWARD_LOG_INDEX, Node};
 use crate::raft::trace::{self, Stage};
@@ -28,12 +28,14 @@ use crate::raft::types::TypeConfig;
 /// Peer service of one member.
 pub struct PeerService {
     node: Arc<Node>,
+    /// Becomes `true` when the member stops serving peers (ends the AppendEntries streams).
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl PeerService {
-    /// Serves peer RPCs for `node`.
-    pub fn new(node: Arc<Node>) -> PeerService {
-        PeerService { node }
+    /// Serves peer RPCs for `node` until `stopping` becomes `true`.
+    pub fn new(node: Arc<Node>, stopping: tokio::sync::watch::Receiver<bool>) -> PeerService {
+        PeerService { node, stopping }
     }
 }
 
@@ -66,6 +68,17 @@ impl Peer for PeerService {
             trace::mark(Stage::AeReply, first, last, self.node.id);
         }
         encode(&resp)
+    }
+
+    async fn append_entries_stream(
+        &self,
+        r: Request<tonic::Streaming<RaftPayload>>,
+    ) -> Result<Response<peer_stream::ResponseStream>, Status> {
+        Ok(Response::new(peer_stream::serve(
+            self.node.clone(),
+            r.into_inner(),
+            self.stopping.clone(),
+        )))
     }
 
     async fn vote(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
