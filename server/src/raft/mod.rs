@@ -4,6 +4,7 @@
 //! and the peer transport: pooled connections ([`peers`]), the dial override
 //! ([`dial_override`]) and openraft's network over tonic ([`network`]).
 
+pub mod append_stream;
 pub mod dial_override;
 pub mod export;
 pub mod force_new_cluster;
@@ -20,6 +21,8 @@ pub mod trace;
 pub mod types;
 pub mod wait;
 
+#[cfg(test)]
+mod append_stream_test;
 #[cfg(test)]
 mod force_new_cluster_test;
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! openraft's `RaftNetwork` over tonic: AppendEntries, Vote and InstallSnapshot chunks sent
 //! to a member's peer URL through the `keelpb.Peer` service.
 //!
+//! AppendEntries (heartbeats included) go on one long-lived stream per follower
+//! ([`AppendStreams`](super::append_stream::AppendStreams)); Vote and InstallSnapshot are unary RPCs.
+//!
 //! Bodies are openraft's own request/response types, bincode-encoded in `RaftPayload`; the
 //! remote side returns `Result<Response, RaftError>` so that raft-level errors (a higher
 //! vote, a snapshot mismatch) come back typed.
@@ -31,6 +34,7 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::append_stream::Sent;
 use super::peers::{Peers, is_transport_failure};
 use super::trace::{self, Stage};
 use super::types::{MemberNode, NodeId, TypeConfig};
@@ -102,12 +106,26 @@ impl PeerConnection {
         E: Error + DeserializeOwned,
     {
         let data = bincode::serialize(req).map_err(|e| NetworkError::new(&e))?;
+        self.call_unary(rpc, RaftPayload { data }, option).await
+    }
+
+    /// One unary RPC carrying `payload` (a bincode request).
+    async fn call_unary<Resp, E>(
+        &mut self,
+        rpc: Rpc,
+        payload: RaftPayload,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, MemberNode, E>>
+    where
+        Resp: DeserializeOwned,
+        E: Error + DeserializeOwned,
+    {
         let mut client = self
             .peers
             .client(&self.url)
             .map_err(|e| Unreachable::new(&e))?;
-        let sent = data.len();
-        let mut request = tonic::Request::new(RaftPayload { data });
+        let sent = payload.data.len();
+        let mut request = tonic::Request::new(payload);
         request.set_timeout(option.hard_ttl());
         let started = std::time::Instant::now();
         let result = match rpc {
@@ -115,10 +133,52 @@ impl PeerConnection {
             Rpc::Vote => client.vote(request).await,
             Rpc::Snapshot => client.install_snapshot(request).await,
         };
-        let received = result.as_ref().ok().map(|r| r.get_ref().data.len());
+        self.finish(result.map(tonic::Response::into_inner), sent, started)
+    }
+
+    /// An AppendEntries on the peer's stream ([`AppendStreams`](super::append_stream::AppendStreams)), or as a unary RPC to a peer
+    /// that does not serve the stream.
+    async fn call_append<E>(
+        &mut self,
+        req: &AppendEntriesRequest<TypeConfig>,
+        option: &RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, MemberNode, E>>
+    where
+        E: Error + DeserializeOwned,
+    {
+        let data = bincode::serialize(req).map_err(|e| NetworkError::new(&e))?;
+        let sent = data.len();
+        let started = std::time::Instant::now();
+        let streams = self.peers.append_streams();
+        match streams
+            .send(&self.peers, &self.url, RaftPayload { data })
+            .await
+        {
+            Sent::Answer(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                // A 0.1.0 member: this request goes again, as a unary RPC.
+                self.call(Rpc::Append, req, option).await
+            }
+            Sent::Answer(result) => self.finish(result, sent, started),
+            Sent::Unary(payload) => self.call_unary(Rpc::Append, payload, option).await,
+        }
+    }
+
+    /// Records an RPC's outcome (metrics, peer health) and decodes its answer.
+    #[allow(clippy::result_large_err)] // openraft's error type, as the trait methods return
+    fn finish<Resp, E>(
+        &mut self,
+        result: Result<RaftPayload, tonic::Status>,
+        sent: usize,
+        started: std::time::Instant,
+    ) -> Result<Resp, RPCError<NodeId, MemberNode, E>>
+    where
+        Resp: DeserializeOwned,
+        E: Error + DeserializeOwned,
+    {
+        let received = result.as_ref().ok().map(|r| r.data.len());
         crate::metrics::network().record_rpc(&self.label, sent, received, started.elapsed());
         let payload = match result {
-            Ok(r) => r.into_inner(),
+            Ok(p) => p,
             Err(status) => {
                 if is_transport_failure(&status) {
                     self.peers.record(self.target, false);
@@ -147,7 +207,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         if let Some((first, last)) = traced {
             trace::mark(Stage::AeSend, first, last, self.target);
         }
-        let result = self.call(Rpc::Append, &rpc, &option).await;
+        let result = self.call_append(&rpc, &option).await;
         if let (Some((first, last)), Ok(_)) = (traced, &result) {
             trace::mark(Stage::AeAck, first, last, self.target);
         }

@@ -22,6 +22,7 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use super::append_stream::AppendStreams;
 use super::dial_override::DialOverrides;
 use super::types::{MemberNode, NodeId, Raft};
 use crate::error::EtcdError;
@@ -70,6 +71,7 @@ pub struct Peers {
     health: Mutex<HashMap<NodeId, Health>>,
     append_rpcs: AtomicU64,
     append_entries: AtomicU64,
+    append_streams: AppendStreams,
 }
 
 /// Counters of the AppendEntries RPCs this member sent (as leader), to show batching: many
@@ -164,6 +166,12 @@ impl Peers {
     /// [`Peers::client`] call reconnects.
     pub fn reset(&self, url: &str) {
         self.channels.lock().expect("peer channel lock").remove(url);
+        self.append_streams.reset(url);
+    }
+
+    /// The AppendEntries streams to the peers of this pool.
+    pub fn append_streams(&self) -> &AppendStreams {
+        &self.append_streams
     }
 
     /// Records the outcome of one RPC to member `id`: `true` when the member answered (with

@@ -1,0 +1,224 @@
+//! Leader side of the streamed AppendEntries: one long-lived `keelpb.Peer/AppendEntriesStream`
+//! per follower peer URL, shared by every AppendEntries this member sends there (the pipelined
+//! replication RPCs and the heartbeats). The follower side is `api::peer_stream`.
+//!
+//! Why: a unary RPC is a new HTTP/2 stream with its own request and response headers, a new
+//! server task and its wake-ups; on a stream, an AppendEntries is one DATA frame each way.
+//!
+//! Invariants:
+//! - A request's waiter joins the queue and the request enters the stream under one lock, so
+//!   queue order is stream order; the follower answers once per request, in order, so the
+//!   n-th response belongs to the n-th waiter. A caller that gave up (openraft's timeout)
+//!   leaves its waiter in place, and the response to it is dropped.
+//! - A stream that ends or fails is marked dead under the same lock before its waiters are
+//!   failed, so no waiter joins a dead stream; the next request opens a new stream.
+//! - A peer that does not serve the stream (a 0.1.0 member: `Unimplemented`) gets unary
+//!   `AppendEntries` RPCs; the stream is tried again after [`UNARY_RETRY`], since the member may
+//!   have been upgraded.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keel_proto::keelpb::RaftPayload;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Code, Status};
+
+use super::peers::Peers;
+
+/// How long a peer that answered `Unimplemented` gets unary RPCs before the stream is tried
+/// again.
+pub const UNARY_RETRY: Duration = Duration::from_secs(10);
+
+/// `KEEL_UNARY_APPEND=1` in the environment: every AppendEntries is a unary RPC, as before
+/// the stream (for same-binary A/B benchmarks, docs/benchmarks.md).
+static UNARY_ONLY: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var_os("KEEL_UNARY_APPEND").is_some_and(|v| v == "1"));
+
+type Waiter = oneshot::Sender<Result<RaftPayload, Status>>;
+
+/// The open AppendEntries streams of one member, by peer URL.
+#[derive(Default)]
+pub struct AppendStreams {
+    streams: Mutex<HashMap<String, Arc<Stream>>>,
+    /// Peer URLs that answered `Unimplemented`, and when.
+    unary_since: Mutex<HashMap<String, Instant>>,
+}
+
+/// One stream: the request side and the waiters for its responses, oldest first.
+struct Stream {
+    state: Mutex<Queue>,
+}
+
+struct Queue {
+    /// `None` once the stream ended: no waiter may join.
+    requests: Option<mpsc::UnboundedSender<RaftPayload>>,
+    waiters: VecDeque<Waiter>,
+}
+
+/// How one AppendEntries was answered.
+pub enum Sent {
+    /// The follower's response payload, or the status that ended the stream.
+    Answer(Result<RaftPayload, Status>),
+    /// The peer does not serve the stream: send the request as a unary RPC.
+    Unary(RaftPayload),
+}
+
+impl AppendStreams {
+    /// Sends `payload` (a bincode `AppendEntriesRequest`) to the peer at `url` on its stream,
+    /// opening one on `peers`' pooled channel if none is open, and waits for the response.
+    ///
+    /// Returns [`Sent::Unary`] with the payload when the peer does not serve the stream (the
+    /// caller sends it as a unary RPC). Errors (in [`Sent::Answer`]): the status that ended the
+    /// stream (a transport failure, or the follower's "bad raft payload"), or `Unavailable`
+    /// "append stream closed" when it ended without one.
+    pub async fn send(&self, peers: &Peers, url: &str, payload: RaftPayload) -> Sent {
+        if self.is_unary(url) {
+            return Sent::Unary(payload);
+        }
+        let (tx, rx) = oneshot::channel();
+        let mut payload = Some(payload);
+        // Two tries: the stream found may have ended just now.
+        for _ in 0..2 {
+            let stream = match self.stream(peers, url) {
+                Ok(s) => s,
+                Err(status) => return Sent::Answer(Err(status)),
+            };
+            let mut q = stream.state.lock().expect("append stream lock");
+            let Some(requests) = &q.requests else {
+                drop(q);
+                self.forget(url, &stream);
+                continue;
+            };
+            let p = payload.take().expect("the payload is sent once");
+            match requests.send(p) {
+                Ok(()) => {
+                    q.waiters.push_back(tx);
+                    break;
+                }
+                Err(mpsc::error::SendError(p)) => {
+                    payload = Some(p);
+                    q.requests = None;
+                    drop(q);
+                    self.forget(url, &stream);
+                }
+            }
+        }
+        if let Some(p) = payload {
+            // Both streams ended at once: let the unary RPC report what is wrong.
+            return Sent::Unary(p);
+        }
+        match rx.await {
+            Ok(Err(status)) if status.code() == Code::Unimplemented => {
+                self.unary_since
+                    .lock()
+                    .expect("append stream lock")
+                    .insert(url.to_string(), Instant::now());
+                Sent::Answer(Err(status))
+            }
+            Ok(answer) => Sent::Answer(answer),
+            Err(_) => Sent::Answer(Err(Status::unavailable("append stream closed"))),
+        }
+    }
+
+    /// Closes the stream to `url` (after a transport failure on its channel); waiters of it
+    /// fail when the stream's reader sees it end.
+    pub fn reset(&self, url: &str) {
+        let stream = self.streams.lock().expect("append stream lock").remove(url);
+        if let Some(s) = stream {
+            s.state.lock().expect("append stream lock").requests = None;
+        }
+    }
+
+    fn is_unary(&self, url: &str) -> bool {
+        if *UNARY_ONLY {
+            return true;
+        }
+        let mut unary = self.unary_since.lock().expect("append stream lock");
+        match unary.get(url) {
+            Some(since) if since.elapsed() < UNARY_RETRY => true,
+            Some(_) => {
+                unary.remove(url);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Drops `stream` from the table if it is still the one for `url`.
+    fn forget(&self, url: &str, stream: &Arc<Stream>) {
+        let mut streams = self.streams.lock().expect("append stream lock");
+        if streams.get(url).is_some_and(|s| Arc::ptr_eq(s, stream)) {
+            streams.remove(url);
+        }
+    }
+
+    /// The open stream to `url`, or a new one whose reader task is spawned here.
+    fn stream(&self, peers: &Peers, url: &str) -> Result<Arc<Stream>, Status> {
+        let mut streams = self.streams.lock().expect("append stream lock");
+        if let Some(s) = streams.get(url) {
+            return Ok(s.clone());
+        }
+        let mut client = peers
+            .client(url)
+            .map_err(|e| Status::unavailable(format!("bad peer URL {url}: {e}")))?;
+        let (requests, outbound) = mpsc::unbounded_channel();
+        let stream = Arc::new(Stream {
+            state: Mutex::new(Queue {
+                requests: Some(requests),
+                waiters: VecDeque::new(),
+            }),
+        });
+        streams.insert(url.to_string(), stream.clone());
+        let reader = stream.clone();
+        tokio::spawn(async move {
+            let opened = client
+                .append_entries_stream(UnboundedReceiverStream::new(outbound))
+                .await;
+            let end = match opened {
+                Ok(response) => {
+                    let mut inbound = response.into_inner();
+                    loop {
+                        match inbound.message().await {
+                            Ok(Some(answer)) => reader.answer(Ok(answer)),
+                            Ok(None) => break Status::unavailable("append stream closed"),
+                            Err(status) => break status,
+                        }
+                    }
+                }
+                Err(status) => status,
+            };
+            reader.end(end);
+        });
+        Ok(stream)
+    }
+}
+
+impl Stream {
+    /// Hands the next response to the oldest waiter.
+    fn answer(&self, answer: Result<RaftPayload, Status>) {
+        let waiter = self
+            .state
+            .lock()
+            .expect("append stream lock")
+            .waiters
+            .pop_front();
+        if let Some(w) = waiter {
+            // The caller may have given up (timeout); its response is dropped.
+            let _ = w.send(answer);
+        }
+    }
+
+    /// Marks the stream ended and fails every waiter with `status`.
+    fn end(&self, status: Status) {
+        let waiters = {
+            let mut q = self.state.lock().expect("append stream lock");
+            q.requests = None;
+            std::mem::take(&mut q.waiters)
+        };
+        for w in waiters {
+            let _ = w.send(Err(status.clone()));
+        }
+    }
+}

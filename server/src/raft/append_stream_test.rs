@@ -1,0 +1,213 @@
+//! `AppendStreams` against small in-process `keelpb.Peer` servers: responses reach the request
+//! they answer, a failed stream fails its waiters and the next request opens a new one, and a
+//! peer without the stream (a 0.1.0 member) gets unary RPCs.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::Stream;
+use keel_proto::keelpb::RaftPayload;
+use keel_proto::keelpb::peer_server::{Peer, PeerServer};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use super::append_stream::Sent;
+use super::peers::Peers;
+
+type Answers = Pin<Box<dyn Stream<Item = Result<RaftPayload, Status>> + Send>>;
+
+/// A follower stand-in. `Echo`: answers each request with its bytes reversed, after a delay
+/// that shrinks from request to request (so a later answer is ready first, as a later
+/// AppendEntries can be when its batch is small). `FailAfter(n)`: answers `n` requests of
+/// every stream, then ends it with `Unavailable`. `NoStream`: serves no stream (0.1.0).
+#[derive(Clone, Copy)]
+enum Mode {
+    Echo,
+    FailAfter(usize),
+    NoStream,
+}
+
+struct Fake {
+    mode: Mode,
+    streams_opened: Arc<AtomicUsize>,
+}
+
+fn reversed(p: &RaftPayload) -> RaftPayload {
+    RaftPayload {
+        data: p.data.iter().rev().copied().collect(),
+    }
+}
+
+#[tonic::async_trait]
+impl Peer for Fake {
+    async fn append_entries(
+        &self,
+        r: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        Ok(Response::new(reversed(r.get_ref())))
+    }
+
+    async fn append_entries_stream(
+        &self,
+        r: Request<Streaming<RaftPayload>>,
+    ) -> Result<Response<Answers>, Status> {
+        let mode = self.mode;
+        if matches!(mode, Mode::NoStream) {
+            return Err(Status::unimplemented("Not yet implemented"));
+        }
+        self.streams_opened.fetch_add(1, Ordering::SeqCst);
+        let mut inbound = r.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut pending = futures::stream::FuturesOrdered::new();
+            let mut answered = 0usize;
+            let mut n = 0u64;
+            loop {
+                tokio::select! {
+                    Some(answer) = pending.next(), if !pending.is_empty() => {
+                        if matches!(mode, Mode::FailAfter(limit) if answered == limit) {
+                            let _ = tx.send(Err(Status::unavailable("follower went away"))).await;
+                            return;
+                        }
+                        answered += 1;
+                        if tx.send(Ok(answer)).await.is_err() {
+                            return;
+                        }
+                    }
+                    msg = inbound.next() => match msg {
+                        Some(Ok(p)) => {
+                            let delay = Duration::from_millis(20u64.saturating_sub(n * 2));
+                            n += 1;
+                            pending.push_back(async move {
+                                tokio::time::sleep(delay).await;
+                                reversed(&p)
+                            });
+                        }
+                        _ => break,
+                    },
+                }
+            }
+            while let Some(answer) = pending.next().await {
+                let _ = tx.send(Ok(answer)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// Serves `mode` on a free loopback port; returns its URL and the count of streams opened.
+async fn serve(mode: Mode) -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let opened = Arc::new(AtomicUsize::new(0));
+    let fake = Fake {
+        mode,
+        streams_opened: opened.clone(),
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(PeerServer::new(fake))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    (url, opened)
+}
+
+fn payload(i: u32) -> RaftPayload {
+    RaftPayload {
+        data: i.to_be_bytes().to_vec(),
+    }
+}
+
+fn answer(sent: Sent) -> Result<RaftPayload, Status> {
+    match sent {
+        Sent::Answer(a) => a,
+        Sent::Unary(_) => panic!("expected an answer on the stream, got a unary fallback"),
+    }
+}
+
+#[tokio::test]
+async fn each_request_gets_its_own_answer_on_one_stream() {
+    let (url, opened) = serve(Mode::Echo).await;
+    let peers = Arc::new(Peers::default());
+    let mut tasks = Vec::new();
+    for i in 0..40u32 {
+        let peers = peers.clone();
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let got = answer(peers.append_streams().send(&peers, &url, payload(i)).await);
+            (i, got.expect("answered"))
+        }));
+        if i % 4 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    for t in tasks {
+        let (i, got) = t.await.unwrap();
+        assert_eq!(
+            got,
+            reversed(&payload(i)),
+            "request {i} got another's answer"
+        );
+    }
+    assert_eq!(
+        opened.load(Ordering::SeqCst),
+        1,
+        "all requests share one stream"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_stream_fails_its_waiters_and_the_next_request_opens_another() {
+    let (url, opened) = serve(Mode::FailAfter(1)).await;
+    let peers = Peers::default();
+    let streams = peers.append_streams();
+    assert_eq!(
+        answer(streams.send(&peers, &url, payload(1)).await).unwrap(),
+        reversed(&payload(1))
+    );
+    let err = answer(streams.send(&peers, &url, payload(2)).await).unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert_eq!(err.message(), "follower went away");
+    // The next request must not join the dead stream (it would wait forever).
+    let got = tokio::time::timeout(
+        Duration::from_secs(5),
+        streams.send(&peers, &url, payload(3)),
+    )
+    .await
+    .expect("a new stream answers");
+    assert_eq!(answer(got).unwrap(), reversed(&payload(3)));
+    assert_eq!(opened.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_peer_without_the_stream_gets_unary_rpcs() {
+    let (url, opened) = serve(Mode::NoStream).await;
+    let peers = Peers::default();
+    let streams = peers.append_streams();
+    let err = answer(streams.send(&peers, &url, payload(1)).await).unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented);
+    match streams.send(&peers, &url, payload(2)).await {
+        Sent::Unary(p) => assert_eq!(p, payload(2), "the payload comes back to be sent"),
+        Sent::Answer(a) => panic!("expected the unary fallback, got {a:?}"),
+    }
+    assert_eq!(opened.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_reset_closes_the_stream_and_the_next_request_reopens_it() {
+    let (url, opened) = serve(Mode::Echo).await;
+    let peers = Peers::default();
+    let streams = peers.append_streams();
+    answer(streams.send(&peers, &url, payload(1)).await).unwrap();
+    peers.reset(&url);
+    assert_eq!(
+        answer(streams.send(&peers, &url, payload(2)).await).unwrap(),
+        reversed(&payload(2))
+    );
+    assert_eq!(opened.load(Ordering::SeqCst), 2);
+}
