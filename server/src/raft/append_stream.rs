@@ -8,8 +8,12 @@
 //! Invariants:
 //! - A request's waiter joins the queue and the request enters the stream under one lock, so
 //!   queue order is stream order; the follower answers once per request, in order, so the
-//!   n-th response belongs to the n-th waiter. A caller that gave up (openraft's timeout)
-//!   leaves its waiter in place, and the response to it is dropped.
+//!   n-th response belongs to the n-th waiter.
+//! - A caller that gives up before its answer (openraft's timeout) cancels the whole stream
+//!   (HTTP/2 `RST_STREAM`), as a unary RPC's timeout cancels that RPC: a follower that was
+//!   paused must not work through every request that timed out meanwhile when it resumes
+//!   (each one a stale probe of its log). The other waiters of the stream fail with
+//!   `DeadlineExceeded`, which openraft treats as a network error (not an unreachable member).
 //! - A stream that ends or fails is marked dead under the same lock before its waiters are
 //!   failed, so no waiter joins a dead stream; the next request opens a new stream.
 //! - A peer that does not serve the stream (a 0.1.0 member: `Unimplemented`) gets unary
@@ -49,6 +53,9 @@ pub struct AppendStreams {
 /// One stream: the request side and the waiters for its responses, oldest first.
 struct Stream {
     state: Mutex<Queue>,
+    /// Cancels the task that opened the stream and reads its responses (dropping the
+    /// response resets the HTTP/2 stream).
+    reader: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 struct Queue {
@@ -79,6 +86,7 @@ impl AppendStreams {
         }
         let (tx, rx) = oneshot::channel();
         let mut payload = Some(payload);
+        let mut sent_on = None;
         // Two tries: the stream found may have ended just now.
         for _ in 0..2 {
             let stream = match self.stream(peers, url) {
@@ -95,6 +103,8 @@ impl AppendStreams {
             match requests.send(p) {
                 Ok(()) => {
                     q.waiters.push_back(tx);
+                    drop(q);
+                    sent_on = Some(stream);
                     break;
                 }
                 Err(mpsc::error::SendError(p)) => {
@@ -109,7 +119,15 @@ impl AppendStreams {
             // Both streams ended at once: let the unary RPC report what is wrong.
             return Sent::Unary(p);
         }
-        match rx.await {
+        let stream = sent_on.expect("a stream took the request");
+        let mut give_up = GiveUp {
+            streams: self,
+            url,
+            stream: Some(stream),
+        };
+        let answer = rx.await;
+        give_up.stream = None; // Answered (or the stream ended): nothing to cancel.
+        match answer {
             Ok(Err(status)) if status.code() == Code::Unimplemented => {
                 self.unary_since
                     .lock()
@@ -128,6 +146,16 @@ impl AppendStreams {
         let stream = self.streams.lock().expect("append stream lock").remove(url);
         if let Some(s) = stream {
             s.state.lock().expect("append stream lock").requests = None;
+        }
+    }
+
+    /// Ends `stream` (to `url`) now: removes it from the table, fails its waiters with
+    /// `status` and cancels its reader, which resets the HTTP/2 stream.
+    fn cancel(&self, url: &str, stream: &Arc<Stream>, status: Status) {
+        self.forget(url, stream);
+        stream.end(status);
+        if let Some(reader) = stream.reader.lock().expect("append stream lock").take() {
+            reader.abort();
         }
     }
 
@@ -169,10 +197,11 @@ impl AppendStreams {
                 requests: Some(requests),
                 waiters: VecDeque::new(),
             }),
+            reader: Mutex::new(None),
         });
         streams.insert(url.to_string(), stream.clone());
         let reader = stream.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let opened = client
                 .append_entries_stream(UnboundedReceiverStream::new(outbound))
                 .await;
@@ -191,6 +220,7 @@ impl AppendStreams {
             };
             reader.end(end);
         });
+        *stream.reader.lock().expect("append stream lock") = Some(task.abort_handle());
         Ok(stream)
     }
 }
@@ -219,6 +249,25 @@ impl Stream {
         };
         for w in waiters {
             let _ = w.send(Err(status.clone()));
+        }
+    }
+}
+
+/// Cancels the stream a request went out on if its caller stops waiting before the answer
+/// (dropped while `stream` is still set).
+struct GiveUp<'a> {
+    streams: &'a AppendStreams,
+    url: &'a str,
+    stream: Option<Arc<Stream>>,
+}
+
+impl Drop for GiveUp<'_> {
+    fn drop(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            let status = Status::deadline_exceeded(
+                "append stream cancelled: an earlier AppendEntries on it timed out",
+            );
+            self.streams.cancel(self.url, &stream, status);
         }
     }
 }

@@ -28,11 +28,15 @@ enum Mode {
     Echo,
     FailAfter(usize),
     NoStream,
+    /// The first stream answers nothing (a paused follower); later ones echo. Counts the
+    /// first stream's response being dropped by the server (the leader reset it) in `resets`.
+    HoldFirst,
 }
 
 struct Fake {
     mode: Mode,
     streams_opened: Arc<AtomicUsize>,
+    resets: Arc<AtomicUsize>,
 }
 
 fn reversed(p: &RaftPayload) -> RaftPayload {
@@ -58,8 +62,23 @@ impl Peer for Fake {
         if matches!(mode, Mode::NoStream) {
             return Err(Status::unimplemented("Not yet implemented"));
         }
-        self.streams_opened.fetch_add(1, Ordering::SeqCst);
+        let nth = self.streams_opened.fetch_add(1, Ordering::SeqCst);
         let mut inbound = r.into_inner();
+        if matches!(mode, Mode::HoldFirst) && nth == 0 {
+            let resets = self.resets.clone();
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<RaftPayload, Status>>(1);
+            tokio::spawn(async move {
+                // The requests are read and never answered. The response stays open until the
+                // server drops it, which it does when the leader resets the HTTP/2 stream (a
+                // clean end of the requests would leave it open).
+                tokio::spawn(async move { while inbound.next().await.is_some() {} });
+                tx.closed().await;
+                resets.fetch_add(1, Ordering::SeqCst);
+            });
+            return Ok(Response::new(Box::pin(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+            )));
+        }
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let mut pending = futures::stream::FuturesOrdered::new();
@@ -102,19 +121,27 @@ impl Peer for Fake {
 
 /// Serves `mode` on a free loopback port; returns its URL and the count of streams opened.
 async fn serve(mode: Mode) -> (String, Arc<AtomicUsize>) {
+    let (url, opened, _) = serve_counting(mode).await;
+    (url, opened)
+}
+
+/// [`serve`], also returning the count of streams the leader reset ([`Mode::HoldFirst`]).
+async fn serve_counting(mode: Mode) -> (String, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let opened = Arc::new(AtomicUsize::new(0));
+    let resets = Arc::new(AtomicUsize::new(0));
     let fake = Fake {
         mode,
         streams_opened: opened.clone(),
+        resets: resets.clone(),
     };
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(PeerServer::new(fake))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
-    (url, opened)
+    (url, opened, resets)
 }
 
 fn payload(i: u32) -> RaftPayload {
@@ -209,5 +236,44 @@ async fn a_reset_closes_the_stream_and_the_next_request_reopens_it() {
         answer(streams.send(&peers, &url, payload(2)).await).unwrap(),
         reversed(&payload(2))
     );
+    assert_eq!(opened.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_caller_that_gives_up_resets_the_stream() {
+    let (url, opened, resets) = serve_counting(Mode::HoldFirst).await;
+    let peers = Arc::new(Peers::default());
+    // Two requests in flight to a follower that answers nothing; the first caller gives up.
+    let second = {
+        let peers = peers.clone();
+        let url = url.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            answer(peers.append_streams().send(&peers, &url, payload(2)).await)
+        })
+    };
+    let first = tokio::time::timeout(
+        Duration::from_millis(200),
+        peers.append_streams().send(&peers, &url, payload(1)),
+    )
+    .await;
+    assert!(first.is_err(), "the held stream answered");
+    let err = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the other waiter is failed at once")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    // The follower sees the stream reset, not a clean end it would answer in full.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while resets.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream was not reset"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let got = answer(peers.append_streams().send(&peers, &url, payload(3)).await);
+    assert_eq!(got.unwrap(), reversed(&payload(3)));
     assert_eq!(opened.load(Ordering::SeqCst), 2);
 }
