@@ -78,8 +78,11 @@ impl AppendStreams {
     ///
     /// Returns [`Sent::Unary`] with the payload when the peer does not serve the stream (the
     /// caller sends it as a unary RPC). Errors (in [`Sent::Answer`]): the status that ended the
-    /// stream (a transport failure, or the follower's "bad raft payload"), or `Unavailable`
-    /// "append stream closed" when it ended without one.
+    /// stream (a transport failure, or the follower's "bad raft payload"), `Unavailable`
+    /// "append stream closed" when it ended without one, or `DeadlineExceeded` when another
+    /// caller gave up on the stream and cancelled it.
+    ///
+    /// Dropping the returned future before it resolves (a timeout) cancels the stream.
     pub async fn send(&self, peers: &Peers, url: &str, payload: RaftPayload) -> Sent {
         if self.is_unary(url) {
             return Sent::Unary(payload);
