@@ -175,6 +175,8 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
             Err(e) => Err(e.into()),
         },
     };
+    // No campaigns while the listeners drain: the member hears no leader from now on.
+    node.cluster.stop_elections();
     let _ = stop_tx.send(true);
     let drain = async { while servers.join_next().await.is_some() {} };
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;

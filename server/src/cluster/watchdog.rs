@@ -126,7 +126,7 @@ fn step(gap: Duration, silence: Duration, wait: Duration) -> Step {
 }
 
 /// Runs the election backstop of the member whose cluster state is `cluster`, until that
-/// state is dropped (with its node).
+/// state is dropped (with its node) or the member starts to stop (`Cluster::stop_elections`).
 pub async fn run(cluster: Weak<Cluster>) {
     let (seed, timers) = {
         let Some(c) = cluster.upgrade() else { return };
@@ -153,6 +153,9 @@ pub async fn run(cluster: Weak<Cluster>) {
         let Some(member) = cluster.upgrade() else {
             return;
         };
+        if member.is_stopping() {
+            return;
+        }
         let contact = &member.leader_contact;
         let (state, vote, is_voter) = {
             let m = member.raft.metrics();
