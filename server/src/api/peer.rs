@@ -22,8 +22,6 @@ use tonic::{Request, Response, Status};
 use super::{lease_leader, peer_stream};
 use crate::cluster::{reconfig, removal, transfer};
 use crate::node::{FORWARD_LOG_INDEX, Node};
-use crate::raft::trace::{self, Stage};
-use crate::raft::types::TypeConfig;
 
 /// Peer service of one member.
 pub struct PeerService {
@@ -56,18 +54,8 @@ impl Peer for PeerService {
         &self,
         r: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let req: openraft::raft::AppendEntriesRequest<TypeConfig> = decode(r.get_ref())?;
-        self.node.cluster.leader_contact.touch();
-        let traced = trace::covered(&req.entries, |e| e.log_id.index);
-        // `peer` is the follower of the RPC on both sides: here, this member.
-        if let Some((first, last)) = traced {
-            trace::mark(Stage::AeRecv, first, last, self.node.id);
-        }
-        let resp = self.node.raft.append_entries(req).await;
-        if let Some((first, last)) = traced {
-            trace::mark(Stage::AeReply, first, last, self.node.id);
-        }
-        encode(&resp)
+        let answered = peer_stream::submit(&self.node, r.get_ref())?.await;
+        peer_stream::reply(&self.node, answered).map(Response::new)
     }
 
     async fn append_entries_stream(

@@ -4,6 +4,7 @@
 //! this member (the sender is `raft::append_stream`). Each request is handed to openraft's core
 //! as soon as it arrives, so a request can be appended while the previous one's fsync runs
 //! (several RPCs share one WAL fsync), and its response is sent when the core answers it.
+//! [`submit`] and [`reply`] are also the unary `AppendEntries` RPC's (a 0.1.0 leader's).
 //!
 //! Invariants:
 //! - Requests reach the raft core in stream order: each is submitted
@@ -62,10 +63,10 @@ pub fn serve(
     }))
 }
 
-type Answer = Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>;
+pub type Answer = Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>;
 
 /// A request's answer from raft, with the log indexes it carried when traced.
-type Answered = (Answer, Option<(u64, u64)>);
+pub type Answered = (Answer, Option<(u64, u64)>);
 
 /// What woke a stream's pump (on the stack for one loop turn, so its size does not matter).
 #[allow(clippy::large_enum_variant)]
@@ -103,16 +104,7 @@ impl Pump {
                 }
             };
             match event {
-                Event::Answer((answer, traced)) => {
-                    if let Some((first, last)) = traced {
-                        trace::mark(Stage::AeReply, first, last, self.node.id);
-                    }
-                    return Some(
-                        bincode::serialize(&answer)
-                            .map(|data| RaftPayload { data })
-                            .map_err(|e| Status::internal(e.to_string())),
-                    );
-                }
+                Event::Answer(answered) => return Some(reply(&self.node, answered)),
                 Event::Request(Ok(Some(payload))) => {
                     if let Err(status) = self.submit(&payload) {
                         self.reading = false;
@@ -128,16 +120,41 @@ impl Pump {
 
     /// Hands one request to raft (it is in the core's queue on return).
     fn submit(&mut self, payload: &RaftPayload) -> Result<(), Status> {
-        let req: AppendEntriesRequest<TypeConfig> = bincode::deserialize(&payload.data)
-            .map_err(|e| Status::invalid_argument(format!("bad raft payload: {e}")))?;
-        self.node.cluster.leader_contact.touch();
-        let traced = trace::covered(&req.entries, |e| e.log_id.index);
-        if let Some((first, last)) = traced {
-            trace::mark(Stage::AeRecv, first, last, self.node.id);
-        }
-        let answer = self.node.raft.submit_append_entries(req);
-        self.pending
-            .push_back(Box::pin(async move { (answer.await, traced) }));
+        let answer = submit(&self.node, payload)?;
+        self.pending.push_back(Box::pin(answer));
         Ok(())
     }
+}
+
+/// Decodes one AppendEntries (`payload`, bincode) from the leader and hands it to raft: it is
+/// in the core's queue on return, and the future resolves to the core's answer. Used by the
+/// stream and by the unary `AppendEntries` RPC alike.
+///
+/// Errors: `InvalidArgument` "bad raft payload: …" when `payload` does not decode.
+pub fn submit(
+    node: &Node,
+    payload: &RaftPayload,
+) -> Result<impl std::future::Future<Output = Answered> + Send + 'static, Status> {
+    let req: AppendEntriesRequest<TypeConfig> = bincode::deserialize(&payload.data)
+        .map_err(|e| Status::invalid_argument(format!("bad raft payload: {e}")))?;
+    node.cluster.leader_contact.touch();
+    let traced = trace::covered(&req.entries, |e| e.log_id.index);
+    // `peer` is the follower of the RPC on both sides: here, this member.
+    if let Some((first, last)) = traced {
+        trace::mark(Stage::AeRecv, first, last, node.id);
+    }
+    let answer = node.raft.submit_append_entries(req);
+    Ok(async move { (answer.await, traced) })
+}
+
+/// The payload that answers the leader (bincode `Result<AppendEntriesResponse, RaftError>`).
+///
+/// Errors: `Internal` if the answer cannot be encoded.
+pub fn reply(node: &Node, (answer, traced): Answered) -> Result<RaftPayload, Status> {
+    if let Some((first, last)) = traced {
+        trace::mark(Stage::AeReply, first, last, node.id);
+    }
+    bincode::serialize(&answer)
+        .map(|data| RaftPayload { data })
+        .map_err(|e| Status::internal(e.to_string()))
 }

@@ -114,9 +114,10 @@ impl Cluster {
 
     /// Called when the member starts to stop (SIGTERM): neither openraft's election timer nor
     /// the election backstop starts an election from now on. The member closes its peer
-    /// listener first and may take seconds to drain its clients; meanwhile it hears no leader,
-    /// and a campaign would raise the cluster's term and depose a healthy leader (found by a
-    /// fresh-user check: a follower given SIGTERM under load started an election 1.4 s later).
+    /// listener first and may take seconds to drain its clients; meanwhile it hears no leader
+    /// and would campaign (a fresh-user check saw a follower given SIGTERM under load start an
+    /// election 1.4 s later; the others' leader lease normally refuses its votes, so this is a
+    /// safeguard, docs/raft.md).
     pub fn stop_elections(&self) {
         self.stopping
             .store(true, std::sync::atomic::Ordering::Relaxed);

@@ -55,7 +55,7 @@ struct Stream {
     state: Mutex<Queue>,
     /// Cancels the task that opened the stream and reads its responses (dropping the
     /// response resets the HTTP/2 stream).
-    reader: Mutex<Option<tokio::task::AbortHandle>>,
+    reader: std::sync::OnceLock<tokio::task::AbortHandle>,
 }
 
 struct Queue {
@@ -157,7 +157,7 @@ impl AppendStreams {
     fn cancel(&self, url: &str, stream: &Arc<Stream>, status: Status) {
         self.forget(url, stream);
         stream.end(status);
-        if let Some(reader) = stream.reader.lock().expect("append stream lock").take() {
+        if let Some(reader) = stream.reader.get() {
             reader.abort();
         }
     }
@@ -200,7 +200,7 @@ impl AppendStreams {
                 requests: Some(requests),
                 waiters: VecDeque::new(),
             }),
-            reader: Mutex::new(None),
+            reader: std::sync::OnceLock::new(),
         });
         streams.insert(url.to_string(), stream.clone());
         let reader = stream.clone();
@@ -223,7 +223,7 @@ impl AppendStreams {
             };
             reader.end(end);
         });
-        *stream.reader.lock().expect("append stream lock") = Some(task.abort_handle());
+        let _ = stream.reader.set(task.abort_handle());
         Ok(stream)
     }
 }
