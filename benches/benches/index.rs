@@ -4,11 +4,14 @@
 //! and publishes the result, dropping the previous index. The copy-on-write cost of a put is
 //! the chunk and block copies its key's path needs (docs/mvcc.md, "Key index").
 //!
+//! A second group puts to one hot key with a long history: the cost of a put must not grow
+//! with the number of revisions the key holds.
+//!
 //! ```sh
 //! cargo bench -p keel-benches --bench index -- --sample-size 20
 //! ```
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use keel_server::mvcc::Revision;
 use keel_server::mvcc::index::Index;
 use keel_server::mvcc::key_index::{KeyHistory, RevInfo};
@@ -64,5 +67,40 @@ fn index(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, index);
+/// One hot key with `older` revisions since the last compaction (a config or election key
+/// updated every second, with no auto-compaction, holds 86,400 after a day) among 100k
+/// keys: a put clones the published index and appends one revision to that key, while the
+/// published index still holds the key's history (as readers and the previous apply group
+/// do). The history stays at `older` revisions: each put starts from the same index.
+fn hot_key(c: &mut Criterion) {
+    let mut group = c.benchmark_group("index_hot_key_put");
+    group.throughput(Throughput::Elements(1));
+    for older in [16u64, 1_000, 100_000] {
+        let mut published = build(100_000);
+        let hot = key(50_000);
+        let mut rev = 400_000i64;
+        for _ in 0..older {
+            rev += 1;
+            published.push(&hot, RevInfo::put(Revision::new(rev, 0), 1, 4, 0));
+        }
+        let next = RevInfo::put(Revision::new(rev + 1, 0), 1, 4, 0);
+        group.bench_with_input(BenchmarkId::new("older", older), &older, |b, _| {
+            b.iter_batched(
+                || published.clone(),
+                |mut staged| {
+                    staged.push(&hot, next);
+                    staged
+                },
+                BatchSize::SmallInput,
+            )
+        });
+        assert_eq!(
+            published.get(&hot).expect("hot key").len() as u64,
+            older + 3
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, index, hot_key);
 criterion_main!(benches);

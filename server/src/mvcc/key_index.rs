@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use super::older::Older;
 use super::revision::Revision;
 
 /// One revision of one key as the index keeps it (40 bytes).
@@ -76,13 +77,13 @@ fn sub_u32(sub: i64) -> u32 {
 /// `latest` is stored inline because most keys have exactly one revision (after
 /// compaction); older revisions live behind one thin pointer that is null in that case.
 /// The pointer is an `Arc`, so copying an index block (copy-on-write, see `index.rs`) bumps
-/// a reference count per key with history instead of copying that history.
+/// a reference count per key with history instead of copying that history, and an append
+/// copies only the newest part of it ([`Older`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyHistory {
     latest: RevInfo,
     // A thin (8-byte, null when empty) pointer: `Vec` inline would cost 24 bytes per key.
-    #[allow(clippy::rc_buffer)]
-    older: Option<Arc<Vec<RevInfo>>>,
+    older: Option<Arc<Older>>,
 }
 
 impl KeyHistory {
@@ -97,12 +98,7 @@ impl KeyHistory {
     /// Builds a history from revisions in ascending order. Returns `None` for an empty list.
     pub fn from_revisions(mut revs: Vec<RevInfo>) -> Option<KeyHistory> {
         let latest = revs.pop()?;
-        let older = if revs.is_empty() {
-            None
-        } else {
-            revs.shrink_to_fit();
-            Some(Arc::new(revs))
-        };
+        let older = (!revs.is_empty()).then(|| Arc::new(Older::from_vec(revs)));
         Some(KeyHistory { latest, older })
     }
 
@@ -135,9 +131,8 @@ impl KeyHistory {
     pub fn revisions(&self) -> impl DoubleEndedIterator<Item = &RevInfo> {
         self.older
             .as_deref()
-            .map(|v| v.as_slice())
-            .unwrap_or(&[])
-            .iter()
+            .into_iter()
+            .flat_map(|o| o.iter())
             .chain(std::iter::once(&self.latest))
     }
 
@@ -166,13 +161,10 @@ impl KeyHistory {
             self.latest.revision()
         );
         let prev = std::mem::replace(&mut self.latest, next);
-        let older = Arc::make_mut(self.older.get_or_insert_with(Default::default));
-        if older.len() == older.capacity() {
-            // Grow by half (exact while small): most keys keep 1-2 older revisions between
-            // compactions, and `Vec`'s default first allocation would hold 4.
-            older.reserve_exact((older.len() / 2).max(1));
+        match &mut self.older {
+            Some(older) => Older::push(older, prev),
+            None => self.older = Some(Arc::new(Older::from_vec(vec![prev]))),
         }
-        older.push(prev);
     }
 
     /// Compacts this history at `at_rev`, appending the removed revisions to `removed`.
@@ -189,17 +181,16 @@ impl KeyHistory {
             return Some(self.clone());
         }
         // Reads the (possibly shared) history; allocates only for what is kept.
-        let older: &[RevInfo] = self.older.as_deref().map_or(&[], |v| v.as_slice());
-        let len = older.len() + 1;
-        removed.extend_from_slice(&older[..keep_from.min(older.len())]);
+        let len = self.len();
+        removed.extend(self.revisions().take(keep_from.min(len - 1)));
         if keep_from == len {
             removed.push(self.latest);
             return None;
         }
-        let kept_older = &older[keep_from..];
+        let kept_older = self.older.as_deref().and_then(|o| o.suffix(keep_from));
         Some(KeyHistory {
             latest: self.latest,
-            older: (!kept_older.is_empty()).then(|| Arc::new(kept_older.to_vec())),
+            older: kept_older.map(Arc::new),
         })
     }
 
@@ -212,17 +203,15 @@ impl KeyHistory {
     pub fn heap_bytes(&self) -> usize {
         // Shared histories are counted once per holder: an upper bound.
         self.older.as_ref().map_or(0, |o| {
-            2 * std::mem::size_of::<usize>()
-                + std::mem::size_of::<Vec<RevInfo>>()
-                + o.capacity() * std::mem::size_of::<RevInfo>()
+            2 * std::mem::size_of::<usize>() + std::mem::size_of::<Older>() + o.heap_bytes()
         })
     }
 
     fn get(&self, i: usize) -> &RevInfo {
-        match self.older.as_deref() {
-            Some(o) if i < o.len() => &o[i],
-            _ => &self.latest,
-        }
+        self.older
+            .as_deref()
+            .and_then(|o| o.get(i))
+            .unwrap_or(&self.latest)
     }
 
     /// Index (in [`KeyHistory::revisions`] order) of the first revision a compaction at

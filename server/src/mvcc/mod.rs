@@ -23,6 +23,7 @@ mod hash;
 mod history;
 pub mod index;
 pub mod key_index;
+mod older;
 mod range;
 mod rebuild;
 pub mod revision;
