@@ -39,7 +39,7 @@ import time
 NO_MATPLOTLIB = 3
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 COLUMNS = ["generator", "members", "workload", "server", "round", "rps", "p50_ms", "p99_ms",
-           "p999_ms", "cpu_us_op", "errors"]
+           "p999_ms", "cpu_us_op", "errors", "gen_cpu_us_op"]
 ORDER = ["put-c1", "put-c64", "put-c256", "range-l-c64", "range-s-c64"]
 # etcd versions in blue/grey tones, Keel in orange.
 ETCD_COLORS = ["#4c72b0", "#8c9fc9", "#2a3f66", "#a0a0a0"]

@@ -13,7 +13,9 @@
 #      Keel (3.4.23, 3.5.1, Keel, 3.4.23, ...; same flags and topology for all), with etcd's
 #      `benchmark` and/or `keel-bench` as the load generator (keel-bench also saves each run's
 #      latency histogram, `--hdr-out`, as <raw output>.hgrm);
-#   4. measures server CPU µs per request from /proc/<pid>/stat (utime + stime of all members);
+#   4. measures server CPU µs per request from /proc/<pid>/stat (utime + stime of all members)
+#      and the load generator's CPU µs per request (its user + system time, from the shell's
+#      `times`): on one machine the generator's share bounds what any server can reach;
 #   5. prints two markdown tables (req/s, CPU, errors; p50, p99, p99.9) of medians [min-max],
 #      one column per server and Keel's ratio to each etcd version, keeps every raw output and results.tsv (one row per run, with a `server`
 #      column: etcd-3.4.23, etcd-3.5.1, keel) under $OUT, and draws $OUT/chart.png (req/s,
@@ -305,15 +307,25 @@ row_args() { # generator row -> the load generator's arguments (without endpoint
     esac
 }
 
-# Runs one row; appends "gen members row server round req/s p50 p99 p99.9 cpu_us_op errors"
-# to results.tsv (latencies in ms; server: etcd-<version> or keel).
+# Sets variable $1 to the CPU seconds (user + system) of this shell's waited-for children so
+# far, from `times`. Not for `$(...)`: a command substitution's subshell has its own counts.
+children_cpu_s() {
+    local f="$OUT/.times"
+    times >"$f"
+    # Second line: children's user and system time, as "XmY.YYYs XmY.YYYs".
+    printf -v "$1" '%s' "$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] } printf "%.3f", t }' "$f")"
+}
+
+# Runs one row; appends "gen members row server round req/s p50 p99 p99.9 cpu_us_op errors
+# gen_cpu_us_op" to results.tsv (latencies in ms; server: etcd-<version> or keel).
 run_row() { # gen n row server round
     local gen=$1 n=$2 row=$3 server=$4 round=$5 eps args raw
     eps="$(endpoints_of "$n")"
     read -r -a args <<<"$(row_args "$gen" "$row")"
     raw="$OUT/$gen.$n-member.$row.$server.round$round.txt"
-    local c0 c1
+    local c0 c1 g0 g1
     c0=$(server_cpu_ticks)
+    children_cpu_s g0
     if [ "$gen" = etcd ]; then
         # stderr holds grpc-go's connection log: keep it apart from the report.
         timeout "$RUN_TIMEOUT" "$ETCD_BENCH_BIN" --endpoints="$eps" --precise "${args[@]}" 2>"$raw.stderr" |
@@ -323,11 +335,13 @@ run_row() { # gen n row server round
             "${args[@]}" >"$raw" 2>&1 || true
     fi
     c1=$(server_cpu_ticks)
+    children_cpu_s g1
     local line
-    if ! line="$(python3 - "$gen" "$raw" "$((c1 - c0))" "$CLK_TCK" "${args[@]}" <<'EOF'
+    if ! line="$(python3 - "$gen" "$raw" "$((c1 - c0))" "$CLK_TCK" "$g0" "$g1" "${args[@]}" <<'EOF'
 import json, re, sys
 gen, path, ticks, tck = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-total = next(int(a.split("=", 1)[1]) for a in sys.argv[5:] if a.startswith("--total="))
+gen_s = float(sys.argv[6]) - float(sys.argv[5])
+total = next(int(a.split("=", 1)[1]) for a in sys.argv[7:] if a.startswith("--total="))
 text = open(path).read()
 if gen == "keel":
     r = json.loads(text[text.index("{"):])
@@ -352,31 +366,33 @@ else:
     errors = sum(int(n) for n in re.findall(r"\[(\d+)\]", dist[1])) if len(dist) > 1 else 0
     ok = total - errors
 cpu_us = ticks * 1e6 / tck / max(ok, 1)
-print(f"{rps:.1f}\t{p50:.3f}\t{p99:.3f}\t{p999:.3f}\t{cpu_us:.1f}\t{errors}")
+gen_us = gen_s * 1e6 / max(ok, 1)
+print(f"{rps:.1f}\t{p50:.3f}\t{p99:.3f}\t{p999:.3f}\t{cpu_us:.1f}\t{errors}\t{gen_us:.1f}")
 EOF
 )"; then
         log "could not read $raw (see it for the load generator's output)"
         return 0
     fi
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$gen" "$n" "$row" "$server" "$round" "$line" >>"$OUT/results.tsv"
-    log "$server, $n member(s), $row by $gen's generator, round $round: $(echo "$line" | awk -F'\t' '{printf "%s req/s, p50 %s ms, p99 %s ms, p99.9 %s ms, %s µs CPU/op, %s errors", $1, $2, $3, $4, $5, $6}')"
+    log "$server, $n member(s), $row by $gen's generator, round $round: $(echo "$line" | awk -F'\t' '{printf "%s req/s, p50 %s ms, p99 %s ms, p99.9 %s ms, %s µs CPU/op, %s errors, generator %s µs CPU/op", $1, $2, $3, $4, $5, $6, $7}')"
 }
 
 # ---------------------------------------------------------------------------------------------
 # 5. the table
 
 print_table() {
-    python3 - "$OUT/results.tsv" <<'EOF'
+    python3 - "$OUT/results.tsv" "$(nproc)" <<'EOF'
 import collections, re, statistics, sys
+cores = int(sys.argv[2])
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     cols = line.rstrip("\n").split("\t")
     if cols[0] == "generator":  # the header
         continue
-    gen, n, row, server, rnd, rps, p50, p99, p999, cpu, errors = cols
+    gen, n, row, server, rnd, rps, p50, p99, p999, cpu, errors, *more = cols
     rows[(gen, int(n), row, server)].append(
         dict(rps=float(rps), p50=float(p50), p99=float(p99), p999=float(p999), cpu=float(cpu),
-             errors=int(errors)))
+             errors=int(errors), gen_cpu=float(more[0]) if more else float("nan")))
 metrics = [("rps", "req/s", 0), ("p50", "p50 ms", 2), ("p99", "p99 ms", 1),
            ("p999", "p99.9 ms", 1), ("cpu", "CPU µs/op", 0)]
 # etcd versions in ascending order, then Keel.
@@ -419,6 +435,21 @@ for group, errors in ((metrics[:1] + metrics[4:], True), (metrics[1:4], False)):
             cells.append("/".join(str(sum(r["errors"] for r in runs[s])) for s in servers))
         print(f"| {gen} | {n} | {row} | " + " | ".join(cells) + " |")
     print()
+# The generator's own CPU per request, and the rate it alone allows on this machine: a
+# server costing nothing could not go faster than cores * 1e6 / (generator µs per request).
+head = ("| generator | members | workload | "
+        + " | ".join(f"generator CPU µs/op with {name(s)}" for s in servers)
+        + f" | bound by the generator alone, req/s ({cores} cores) |")
+print(head)
+print("|" + "---|" * (head.count("|") - 1))
+for gen, n, row in keys:
+    meds = {s: statistics.median([r["gen_cpu"] for r in rows[(gen, n, row, s)]])
+            for s in servers if rows.get((gen, n, row, s))}
+    cells = [f"{meds[s]:,.1f}" if s in meds else "–" for s in servers]
+    low = min((v for v in meds.values() if v == v and v > 0), default=None)
+    cells.append(f"{cores * 1e6 / low:,.0f}" if low else "–")
+    print(f"| {gen} | {n} | {row} | " + " | ".join(cells) + " |")
+print()
 rounds = max((len(v) for v in rows.values()), default=0)
 print(f"Median [min–max] over {rounds} round(s); ratios are Keel/etcd of the medians, one per "
       "etcd version (above 1 is better for req/s, below 1 is better for latency and CPU).")
@@ -453,7 +484,7 @@ read -r -a rows <<<"$ROWS"
     echo "# keel: $KEEL_BIN ($("$KEEL_BIN" --version 2>/dev/null | awk 'NR == 1'); this script's checkout at $(cd "$REPO" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
     echo "# rounds $ROUNDS, servers ${servers[*]}, generators ${generators[*]}, topologies $TOPOLOGIES, rows ${rows[*]}, quick $QUICK"
 } | tee "$OUT/meta.txt" >&2
-printf 'generator\tmembers\tworkload\tserver\tround\trps\tp50_ms\tp99_ms\tp999_ms\tcpu_us_op\terrors\n' >"$OUT/results.tsv"
+printf 'generator\tmembers\tworkload\tserver\tround\trps\tp50_ms\tp99_ms\tp999_ms\tcpu_us_op\terrors\tgen_cpu_us_op\n' >"$OUT/results.tsv"
 for n in $TOPOLOGIES; do
     for ((round = 1; round <= ROUNDS; round++)); do
         for server in "${servers[@]}"; do
