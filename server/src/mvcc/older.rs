@@ -45,7 +45,9 @@ impl Older {
     /// Older revisions from `revs` (ascending order, as a history holds them).
     pub fn from_vec(mut revs: Vec<RevInfo>) -> Older {
         let sealed = revs.len() / RUN * RUN;
-        let tail = revs.split_off(sealed);
+        let mut tail = revs.split_off(sealed);
+        // `split_off(0)` hands back the caller's buffer: a rebuilt index holds millions.
+        tail.shrink_to_fit();
         let runs = (sealed > 0).then(|| revs.chunks(RUN).map(Arc::from).collect());
         Older { runs, tail }
     }

@@ -25,6 +25,16 @@ fn from_vec_seals_full_runs_and_keeps_the_rest_in_the_tail() {
 }
 
 #[test]
+fn from_vec_keeps_no_spare_capacity() {
+    let mut revs = Vec::with_capacity(1000);
+    revs.extend((1..=3).map(rev));
+    assert_eq!(Older::from_vec(revs).tail.capacity(), 3);
+    let mut revs = Vec::with_capacity(1000);
+    revs.extend((1..=RUN as i64 + 2).map(rev));
+    assert_eq!(Older::from_vec(revs).tail.capacity(), 2);
+}
+
+#[test]
 fn an_append_to_a_shared_version_shares_its_runs_and_leaves_it_unchanged() {
     let mut v1 = Arc::new(Older::from_vec((1..=3 * RUN as i64).map(rev).collect()));
     let mut v2 = v1.clone();
