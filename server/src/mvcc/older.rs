@@ -9,7 +9,7 @@
 //!
 //! # Layout
 //! ```text
-//! Older { runs: Arc<[Arc<[RevInfo]>]> (each exactly RUN revisions), tail: Vec<RevInfo> }
+//! Older { runs: Arc<Vec<Arc<[RevInfo]>>> (each exactly RUN revisions), tail: Vec<RevInfo> }
 //! ```
 //! Revisions are in ascending order: every run, then the tail. A version that appends
 //! shares every sealed run with the version it came from and copies only the tail (at most
@@ -36,7 +36,9 @@ const RUN: usize = 32;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Older {
     /// Sealed runs of exactly [`RUN`] revisions, oldest first; `None` while there are none.
-    runs: Option<Arc<[Arc<[RevInfo]>]>>,
+    /// A thin pointer (8 bytes; `Arc<[_]>` would be 16): every key with history has one.
+    #[allow(clippy::rc_buffer)]
+    runs: Option<Arc<Vec<Arc<[RevInfo]>>>>,
     /// The newest older revisions, fewer than [`RUN`].
     tail: Vec<RevInfo>,
 }
@@ -48,7 +50,7 @@ impl Older {
         let mut tail = revs.split_off(sealed);
         // `split_off(0)` hands back the caller's buffer: a rebuilt index holds millions.
         tail.shrink_to_fit();
-        let runs = (sealed > 0).then(|| revs.chunks(RUN).map(Arc::from).collect());
+        let runs = (sealed > 0).then(|| Arc::new(revs.chunks(RUN).map(Arc::from).collect()));
         Older { runs, tail }
     }
 
@@ -72,7 +74,7 @@ impl Older {
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = &RevInfo> {
         self.runs
             .as_deref()
-            .unwrap_or(&[])
+            .map_or(&[][..], Vec::as_slice)
             .iter()
             .flat_map(|run| run.iter())
             .chain(self.tail.iter())
@@ -112,7 +114,7 @@ impl Older {
         if self.tail.len() + 1 == RUN {
             self.tail.push(rev);
             let run: Arc<[RevInfo]> = Arc::from(std::mem::take(&mut self.tail));
-            self.runs = Some(with_run(self.runs.as_deref(), run));
+            self.runs = Some(with_run(self.runs.as_deref().map(Vec::as_slice), run));
             return;
         }
         if self.tail.len() == self.tail.capacity() {
@@ -130,7 +132,10 @@ impl Older {
             full.extend_from_slice(&self.tail);
             full.push(rev);
             return Older {
-                runs: Some(with_run(self.runs.as_deref(), Arc::from(full))),
+                runs: Some(with_run(
+                    self.runs.as_deref().map(Vec::as_slice),
+                    Arc::from(full),
+                )),
                 tail: Vec::new(),
             };
         }
@@ -150,7 +155,7 @@ impl Older {
         let word = std::mem::size_of::<usize>();
         let rev = std::mem::size_of::<RevInfo>();
         let runs = self.runs.as_deref().map_or(0, |runs| {
-            2 * word + runs.len() * (2 * word + 2 * word + RUN * rev)
+            2 * word + runs.capacity() * 2 * word + runs.len() * (2 * word + RUN * rev)
         });
         runs + self.tail.capacity() * rev
     }
@@ -172,14 +177,18 @@ impl Older {
 
 /// The run list `runs` followed by `run`: a new list of pointers (the runs themselves are
 /// shared, never copied).
-fn with_run(runs: Option<&[Arc<[RevInfo]>]>, run: Arc<[RevInfo]>) -> Arc<[Arc<[RevInfo]>]> {
+#[allow(clippy::rc_buffer)]
+fn with_run(runs: Option<&[Arc<[RevInfo]>]>, run: Arc<[RevInfo]>) -> Arc<Vec<Arc<[RevInfo]>>> {
     assert_eq!(
         run.len(),
         RUN,
         "mvcc history: a sealed run must hold {RUN} revisions"
     );
     let runs = runs.unwrap_or(&[]);
-    runs.iter().cloned().chain(std::iter::once(run)).collect()
+    let mut all = Vec::with_capacity(runs.len() + 1);
+    all.extend(runs.iter().cloned());
+    all.push(run);
+    Arc::new(all)
 }
 
 #[cfg(test)]

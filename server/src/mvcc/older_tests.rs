@@ -25,6 +25,12 @@ fn from_vec_seals_full_runs_and_keeps_the_rest_in_the_tail() {
 }
 
 #[test]
+fn a_history_handle_stays_small() {
+    // Every key with older revisions holds one `Older`: a thin run pointer and the tail.
+    assert_eq!(std::mem::size_of::<Older>(), 32);
+}
+
+#[test]
 fn from_vec_keeps_no_spare_capacity() {
     let mut revs = Vec::with_capacity(1000);
     revs.extend((1..=3).map(rev));
@@ -131,7 +137,7 @@ proptest! {
             prop_assert_eq!(o.suffix(from).map(|s| mains(&s)).unwrap_or_default(),
                 m.iter().skip(from).map(|r| r.main).collect::<Vec<_>>());
             prop_assert!(o.tail.len() < RUN);
-            for run in o.runs.as_deref().unwrap_or(&[]) {
+            for run in o.runs.as_deref().map_or(&[][..], Vec::as_slice) {
                 prop_assert_eq!(run.len(), RUN);
             }
         }
