@@ -31,8 +31,8 @@ use super::key_index::RevInfo;
 /// each), and a full tail seals into a run that later versions share.
 const RUN: usize = 32;
 
-/// The older revisions of one key, oldest first. Cheap to clone (two pointers' worth of
-/// reference counts plus the tail).
+/// The older revisions of one key, oldest first (32 bytes). A clone costs one reference
+/// count and a copy of the tail.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Older {
     /// Sealed runs of exactly [`RUN`] revisions, oldest first; `None` while there are none.
