@@ -127,26 +127,15 @@ impl Older {
 
     /// A new value holding these revisions and `rev`; shares every sealed run.
     fn appended(&self, rev: RevInfo) -> Older {
-        if self.tail.len() + 1 == RUN {
-            let mut full = Vec::with_capacity(RUN);
-            full.extend_from_slice(&self.tail);
-            full.push(rev);
-            return Older {
-                runs: Some(with_run(
-                    self.runs.as_deref().map(Vec::as_slice),
-                    Arc::from(full),
-                )),
-                tail: Vec::new(),
-            };
-        }
         // Exactly sized: the next put copies this tail again while an index shares it.
         let mut tail = Vec::with_capacity(self.tail.len() + 1);
         tail.extend_from_slice(&self.tail);
-        tail.push(rev);
-        Older {
+        let mut next = Older {
             runs: self.runs.clone(),
             tail,
-        }
+        };
+        next.push_unique(rev);
+        next
     }
 
     /// Approximate heap bytes owned (excluding the `Older` itself); shared runs are counted
