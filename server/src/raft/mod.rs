@@ -8,6 +8,7 @@ pub mod append_stream;
 pub mod dial_override;
 pub mod export;
 pub mod force_new_cluster;
+pub mod leader_calls;
 pub mod log_store;
 pub mod log_tail;
 pub mod network;
@@ -25,6 +26,8 @@ pub mod wait;
 mod append_stream_test;
 #[cfg(test)]
 mod force_new_cluster_test;
+#[cfg(test)]
+mod leader_calls_test;
 #[cfg(test)]
 mod recovery_test;
 #[cfg(test)]

@@ -24,6 +24,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::append_stream::AppendStreams;
 use super::dial_override::DialOverrides;
+use super::leader_calls::LeaderCalls;
 use super::types::{MemberNode, NodeId, Raft};
 use crate::error::EtcdError;
 use crate::tls::client::PeerConnector;
@@ -72,6 +73,7 @@ pub struct Peers {
     append_rpcs: AtomicU64,
     append_entries: AtomicU64,
     append_streams: AppendStreams,
+    leader_calls: LeaderCalls,
 }
 
 /// Counters of the AppendEntries RPCs this member sent (as leader), to show batching: many
@@ -167,6 +169,12 @@ impl Peers {
     pub fn reset(&self, url: &str) {
         self.channels.lock().expect("peer channel lock").remove(url);
         self.append_streams.reset(url);
+        self.leader_calls.reset(url);
+    }
+
+    /// The leader-call streams (forwarded proposals, read index) to the peers of this pool.
+    pub fn leader_calls(&self) -> &LeaderCalls {
+        &self.leader_calls
     }
 
     /// The AppendEntries streams to the peers of this pool.

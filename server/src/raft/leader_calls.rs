@@ -1,0 +1,357 @@
+//! Sender side of a member's calls to the leader on one stream (`keelpb.Peer/LeaderCalls`):
+//! forwarded proposals and read-index requests, one long-lived stream per leader peer URL.
+//! The leader side is `api::peer_calls`.
+//!
+//! Why: a unary RPC is a new HTTP/2 stream with its request and response headers and a new
+//! server task; a put sent to a follower paid that once more than a put sent to the leader
+//! (docs/benchmarks.md, "What a forwarded put costs at one client"). On the stream a call is
+//! one DATA frame each way.
+//!
+//! Invariants:
+//! - A call enters a stream only once the leader accepted the stream (its response headers
+//!   arrived), so a call is never lost to a peer that does not serve the stream (a 0.1.0
+//!   member answers `Unimplemented` at once): the caller still holds it and sends it as a
+//!   unary RPC ([`Opened::Unary`]), and keeps doing so for [`UNARY_RETRY`].
+//! - A call's waiter is registered under its sequence number before the call enters the
+//!   stream, under one lock, so every answer finds its waiter; answers may come in any order.
+//! - A stream that ends or fails is marked ended under that lock before its waiters are
+//!   failed, so no call joins an ended stream; the next call opens a new stream.
+//! - A call that was sent and not answered is ambiguous (it may have been applied): its
+//!   waiter gets the status that ended the stream, which `peers::classify` reads as such.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keel_proto::keelpb::{PeerAnswer, PeerCall, peer_answer, peer_call};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Code, Status};
+
+use crate::error::EtcdError;
+
+use super::peers::{PeerFailure, Peers, classify, is_transport_failure};
+
+/// How long a leader that answered `Unimplemented` gets unary calls before the stream is tried
+/// again (it may have been upgraded).
+pub const UNARY_RETRY: Duration = Duration::from_secs(10);
+
+/// `KEEL_UNARY_FORWARD=1` in the environment: forwarded proposals and read-index requests go
+/// as unary RPCs, as before the stream (for same-binary A/B benchmarks, docs/benchmarks.md).
+static UNARY_ONLY: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var_os("KEEL_UNARY_FORWARD").is_some_and(|v| v == "1"));
+
+type Waiter = oneshot::Sender<Result<peer_answer::Answer, Status>>;
+
+/// The open leader-call streams of one member, by peer URL.
+#[derive(Default)]
+pub struct LeaderCalls {
+    streams: Mutex<HashMap<String, Arc<CallStream>>>,
+    /// Peer URLs that answered `Unimplemented`, and when.
+    unary_since: Mutex<HashMap<String, Instant>>,
+}
+
+/// What opening (or finding) the stream to a leader gave.
+pub enum Opened {
+    /// The stream, accepted by the leader: send calls on it.
+    Stream(Arc<CallStream>),
+    /// The leader does not serve the stream: send the call as a unary RPC.
+    Unary,
+    /// The stream could not be opened, so no call was sent on it: `NotDelivered`, or
+    /// `Answer(Timeout)` when `deadline` passed first.
+    Failed(PeerFailure),
+}
+
+/// How a call on an open stream failed.
+#[derive(Debug)]
+pub enum CallError {
+    /// The stream ended before the call entered it: the leader never got the call.
+    NotSent,
+    /// The leader's error answer, the status that ended the stream after the call was sent
+    /// (ambiguous), or `DeadlineExceeded` when the caller's deadline passed first.
+    Failed(Status),
+}
+
+impl CallError {
+    /// What the failure tells about the call (`peers::classify`); drops the pooled channel to
+    /// `url` after a transport failure, so the next call reconnects.
+    pub fn into_failure(self, peers: &Peers, url: &str) -> PeerFailure {
+        match self {
+            CallError::NotSent => PeerFailure::NotDelivered,
+            CallError::Failed(status) => {
+                if is_transport_failure(&status) {
+                    peers.reset(url);
+                }
+                classify(&status)
+            }
+        }
+    }
+}
+
+/// One stream to a leader: whether the leader accepted it, and the calls awaiting answers.
+pub struct CallStream {
+    /// `None` while the stream opens; then `Ok` once the leader accepted it, or the status it
+    /// failed with.
+    opened: watch::Receiver<Option<Result<(), Status>>>,
+    state: Mutex<Pending>,
+    /// Cancels the task that opened the stream and reads its answers (when the pool drops the
+    /// stream after a transport failure).
+    reader: std::sync::OnceLock<tokio::task::AbortHandle>,
+}
+
+struct Pending {
+    /// `None` once the stream ended: no call may join.
+    calls: Option<mpsc::UnboundedSender<PeerCall>>,
+    next_seq: u64,
+    waiters: HashMap<u64, Waiter>,
+}
+
+impl LeaderCalls {
+    /// The stream to the leader at `url`, opened on `peers`' pooled channel if none is open,
+    /// once the leader accepted it; waits at most until `deadline` for that.
+    pub async fn open(&self, peers: &Peers, url: &str, deadline: tokio::time::Instant) -> Opened {
+        if self.is_unary(url) {
+            return Opened::Unary;
+        }
+        let stream = match self.stream(peers, url) {
+            Ok(s) => s,
+            Err(_) => return Opened::Failed(PeerFailure::NotDelivered),
+        };
+        let mut opened = stream.opened.clone();
+        let outcome = tokio::time::timeout_at(deadline, opened.wait_for(Option::is_some)).await;
+        let outcome = match outcome {
+            Err(_) => return Opened::Failed(PeerFailure::Answer(EtcdError::Timeout)),
+            Ok(Err(_)) => Err(Status::unavailable("leader calls stream closed")),
+            Ok(Ok(o)) => o.clone().expect("waited for an outcome"),
+        };
+        match outcome {
+            Ok(()) => Opened::Stream(stream),
+            Err(status) => {
+                self.forget(url, &stream);
+                if status.code() == Code::Unimplemented {
+                    self.unary_since
+                        .lock()
+                        .expect("leader calls lock")
+                        .insert(url.to_string(), Instant::now());
+                    Opened::Unary
+                } else {
+                    if is_transport_failure(&status) {
+                        peers.reset(url);
+                    }
+                    Opened::Failed(PeerFailure::NotDelivered)
+                }
+            }
+        }
+    }
+
+    /// Closes the stream to `url` (after a transport failure on its channel): calls waiting
+    /// on it fail, and the next call opens a new stream.
+    pub fn reset(&self, url: &str) {
+        let stream = self.streams.lock().expect("leader calls lock").remove(url);
+        if let Some(s) = stream {
+            s.end(Status::unavailable("leader calls stream reset"));
+            if let Some(reader) = s.reader.get() {
+                reader.abort();
+            }
+        }
+    }
+
+    fn is_unary(&self, url: &str) -> bool {
+        if *UNARY_ONLY {
+            return true;
+        }
+        let mut unary = self.unary_since.lock().expect("leader calls lock");
+        match unary.get(url) {
+            Some(since) if since.elapsed() < UNARY_RETRY => true,
+            Some(_) => {
+                unary.remove(url);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Drops `stream` from the table if it is still the one for `url`.
+    fn forget(&self, url: &str, stream: &Arc<CallStream>) {
+        let mut streams = self.streams.lock().expect("leader calls lock");
+        if streams.get(url).is_some_and(|s| Arc::ptr_eq(s, stream)) {
+            streams.remove(url);
+        }
+    }
+
+    /// The live stream to `url`, or a new one whose task (open, then read answers) is spawned
+    /// here.
+    fn stream(&self, peers: &Peers, url: &str) -> Result<Arc<CallStream>, Status> {
+        let mut streams = self.streams.lock().expect("leader calls lock");
+        if let Some(s) = streams.get(url)
+            && !s.has_ended()
+        {
+            return Ok(s.clone());
+        }
+        let mut client = peers
+            .client(url)
+            .map_err(|e| Status::unavailable(format!("bad peer URL {url}: {e}")))?;
+        let (calls, outbound) = mpsc::unbounded_channel();
+        let (opened_tx, opened) = watch::channel(None);
+        let stream = Arc::new(CallStream {
+            opened,
+            state: Mutex::new(Pending {
+                calls: Some(calls),
+                next_seq: 0,
+                waiters: HashMap::new(),
+            }),
+            reader: std::sync::OnceLock::new(),
+        });
+        streams.insert(url.to_string(), stream.clone());
+        let reader = stream.clone();
+        let task = tokio::spawn(async move {
+            let end = match client
+                .leader_calls(UnboundedReceiverStream::new(outbound))
+                .await
+            {
+                Ok(response) => {
+                    opened_tx.send_replace(Some(Ok(())));
+                    let mut inbound = response.into_inner();
+                    loop {
+                        match inbound.message().await {
+                            Ok(Some(answer)) => reader.answer(answer),
+                            Ok(None) => break Status::unavailable("leader calls stream closed"),
+                            Err(status) => break status,
+                        }
+                    }
+                }
+                Err(status) => {
+                    opened_tx.send_replace(Some(Err(status.clone())));
+                    status
+                }
+            };
+            reader.end(end);
+        });
+        let _ = stream.reader.set(task.abort_handle());
+        Ok(stream)
+    }
+}
+
+impl CallStream {
+    /// Sends `call` to the leader with `deadline` and waits for its answer.
+    ///
+    /// Errors: [`CallError::NotSent`] when the stream ended before the call entered it;
+    /// [`CallError::Failed`] with the leader's error (code and message of the etcd error it
+    /// would have returned on the unary RPC), the status that ended the stream, or
+    /// `DeadlineExceeded` at `deadline` (the leader gives up on the call at the same deadline).
+    pub async fn call(
+        &self,
+        call: peer_call::Call,
+        deadline: tokio::time::Instant,
+    ) -> Result<peer_answer::Answer, CallError> {
+        let timeout_ms = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .as_millis()
+            .try_into()
+            .unwrap_or(u32::MAX);
+        let (tx, rx) = oneshot::channel();
+        let seq = {
+            let mut p = self.state.lock().expect("leader calls lock");
+            let seq = p.next_seq;
+            let Some(calls) = &p.calls else {
+                return Err(CallError::NotSent);
+            };
+            let msg = PeerCall {
+                seq,
+                timeout_ms,
+                call: Some(call),
+            };
+            if calls.send(msg).is_err() {
+                p.calls = None;
+                return Err(CallError::NotSent);
+            }
+            p.next_seq += 1;
+            p.waiters.insert(seq, tx);
+            seq
+        };
+        let mut gone = Forget {
+            stream: self,
+            seq: Some(seq),
+        };
+        let answer = tokio::time::timeout_at(deadline, rx).await;
+        gone.seq = None;
+        match answer {
+            Ok(Ok(answer)) => answer.map_err(CallError::Failed),
+            Ok(Err(_)) => Err(CallError::Failed(Status::unavailable(
+                "leader calls stream closed",
+            ))),
+            Err(_) => {
+                self.forget(seq);
+                Err(CallError::Failed(Status::deadline_exceeded(
+                    "Deadline Exceeded",
+                )))
+            }
+        }
+    }
+
+    fn has_ended(&self) -> bool {
+        self.state
+            .lock()
+            .expect("leader calls lock")
+            .calls
+            .is_none()
+            || matches!(&*self.opened.borrow(), Some(Err(_)))
+    }
+
+    /// Hands an answer to the call with its sequence number (none: the caller gave up).
+    fn answer(&self, answer: PeerAnswer) {
+        let waiter = self
+            .state
+            .lock()
+            .expect("leader calls lock")
+            .waiters
+            .remove(&answer.seq);
+        if let Some(w) = waiter {
+            let answer = answer
+                .answer
+                .ok_or_else(|| Status::internal("keel: an empty leader-call answer"))
+                .and_then(|a| match a {
+                    peer_answer::Answer::Error(e) => {
+                        Err(Status::new(Code::from(e.code), e.message))
+                    }
+                    ok => Ok(ok),
+                });
+            let _ = w.send(answer);
+        }
+    }
+
+    fn forget(&self, seq: u64) {
+        self.state
+            .lock()
+            .expect("leader calls lock")
+            .waiters
+            .remove(&seq);
+    }
+
+    /// Marks the stream ended and fails every waiting call with `status`.
+    fn end(&self, status: Status) {
+        let waiters = {
+            let mut p = self.state.lock().expect("leader calls lock");
+            p.calls = None;
+            std::mem::take(&mut p.waiters)
+        };
+        for (_, w) in waiters {
+            let _ = w.send(Err(status.clone()));
+        }
+    }
+}
+
+/// Removes a call's waiter if its caller stops waiting before the answer (dropped while `seq`
+/// is still set).
+struct Forget<'a> {
+    stream: &'a CallStream,
+    seq: Option<u64>,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        if let Some(seq) = self.seq.take() {
+            self.stream.forget(seq);
+        }
+    }
+}
