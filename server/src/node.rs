@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use keel_proto::etcdserverpb::alarm_request::AlarmAction;
 use keel_proto::etcdserverpb::{AlarmRequest, AlarmType, ResponseHeader};
-use keel_proto::keelpb::{self, RaftRequest, RaftResponse, raft_request};
+use keel_proto::keelpb::{self, RaftRequest, RaftResponse, peer_answer, peer_call, raft_request};
 use openraft::error::ClientWriteError;
 use prost::Message;
 
@@ -32,6 +32,7 @@ use crate::mvcc::{MvccStore, SharedStore};
 use crate::qos::{Admission, LoadGauge, RuleChange, RuleSet};
 use crate::raft::export::ExportLocks;
 use crate::raft::force_new_cluster::restart_as_standalone;
+use crate::raft::leader_calls::Opened;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure};
 use crate::raft::proposer::{Proposer, Refused, Route, into_result};
 use crate::raft::trace::Stage;
@@ -881,9 +882,10 @@ impl Node {
         }
     }
 
-    /// Sends a proposal to the leader (`keelpb.Peer/Forward`) on the pooled connection;
-    /// returns the result and the entry's log index (response metadata
-    /// [`FORWARD_LOG_INDEX`]).
+    /// Sends a proposal to the leader on this member's leader-call stream to it
+    /// (`keelpb.Peer/LeaderCalls`, `raft::leader_calls`), or as a unary `keelpb.Peer/Forward`
+    /// to a leader that does not serve the stream (0.1.0); returns the result and the entry's
+    /// log index.
     async fn forward(
         &self,
         leader: &MemberNode,
@@ -894,10 +896,38 @@ impl Node {
             .peer_url()
             .cloned()
             .ok_or(PeerFailure::Answer(EtcdError::NoLeader))?;
+        let peers = &self.cluster.peers;
+        let stream = match peers.leader_calls().open(peers, &url, deadline).await {
+            Opened::Stream(stream) => stream,
+            Opened::Failed(failure) => return Err(failure),
+            Opened::Unary => return self.forward_unary(&url, req, deadline).await,
+        };
+        match stream.call(peer_call::Call::Forward(req), deadline).await {
+            Ok(peer_answer::Answer::Forward(a)) => match a.response {
+                Some(resp) => Ok((resp, a.log_index)),
+                None => Err(PeerFailure::Answer(EtcdError::Internal(
+                    "keel: the leader answered a forwarded request with no response".into(),
+                ))),
+            },
+            Ok(_) => Err(PeerFailure::Answer(EtcdError::Internal(
+                "keel: the leader answered a forwarded request with another kind of answer".into(),
+            ))),
+            Err(e) => Err(e.into_failure(peers, &url)),
+        }
+    }
+
+    /// [`Node::forward`] as a unary `keelpb.Peer/Forward` on the pooled connection (the log
+    /// index comes in response metadata [`FORWARD_LOG_INDEX`]).
+    async fn forward_unary(
+        &self,
+        url: &str,
+        req: RaftRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<(RaftResponse, u64), PeerFailure> {
         let mut client = self
             .cluster
             .peers
-            .client(&url)
+            .client(url)
             .map_err(|_| PeerFailure::Answer(EtcdError::NoLeader))?;
         let mut request = tonic::Request::new(req);
         request.set_timeout(deadline.saturating_duration_since(tokio::time::Instant::now()));
@@ -913,7 +943,7 @@ impl Node {
             }
             Err(s) => {
                 if is_transport_failure(&s) {
-                    self.cluster.peers.reset(&url);
+                    self.cluster.peers.reset(url);
                 }
                 Err(classify(&s))
             }

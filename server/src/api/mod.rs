@@ -22,6 +22,7 @@ mod lease_leader;
 mod lock;
 mod maintenance;
 mod peer;
+mod peer_calls;
 pub mod peer_cluster_id;
 mod peer_stream;
 mod qos;

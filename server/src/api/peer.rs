@@ -12,14 +12,14 @@ use keel_proto::etcdserverpb::{
 };
 use keel_proto::keelpb::peer_server::Peer;
 use keel_proto::keelpb::{
-    ClusterInfoRequest, ClusterInfoResponse, RaftPayload, RaftRequest, RaftResponse,
+    ClusterInfoRequest, ClusterInfoResponse, PeerCall, RaftPayload, RaftRequest, RaftResponse,
     ReadIndexRequest, ReadIndexResponse, TimeoutNowRequest, TimeoutNowResponse,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
-use super::{lease_leader, peer_stream};
+use super::{lease_leader, peer_calls, peer_stream};
 use crate::cluster::{reconfig, removal, transfer};
 use crate::node::{FORWARD_LOG_INDEX, Node};
 
@@ -84,11 +84,7 @@ impl Peer for PeerService {
     }
 
     async fn forward(&self, r: Request<RaftRequest>) -> Result<Response<RaftResponse>, Status> {
-        let req = r.into_inner();
-        if req.request.is_none() {
-            return Err(Status::invalid_argument("forwarded raft request is empty"));
-        }
-        let (resp, index) = self.node.propose_forwarded(req).await?;
+        let (resp, index) = peer_calls::forward(&self.node, r.into_inner()).await?;
         let mut response = Response::new(resp);
         response.metadata_mut().insert(
             FORWARD_LOG_INDEX,
@@ -127,9 +123,18 @@ impl Peer for PeerService {
         &self,
         _r: Request<ReadIndexRequest>,
     ) -> Result<Response<ReadIndexResponse>, Status> {
-        let read_index = self.node.cluster.reads.leader_read_index().await?;
-        let term = self.node.raft.metrics().borrow().current_term;
-        Ok(Response::new(ReadIndexResponse { read_index, term }))
+        peer_calls::read_index(&self.node).await.map(Response::new)
+    }
+
+    async fn leader_calls(
+        &self,
+        r: Request<tonic::Streaming<PeerCall>>,
+    ) -> Result<Response<peer_calls::AnswerStream>, Status> {
+        Ok(Response::new(peer_calls::serve(
+            self.node.clone(),
+            r.into_inner(),
+            self.stopping.clone(),
+        )))
     }
 
     async fn timeout_now(

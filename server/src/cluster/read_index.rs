@@ -13,13 +13,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_proto::keelpb::ReadIndexRequest;
+use keel_proto::keelpb::{ReadIndexRequest, peer_answer, peer_call};
 use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::time::Instant;
 
 use super::batch::Batcher;
 use super::transfer::TransferGate;
 use crate::error::EtcdError;
+use crate::raft::leader_calls::Opened;
 use crate::raft::peers::{PeerFailure, Peers, classify, is_transport_failure, leader_url};
 use crate::raft::types::{NodeId, Raft};
 use crate::raft::wait_applied;
@@ -112,6 +113,15 @@ impl ReadPath {
     }
 }
 
+/// The error a failed read-index request reports: the leader's answer, else `NoLeader` (a
+/// read index is safe to ask for again, whatever happened to the request).
+fn retryable(failure: PeerFailure) -> EtcdError {
+    match failure {
+        PeerFailure::Answer(e) => e,
+        PeerFailure::NotDelivered | PeerFailure::Ambiguous => EtcdError::NoLeader,
+    }
+}
+
 impl Ctx {
     /// One member round: ask the current leader (possibly ourselves), retrying through
     /// leader changes until the deadline.
@@ -152,7 +162,30 @@ impl Ctx {
         }
     }
 
+    /// The leader's read index, asked on this member's leader-call stream to it
+    /// (`raft::leader_calls`), or by a unary `keelpb.Peer/ReadIndex` when it does not serve
+    /// the stream (0.1.0).
+    ///
+    /// Errors: the leader's answer (`NotLeader`, `Timeout`), else `NoLeader`: a read index
+    /// is safe to ask for again, whatever happened to this request.
     async fn ask_leader(&self, url: &str, deadline: Instant) -> Result<u64, EtcdError> {
+        let calls = self.peers.leader_calls();
+        let stream = match calls.open(&self.peers, url, deadline).await {
+            Opened::Stream(stream) => stream,
+            Opened::Failed(failure) => return Err(retryable(failure)),
+            Opened::Unary => return self.ask_leader_unary(url, deadline).await,
+        };
+        let call = peer_call::Call::ReadIndex(ReadIndexRequest { member_id: self.id });
+        match stream.call(call, deadline).await {
+            Ok(peer_answer::Answer::ReadIndex(r)) => Ok(r.read_index),
+            Ok(_) => Err(EtcdError::Internal(
+                "keel: the leader answered a read index with another kind of answer".into(),
+            )),
+            Err(e) => Err(retryable(e.into_failure(&self.peers, url))),
+        }
+    }
+
+    async fn ask_leader_unary(&self, url: &str, deadline: Instant) -> Result<u64, EtcdError> {
         let mut client = self.peers.client(url).map_err(|_| EtcdError::NoLeader)?;
         let mut request = tonic::Request::new(ReadIndexRequest { member_id: self.id });
         request.set_timeout(deadline.saturating_duration_since(Instant::now()));
@@ -162,11 +195,7 @@ impl Ctx {
                 if is_transport_failure(&status) {
                     self.peers.reset(url);
                 }
-                // A read index is safe to ask for again, whatever happened to this request.
-                Err(match classify(&status) {
-                    PeerFailure::Answer(e) => e,
-                    PeerFailure::NotDelivered | PeerFailure::Ambiguous => EtcdError::NoLeader,
-                })
+                Err(retryable(classify(&status)))
             }
         }
     }

@@ -1,0 +1,170 @@
+//! Leader side of the leader-call stream (`keelpb.Peer/LeaderCalls`): one long-lived stream per
+//! member carries its forwarded proposals and read-index requests to this member (the sender
+//! is `raft::leader_calls`). Each call is answered on the same stream by its sequence number,
+//! in the order the answers are ready, with what the unary `Forward` and `ReadIndex` RPCs
+//! answer ([`forward`], [`read_index`], shared with them).
+//!
+//! Invariants:
+//! - Every call read is answered once, unless the stream ends first (the member stops, or
+//!   the sender went away); the sender treats an unanswered call as ambiguous.
+//! - A call is given up at its `timeout_ms` (the sender's deadline) with the status tonic
+//!   answers an expired `grpc-timeout` with, as the unary RPC is: nothing outlives its caller
+//!   by more than that.
+//! - At most [`MAX_PENDING`] calls of one stream run at once; the stream is not read further
+//!   until one is answered (a member sends a few forwarded batches and one read-index round
+//!   at a time, so only a flood waits).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, Stream, StreamExt};
+use keel_proto::keelpb::{
+    ForwardAnswer, PeerAnswer, PeerCall, PeerError, RaftRequest, RaftResponse, ReadIndexResponse,
+    peer_answer, peer_call,
+};
+use tokio::sync::watch;
+use tonic::{Status, Streaming};
+
+use crate::node::Node;
+
+/// Calls of one stream that may run at once.
+pub const MAX_PENDING: usize = 256;
+
+/// The answer stream of `LeaderCalls`.
+pub type AnswerStream = Pin<Box<dyn Stream<Item = Result<PeerAnswer, Status>> + Send>>;
+
+/// Proposes a forwarded request on this member (`keelpb.Peer/Forward`, and a `forward` call on
+/// the stream): its result in the shape it came in and the log index of the entry that carried
+/// it. See `Node::propose_forwarded`.
+///
+/// Errors: `InvalidArgument` "forwarded raft request is empty"; the etcd errors of
+/// `Node::propose_forwarded` (etcd's "not leader" when this member does not lead).
+pub async fn forward(node: &Node, req: RaftRequest) -> Result<(RaftResponse, u64), Status> {
+    if req.request.is_none() {
+        return Err(Status::invalid_argument("forwarded raft request is empty"));
+    }
+    Ok(node.propose_forwarded(req).await?)
+}
+
+/// This member's read index for a follower (`keelpb.Peer/ReadIndex`, and a `read_index` call
+/// on the stream): its commit point once a quorum confirmed its leadership (Raft thesis §6.4),
+/// and its term.
+///
+/// Errors: etcd's "not leader" when this member does not lead; `Timeout`, `Stopped`.
+pub async fn read_index(node: &Node) -> Result<ReadIndexResponse, Status> {
+    let read_index = node.cluster.reads.leader_read_index().await?;
+    let term = node.raft.metrics().borrow().current_term;
+    Ok(ReadIndexResponse { read_index, term })
+}
+
+/// Serves one leader-call stream for `node`: the answer stream reads `inbound`, runs each call
+/// and yields its answer when ready. It runs in the task tonic polls the response body from.
+/// The stream ends when the sender closes it and every call is answered, or when `stopping`
+/// becomes `true` (calls still running are not answered).
+pub fn serve(
+    node: Arc<Node>,
+    inbound: Streaming<PeerCall>,
+    stopping: watch::Receiver<bool>,
+) -> AnswerStream {
+    let pump = Pump {
+        node,
+        inbound,
+        stopping,
+        running: FuturesUnordered::new(),
+        reading: true,
+    };
+    Box::pin(futures::stream::unfold(pump, |mut pump| async move {
+        let item = pump.next().await?;
+        Some((Ok(item), pump))
+    }))
+}
+
+/// The state of one stream: the calls running.
+struct Pump {
+    node: Arc<Node>,
+    inbound: Streaming<PeerCall>,
+    stopping: watch::Receiver<bool>,
+    running: FuturesUnordered<BoxFuture<'static, PeerAnswer>>,
+    /// Whether the sender may still send calls.
+    reading: bool,
+}
+
+/// What woke a stream's pump.
+enum Event {
+    Answer(PeerAnswer),
+    Call(Option<PeerCall>),
+}
+
+impl Pump {
+    /// The next answer; `None` when the sender closed the stream and every call is answered,
+    /// or once the member stops.
+    async fn next(&mut self) -> Option<PeerAnswer> {
+        loop {
+            if !self.reading && self.running.is_empty() {
+                return None;
+            }
+            let event = tokio::select! {
+                biased;
+                _ = self.stopping.wait_for(|s| *s) => return None,
+                Some(answer) = self.running.next(), if !self.running.is_empty() => {
+                    Event::Answer(answer)
+                }
+                msg = self.inbound.message(), if self.reading && self.running.len() < MAX_PENDING => {
+                    // A broken stream ends like a closed one: what runs is still answered.
+                    Event::Call(msg.unwrap_or(None))
+                }
+            };
+            match event {
+                Event::Answer(answer) => return Some(answer),
+                Event::Call(Some(call)) => self.running.push(run(self.node.clone(), call)),
+                Event::Call(None) => self.reading = false,
+            }
+        }
+    }
+}
+
+/// Runs one call to its answer, giving up at its deadline.
+fn run(node: Arc<Node>, call: PeerCall) -> BoxFuture<'static, PeerAnswer> {
+    let PeerCall {
+        seq,
+        timeout_ms,
+        call,
+    } = call;
+    Box::pin(async move {
+        let work = async {
+            match call {
+                Some(peer_call::Call::Forward(req)) => {
+                    let (response, log_index) = forward(&node, req).await?;
+                    Ok(peer_answer::Answer::Forward(ForwardAnswer {
+                        response: Some(response),
+                        log_index,
+                    }))
+                }
+                Some(peer_call::Call::ReadIndex(_)) => {
+                    read_index(&node).await.map(peer_answer::Answer::ReadIndex)
+                }
+                None => Err(Status::invalid_argument("leader call is empty")),
+            }
+        };
+        let limit = Duration::from_millis(timeout_ms.into());
+        let answer = match tokio::time::timeout(limit, work).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(status)) => error(&status),
+            // What tonic answers an expired `grpc-timeout` with (the unary RPCs' deadline).
+            Err(_) => error(&Status::cancelled("Timeout expired")),
+        };
+        PeerAnswer {
+            seq,
+            answer: Some(answer),
+        }
+    })
+}
+
+fn error(status: &Status) -> peer_answer::Answer {
+    peer_answer::Answer::Error(PeerError {
+        code: status.code() as i32,
+        message: status.message().to_string(),
+    })
+}
