@@ -16,12 +16,14 @@ use keel_proto::etcdserverpb::{
     LeaseTimeToLiveResponse,
 };
 use keel_proto::keelpb::raft_request::Request as Rq;
+use keel_proto::keelpb::{peer_answer, peer_call};
 use tokio::time::Instant;
 
 use crate::error::EtcdError;
 use crate::lease::{LeaseId, Remaining, Renewal};
 use crate::node::Node;
-use crate::raft::peers::{is_transport_failure, leader_url};
+use crate::raft::leader_calls::{CallError, Opened};
+use crate::raft::peers::{PeerFailure, is_transport_failure, leader_url};
 
 /// Longest pause between two attempts of a leader-only call.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
@@ -155,10 +157,51 @@ async fn forward_renew(
     id: LeaseId,
     deadline: Instant,
 ) -> Result<i64, EtcdError> {
+    let call = peer_call::Call::LeaseRenew(LeaseKeepAliveRequest { id });
+    match on_stream(node, url, "keepalive", call, deadline).await {
+        Some(Ok(peer_answer::Answer::LeaseRenew(r))) => return Ok(r.ttl),
+        Some(Ok(_)) => return Err(wrong_answer("keepalive")),
+        Some(Err(e)) => return Err(e),
+        None => {}
+    }
     let mut req = tonic::Request::new(LeaseKeepAliveRequest { id });
     req.set_timeout(deadline.saturating_duration_since(Instant::now()));
     let answer = peer_client(node, url)?.lease_renew(req).await;
     forwarded(node, url, "keepalive", answer.map(|r| r.into_inner().ttl))
+}
+
+/// Sends `call` to the leader at `url` on this member's leader-call stream
+/// (`raft::leader_calls`); `None` when the leader does not serve the stream (0.1.0): send the
+/// unary RPC instead. A call the leader may not have got reads as `NotLeader`, so the caller
+/// asks again (a renewal and a TimeToLive may be repeated).
+///
+/// Errors: the leader's answer, as [`forwarded`] reads it; `NotLeader` for a stream that
+/// could not be opened or had ended; `Timeout` at `deadline`.
+async fn on_stream(
+    node: &Node,
+    url: &str,
+    what: &str,
+    call: peer_call::Call,
+    deadline: Instant,
+) -> Option<Result<peer_answer::Answer, EtcdError>> {
+    let peers = &node.cluster.peers;
+    let stream = match peers.leader_calls().open(peers, url, deadline).await {
+        Opened::Stream(stream) => stream,
+        Opened::Unary => return None,
+        Opened::Failed(PeerFailure::Answer(e)) => return Some(Err(e)),
+        Opened::Failed(_) => return Some(Err(EtcdError::NotLeader)),
+    };
+    Some(match stream.call(call, deadline).await {
+        Ok(answer) => Ok(answer),
+        Err(CallError::NotSent) => Err(EtcdError::NotLeader),
+        Err(CallError::Failed(status)) => forwarded(node, url, what, Err(status)),
+    })
+}
+
+fn wrong_answer(what: &str) -> EtcdError {
+    EtcdError::Internal(format!(
+        "keel: the leader answered a lease {what} with another kind of answer"
+    ))
 }
 
 /// A client on the pooled peer connection to `url`.
@@ -262,6 +305,13 @@ async fn forward_time_to_live(
     req: &LeaseTimeToLiveRequest,
     deadline: Instant,
 ) -> Result<LeaseTimeToLiveResponse, EtcdError> {
+    let call = peer_call::Call::LeaseTimeToLive(*req);
+    match on_stream(node, url, "TimeToLive", call, deadline).await {
+        Some(Ok(peer_answer::Answer::LeaseTimeToLive(r))) => return Ok(r),
+        Some(Ok(_)) => return Err(wrong_answer("TimeToLive")),
+        Some(Err(e)) => return Err(e),
+        None => {}
+    }
     let mut request = tonic::Request::new(*req);
     request.set_timeout(deadline.saturating_duration_since(Instant::now()));
     let answer = peer_client(node, url)?.lease_time_to_live(request).await;

@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
-use super::{lease_leader, peer_calls, peer_stream};
+use super::{peer_calls, peer_stream};
 use crate::cluster::{reconfig, removal, transfer};
 use crate::node::{FORWARD_LOG_INDEX, Node};
 
@@ -100,14 +100,10 @@ impl Peer for PeerService {
         &self,
         r: Request<LeaseKeepAliveRequest>,
     ) -> Result<Response<LeaseKeepAliveResponse>, Status> {
-        let id = r.into_inner().id;
         let deadline = tokio::time::Instant::now() + self.node.request_timeout();
-        let ttl = lease_leader::renew_local(&self.node, id, deadline).await?;
-        Ok(Response::new(LeaseKeepAliveResponse {
-            id,
-            ttl,
-            ..Default::default()
-        }))
+        peer_calls::lease_renew(&self.node, r.get_ref().id, deadline)
+            .await
+            .map(Response::new)
     }
 
     async fn lease_time_to_live(
@@ -115,8 +111,9 @@ impl Peer for PeerService {
         r: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let deadline = tokio::time::Instant::now() + self.node.request_timeout();
-        let resp = lease_leader::time_to_live_local(&self.node, r.get_ref(), deadline).await?;
-        Ok(Response::new(resp))
+        peer_calls::lease_time_to_live(&self.node, r.get_ref(), deadline)
+            .await
+            .map(Response::new)
     }
 
     async fn read_index(

@@ -1,8 +1,9 @@
 //! Leader side of the leader-call stream (`keelpb.Peer/LeaderCalls`): one long-lived stream per
-//! member carries its forwarded proposals and read-index requests to this member (the sender
+//! member carries its forwarded proposals, read-index requests and its clients' lease
+//! keepalives and TimeToLive requests to this member (the sender
 //! is `raft::leader_calls`). Each call is answered on the same stream by its sequence number,
-//! in the order the answers are ready, with what the unary `Forward` and `ReadIndex` RPCs
-//! answer ([`forward`], [`read_index`], shared with them).
+//! in the order the answers are ready, with what the unary RPCs (`Forward`, `ReadIndex`,
+//! `LeaseRenew`, `LeaseTimeToLive`) answer: the same functions serve both.
 //!
 //! Invariants:
 //! - Every call read is answered once, unless the stream ends first (the member stops, or
@@ -20,13 +21,18 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
+use keel_proto::etcdserverpb::{
+    LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
 use keel_proto::keelpb::{
     ForwardAnswer, PeerAnswer, PeerCall, PeerError, RaftRequest, RaftResponse, ReadIndexResponse,
     peer_answer, peer_call,
 };
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
+use super::lease_leader;
 use crate::node::Node;
 
 /// Calls of one stream that may run at once.
@@ -57,6 +63,36 @@ pub async fn read_index(node: &Node) -> Result<ReadIndexResponse, Status> {
     let read_index = node.cluster.reads.leader_read_index().await?;
     let term = node.raft.metrics().borrow().current_term;
     Ok(ReadIndexResponse { read_index, term })
+}
+
+/// Renews lease `id` on this member, the leader (`keelpb.Peer/LeaseRenew`, and a `lease_renew`
+/// call on the stream): its TTL in seconds, 0 when there is no such lease.
+///
+/// Errors: etcd's "not leader" when this member does not lead; `Timeout` at `deadline`.
+pub async fn lease_renew(
+    node: &Node,
+    id: i64,
+    deadline: Instant,
+) -> Result<LeaseKeepAliveResponse, Status> {
+    let ttl = lease_leader::renew_local(node, id, deadline).await?;
+    Ok(LeaseKeepAliveResponse {
+        id,
+        ttl,
+        ..Default::default()
+    })
+}
+
+/// A lease's TTLs from this member, the leader (`keelpb.Peer/LeaseTimeToLive`, and a
+/// `lease_time_to_live` call on the stream); TTL -1 when there is no such lease, the header
+/// left unset.
+///
+/// Errors: etcd's "not leader" when this member does not lead; `Timeout` at `deadline`.
+pub async fn lease_time_to_live(
+    node: &Node,
+    req: &LeaseTimeToLiveRequest,
+    deadline: Instant,
+) -> Result<LeaseTimeToLiveResponse, Status> {
+    Ok(lease_leader::time_to_live_local(node, req, deadline).await?)
 }
 
 /// Serves one leader-call stream for `node`: the answer stream reads `inbound`, runs each call
@@ -132,6 +168,7 @@ fn run(node: Arc<Node>, call: PeerCall) -> BoxFuture<'static, PeerAnswer> {
         timeout_ms,
         call,
     } = call;
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
     Box::pin(async move {
         let work = async {
             match call {
@@ -145,11 +182,18 @@ fn run(node: Arc<Node>, call: PeerCall) -> BoxFuture<'static, PeerAnswer> {
                 Some(peer_call::Call::ReadIndex(_)) => {
                     read_index(&node).await.map(peer_answer::Answer::ReadIndex)
                 }
+                Some(peer_call::Call::LeaseRenew(req)) => lease_renew(&node, req.id, deadline)
+                    .await
+                    .map(peer_answer::Answer::LeaseRenew),
+                Some(peer_call::Call::LeaseTimeToLive(req)) => {
+                    lease_time_to_live(&node, &req, deadline)
+                        .await
+                        .map(peer_answer::Answer::LeaseTimeToLive)
+                }
                 None => Err(Status::invalid_argument("leader call is empty")),
             }
         };
-        let limit = Duration::from_millis(timeout_ms.into());
-        let answer = match tokio::time::timeout(limit, work).await {
+        let answer = match tokio::time::timeout_at(deadline, work).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(status)) => error(&status),
             // What tonic answers an expired `grpc-timeout` with (the unary RPCs' deadline).

@@ -1,5 +1,6 @@
 //! Sender side of a member's calls to the leader on one stream (`keelpb.Peer/LeaderCalls`):
-//! forwarded proposals and read-index requests, one long-lived stream per leader peer URL.
+//! forwarded proposals, read-index requests, and its clients' lease keepalives and
+//! TimeToLive requests, one long-lived stream per leader peer URL.
 //! The leader side is `api::peer_calls`.
 //!
 //! Why: a unary RPC is a new HTTP/2 stream with its request and response headers and a new
@@ -68,7 +69,7 @@ pub enum CallError {
     /// The stream ended before the call entered it: the leader never got the call.
     NotSent,
     /// The leader's error answer, the status that ended the stream after the call was sent
-    /// (ambiguous), or `DeadlineExceeded` when the caller's deadline passed first.
+    /// (ambiguous), or `Cancelled` "Timeout expired" when the caller's deadline passed first.
     Failed(Status),
 }
 
@@ -238,7 +239,8 @@ impl CallStream {
     /// Errors: [`CallError::NotSent`] when the stream ended before the call entered it;
     /// [`CallError::Failed`] with the leader's error (code and message of the etcd error it
     /// would have returned on the unary RPC), the status that ended the stream, or
-    /// `DeadlineExceeded` at `deadline` (the leader gives up on the call at the same deadline).
+    /// `Cancelled` "Timeout expired" at `deadline`, as a unary RPC's own timeout (the leader
+    /// gives up on the call at the same deadline).
     pub async fn call(
         &self,
         call: peer_call::Call,
@@ -282,9 +284,8 @@ impl CallStream {
             ))),
             Err(_) => {
                 self.forget(seq);
-                Err(CallError::Failed(Status::deadline_exceeded(
-                    "Deadline Exceeded",
-                )))
+                // What tonic's client answers when a unary RPC's own timeout passes.
+                Err(CallError::Failed(Status::cancelled("Timeout expired")))
             }
         }
     }

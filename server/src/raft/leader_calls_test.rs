@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::Stream;
+use keel_proto::etcdserverpb::{
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
 use keel_proto::keelpb::peer_server::{Peer, PeerServer};
 use keel_proto::keelpb::{
     ForwardAnswer, PeerAnswer, PeerCall, PeerError, RaftPayload, RaftRequest, RaftResponse,
@@ -30,7 +33,8 @@ type Answers = Pin<Box<dyn Stream<Item = Result<PeerAnswer, Status>> + Send>>;
 enum Mode {
     /// Answers a forward of request id `n` with revision `n` at log index `10 n`, after a delay
     /// that shrinks from call to call (so later calls are answered first); a read index from
-    /// member `m` with index `m + 1`.
+    /// member `m` with index `m + 1`; a renewal of lease `l` with TTL `2 l`, a TimeToLive of
+    /// it with TTL `3 l`.
     Answer,
     /// Answers every call with etcd's "not leader".
     NotLeader,
@@ -68,6 +72,20 @@ fn answer_for(mode: Mode, call: &PeerCall) -> peer_answer::Answer {
             peer_answer::Answer::ReadIndex(ReadIndexResponse {
                 read_index: r.member_id + 1,
                 term: 1,
+            })
+        }
+        (_, Some(peer_call::Call::LeaseRenew(r))) => {
+            peer_answer::Answer::LeaseRenew(LeaseKeepAliveResponse {
+                id: r.id,
+                ttl: r.id * 2,
+                ..Default::default()
+            })
+        }
+        (_, Some(peer_call::Call::LeaseTimeToLive(r))) => {
+            peer_answer::Answer::LeaseTimeToLive(LeaseTimeToLiveResponse {
+                id: r.id,
+                ttl: r.id * 3,
+                ..Default::default()
             })
         }
         (_, None) => panic!("an empty call"),
@@ -208,20 +226,30 @@ async fn each_call_gets_its_own_answer_on_one_stream() {
         let url = leader.url.clone();
         tasks.push(tokio::spawn(async move {
             let stream = open(&peers, &url).await;
-            let call = if i % 3 == 0 {
-                peer_call::Call::ReadIndex(ReadIndexRequest { member_id: i })
-            } else {
-                forward(i)
+            let call = match i % 4 {
+                0 => peer_call::Call::ReadIndex(ReadIndexRequest { member_id: i }),
+                1 => peer_call::Call::LeaseRenew(LeaseKeepAliveRequest { id: i as i64 }),
+                2 => peer_call::Call::LeaseTimeToLive(LeaseTimeToLiveRequest {
+                    id: i as i64,
+                    keys: false,
+                }),
+                _ => forward(i),
             };
             (i, stream.call(call, soon()).await.expect("answered"))
         }));
     }
     for t in tasks {
         match t.await.unwrap() {
-            (i, peer_answer::Answer::ReadIndex(r)) if i % 3 == 0 => {
+            (i, peer_answer::Answer::ReadIndex(r)) if i % 4 == 0 => {
                 assert_eq!(r.read_index, i + 1, "call {i} got another's read index")
             }
-            (i, peer_answer::Answer::Forward(a)) if i % 3 != 0 => {
+            (i, peer_answer::Answer::LeaseRenew(r)) if i % 4 == 1 => {
+                assert_eq!((r.id, r.ttl), (i as i64, 2 * i as i64), "call {i}")
+            }
+            (i, peer_answer::Answer::LeaseTimeToLive(r)) if i % 4 == 2 => {
+                assert_eq!((r.id, r.ttl), (i as i64, 3 * i as i64), "call {i}")
+            }
+            (i, peer_answer::Answer::Forward(a)) if i % 4 == 3 => {
                 assert_eq!(a.response.unwrap().revision, i as i64, "call {i}");
                 assert_eq!(a.log_index, i * 10, "call {i}");
             }
