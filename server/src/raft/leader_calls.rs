@@ -58,8 +58,9 @@ pub enum Opened {
     Stream(Arc<CallStream>),
     /// The leader does not serve the stream: send the call as a unary RPC.
     Unary,
-    /// The stream could not be opened, so no call was sent on it: `NotDelivered`, or
-    /// `Answer(Timeout)` when `deadline` passed first.
+    /// The stream could not be opened, so no call was sent on it: `NotDelivered` when the
+    /// leader could not be reached, `Answer(Timeout)` when `deadline` passed first, else the
+    /// answer the leader refused the stream with (as `peers::classify` reads a unary RPC's).
     Failed(PeerFailure),
 }
 
@@ -135,11 +136,18 @@ impl LeaderCalls {
                         .expect("leader calls lock")
                         .insert(url.to_string(), Instant::now());
                     Opened::Unary
-                } else {
-                    if is_transport_failure(&status) {
-                        peers.reset(url);
-                    }
+                } else if is_transport_failure(&status) {
+                    peers.reset(url);
                     Opened::Failed(PeerFailure::NotDelivered)
+                } else {
+                    // Refused outright (another cluster's member: "cluster ID mismatch"): the
+                    // answer a unary RPC would have got. Nothing was sent, so never ambiguous.
+                    Opened::Failed(match classify(&status) {
+                        PeerFailure::Answer(e) => PeerFailure::Answer(e),
+                        PeerFailure::NotDelivered | PeerFailure::Ambiguous => {
+                            PeerFailure::NotDelivered
+                        }
+                    })
                 }
             }
         }

@@ -44,6 +44,8 @@ enum Mode {
     Silent,
     /// Serves no stream (a 0.1.0 member); counts the unary calls it gets.
     NoStream,
+    /// Refuses the stream as a member of another cluster does.
+    Refuse,
 }
 
 struct Fake {
@@ -107,8 +109,10 @@ impl Peer for Fake {
         r: Request<Streaming<PeerCall>>,
     ) -> Result<Response<Answers>, Status> {
         let mode = self.mode;
-        if matches!(mode, Mode::NoStream) {
-            return Err(Status::unimplemented("Not yet implemented"));
+        match mode {
+            Mode::NoStream => return Err(Status::unimplemented("Not yet implemented")),
+            Mode::Refuse => return Err(Status::failed_precondition("cluster ID mismatch")),
+            _ => {}
         }
         self.streams_opened.fetch_add(1, Ordering::SeqCst);
         let seen = self.calls_seen.clone();
@@ -366,4 +370,21 @@ async fn a_reset_ends_the_stream_and_the_next_open_reconnects() {
     let again = open(&peers, &leader.url).await;
     assert!(again.call(forward(3), soon()).await.is_ok());
     assert_eq!(leader.streams_opened.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_refused_stream_gives_the_refusal_and_sends_nothing() {
+    let leader = serve(Mode::Refuse).await;
+    let peers = Peers::default();
+    match peers.leader_calls().open(&peers, &leader.url, soon()).await {
+        Opened::Failed(PeerFailure::Answer(e)) => {
+            let status = Status::from(e);
+            assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+            assert_eq!(status.message(), "cluster ID mismatch");
+        }
+        Opened::Failed(f) => panic!("expected the refusal, got {f:?}"),
+        Opened::Stream(_) => panic!("a refused stream"),
+        Opened::Unary => panic!("a refusal is not a 0.1.0 leader"),
+    }
+    assert_eq!(leader.calls_seen.load(Ordering::SeqCst), 0);
 }
