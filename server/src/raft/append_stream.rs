@@ -17,12 +17,11 @@
 //! - A stream that ends or fails is marked dead under the same lock before its waiters are
 //!   failed, so no waiter joins a dead stream; the next request opens a new stream.
 //! - A peer that does not serve the stream (a 0.1.0 member: `Unimplemented`) gets unary
-//!   `AppendEntries` RPCs; the stream is tried again after [`UNARY_RETRY`], since the member may
+//!   `AppendEntries` RPCs; the stream is tried again after [`super::stream_table::UNARY_RETRY`], since the member may
 //!   have been upgraded.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use keel_proto::keelpb::RaftPayload;
 use tokio::sync::{mpsc, oneshot};
@@ -30,10 +29,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Code, Status};
 
 use super::peers::Peers;
-
-/// How long a peer that answered `Unimplemented` gets unary RPCs before the stream is tried
-/// again.
-pub const UNARY_RETRY: Duration = Duration::from_secs(10);
+use super::stream_table::StreamTable;
 
 /// `KEEL_UNARY_APPEND=1` in the environment: every AppendEntries is a unary RPC, as before
 /// the stream (for same-binary A/B benchmarks, docs/benchmarks.md).
@@ -45,9 +41,7 @@ type Waiter = oneshot::Sender<Result<RaftPayload, Status>>;
 /// The open AppendEntries streams of one member, by peer URL.
 #[derive(Default)]
 pub struct AppendStreams {
-    streams: Mutex<HashMap<String, Arc<Stream>>>,
-    /// Peer URLs that answered `Unimplemented`, and when.
-    unary_since: Mutex<HashMap<String, Instant>>,
+    table: StreamTable<Stream>,
 }
 
 /// One stream: the request side and the waiters for its responses, oldest first.
@@ -84,7 +78,7 @@ impl AppendStreams {
     ///
     /// Dropping the returned future before it resolves (a timeout) cancels the stream.
     pub async fn send(&self, peers: &Peers, url: &str, payload: RaftPayload) -> Sent {
-        if self.is_unary(url) {
+        if *UNARY_ONLY || self.table.is_unary(url) {
             return Sent::Unary(payload);
         }
         let (tx, rx) = oneshot::channel();
@@ -99,7 +93,7 @@ impl AppendStreams {
             let mut q = stream.state.lock().expect("append stream lock");
             let Some(requests) = &q.requests else {
                 drop(q);
-                self.forget(url, &stream);
+                self.table.forget(url, &stream);
                 continue;
             };
             let p = payload.take().expect("the payload is sent once");
@@ -114,7 +108,7 @@ impl AppendStreams {
                     payload = Some(p);
                     q.requests = None;
                     drop(q);
-                    self.forget(url, &stream);
+                    self.table.forget(url, &stream);
                 }
             }
         }
@@ -132,10 +126,7 @@ impl AppendStreams {
         give_up.stream = None; // Answered (or the stream ended): nothing to cancel.
         match answer {
             Ok(Err(status)) if status.code() == Code::Unimplemented => {
-                self.unary_since
-                    .lock()
-                    .expect("append stream lock")
-                    .insert(url.to_string(), Instant::now());
+                self.table.mark_unary(url);
                 Sent::Answer(Err(status))
             }
             Ok(answer) => Sent::Answer(answer),
@@ -146,8 +137,7 @@ impl AppendStreams {
     /// Closes the stream to `url` (after a transport failure on its channel); waiters of it
     /// fail when the stream's reader sees it end.
     pub fn reset(&self, url: &str) {
-        let stream = self.streams.lock().expect("append stream lock").remove(url);
-        if let Some(s) = stream {
+        if let Some(s) = self.table.remove(url) {
             s.state.lock().expect("append stream lock").requests = None;
         }
     }
@@ -155,77 +145,57 @@ impl AppendStreams {
     /// Ends `stream` (to `url`) now: removes it from the table, fails its waiters with
     /// `status` and cancels its reader, which resets the HTTP/2 stream.
     fn cancel(&self, url: &str, stream: &Arc<Stream>, status: Status) {
-        self.forget(url, stream);
+        self.table.forget(url, stream);
         stream.end(status);
         if let Some(reader) = stream.reader.get() {
             reader.abort();
         }
     }
 
-    fn is_unary(&self, url: &str) -> bool {
-        if *UNARY_ONLY {
-            return true;
-        }
-        let mut unary = self.unary_since.lock().expect("append stream lock");
-        match unary.get(url) {
-            Some(since) if since.elapsed() < UNARY_RETRY => true,
-            Some(_) => {
-                unary.remove(url);
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// Drops `stream` from the table if it is still the one for `url`.
-    fn forget(&self, url: &str, stream: &Arc<Stream>) {
-        let mut streams = self.streams.lock().expect("append stream lock");
-        if streams.get(url).is_some_and(|s| Arc::ptr_eq(s, stream)) {
-            streams.remove(url);
-        }
-    }
-
-    /// The open stream to `url`, or a new one whose reader task is spawned here.
+    /// The open stream to `url`, or a new one whose reader task is spawned here. (A stream
+    /// that ended stays in the table until a sender finds it closed and forgets it.)
     fn stream(&self, peers: &Peers, url: &str) -> Result<Arc<Stream>, Status> {
-        let mut streams = self.streams.lock().expect("append stream lock");
-        if let Some(s) = streams.get(url) {
-            return Ok(s.clone());
-        }
-        let mut client = peers
-            .client(url)
-            .map_err(|e| Status::unavailable(format!("bad peer URL {url}: {e}")))?;
-        let (requests, outbound) = mpsc::unbounded_channel();
-        let stream = Arc::new(Stream {
-            state: Mutex::new(Queue {
-                requests: Some(requests),
-                waiters: VecDeque::new(),
-            }),
-            reader: std::sync::OnceLock::new(),
-        });
-        streams.insert(url.to_string(), stream.clone());
-        let reader = stream.clone();
-        let task = tokio::spawn(async move {
-            let opened = client
-                .append_entries_stream(UnboundedReceiverStream::new(outbound))
-                .await;
-            let end = match opened {
-                Ok(response) => {
-                    let mut inbound = response.into_inner();
-                    loop {
-                        match inbound.message().await {
-                            Ok(Some(answer)) => reader.answer(Ok(answer)),
-                            Ok(None) => break Status::unavailable("append stream closed"),
-                            Err(status) => break status,
-                        }
+        self.table.get_or_open(url, |_| true, || open(peers, url))
+    }
+}
+
+/// A new stream to `url` on `peers`' pooled channel, whose reader task is spawned here.
+///
+/// Errors: `Unavailable` "bad peer URL ..." when `url` is not one.
+fn open(peers: &Peers, url: &str) -> Result<Arc<Stream>, Status> {
+    let mut client = peers
+        .client(url)
+        .map_err(|e| Status::unavailable(format!("bad peer URL {url}: {e}")))?;
+    let (requests, outbound) = mpsc::unbounded_channel();
+    let stream = Arc::new(Stream {
+        state: Mutex::new(Queue {
+            requests: Some(requests),
+            waiters: VecDeque::new(),
+        }),
+        reader: std::sync::OnceLock::new(),
+    });
+    let reader = stream.clone();
+    let task = tokio::spawn(async move {
+        let opened = client
+            .append_entries_stream(UnboundedReceiverStream::new(outbound))
+            .await;
+        let end = match opened {
+            Ok(response) => {
+                let mut inbound = response.into_inner();
+                loop {
+                    match inbound.message().await {
+                        Ok(Some(answer)) => reader.answer(Ok(answer)),
+                        Ok(None) => break Status::unavailable("append stream closed"),
+                        Err(status) => break status,
                     }
                 }
-                Err(status) => status,
-            };
-            reader.end(end);
-        });
-        let _ = stream.reader.set(task.abort_handle());
-        Ok(stream)
-    }
+            }
+            Err(status) => status,
+        };
+        reader.end(end);
+    });
+    let _ = stream.reader.set(task.abort_handle());
+    Ok(stream)
 }
 
 impl Stream {

@@ -12,7 +12,7 @@
 //! - A call enters a stream only once the leader accepted the stream (its response headers
 //!   arrived), so a call is never lost to a peer that does not serve the stream (a 0.1.0
 //!   member answers `Unimplemented` at once): the caller still holds it and sends it as a
-//!   unary RPC ([`Opened::Unary`]), and keeps doing so for [`UNARY_RETRY`].
+//!   unary RPC ([`Opened::Unary`]), and keeps doing so for `stream_table::UNARY_RETRY`.
 //! - A call's waiter is registered under its sequence number before the call enters the
 //!   stream, under one lock, so every answer finds its waiter; answers may come in any order.
 //! - A stream that ends or fails is marked ended under that lock before its waiters are
@@ -22,7 +22,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use keel_proto::keelpb::{PeerAnswer, PeerCall, peer_answer, peer_call};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -32,10 +31,7 @@ use tonic::{Code, Status};
 use crate::error::EtcdError;
 
 use super::peers::{PeerFailure, Peers, classify, is_transport_failure};
-
-/// How long a leader that answered `Unimplemented` gets unary calls before the stream is tried
-/// again (it may have been upgraded).
-pub const UNARY_RETRY: Duration = Duration::from_secs(10);
+use super::stream_table::StreamTable;
 
 /// `KEEL_UNARY_FORWARD=1` in the environment: forwarded proposals and read-index requests go
 /// as unary RPCs, as before the stream (for same-binary A/B benchmarks, docs/benchmarks.md).
@@ -47,9 +43,7 @@ type Waiter = oneshot::Sender<Result<peer_answer::Answer, Status>>;
 /// The open leader-call streams of one member, by peer URL.
 #[derive(Default)]
 pub struct LeaderCalls {
-    streams: Mutex<HashMap<String, Arc<CallStream>>>,
-    /// Peer URLs that answered `Unimplemented`, and when.
-    unary_since: Mutex<HashMap<String, Instant>>,
+    table: StreamTable<CallStream>,
 }
 
 /// What opening (or finding) the stream to a leader gave.
@@ -112,7 +106,7 @@ impl LeaderCalls {
     /// The stream to the leader at `url`, opened on `peers`' pooled channel if none is open,
     /// once the leader accepted it; waits at most until `deadline` for that.
     pub async fn open(&self, peers: &Peers, url: &str, deadline: tokio::time::Instant) -> Opened {
-        if self.is_unary(url) {
+        if *UNARY_ONLY || self.table.is_unary(url) {
             return Opened::Unary;
         }
         let stream = match self.stream(peers, url) {
@@ -129,12 +123,9 @@ impl LeaderCalls {
         match outcome {
             Ok(()) => Opened::Stream(stream),
             Err(status) => {
-                self.forget(url, &stream);
+                self.table.forget(url, &stream);
                 if status.code() == Code::Unimplemented {
-                    self.unary_since
-                        .lock()
-                        .expect("leader calls lock")
-                        .insert(url.to_string(), Instant::now());
+                    self.table.mark_unary(url);
                     Opened::Unary
                 } else if is_transport_failure(&status) {
                     peers.reset(url);
@@ -156,8 +147,7 @@ impl LeaderCalls {
     /// Closes the stream to `url` (after a transport failure on its channel): calls waiting
     /// on it fail, and the next call opens a new stream.
     pub fn reset(&self, url: &str) {
-        let stream = self.streams.lock().expect("leader calls lock").remove(url);
-        if let Some(s) = stream {
+        if let Some(s) = self.table.remove(url) {
             s.end(Status::unavailable("leader calls stream reset"));
             if let Some(reader) = s.reader.get() {
                 reader.abort();
@@ -165,80 +155,58 @@ impl LeaderCalls {
         }
     }
 
-    fn is_unary(&self, url: &str) -> bool {
-        if *UNARY_ONLY {
-            return true;
-        }
-        let mut unary = self.unary_since.lock().expect("leader calls lock");
-        match unary.get(url) {
-            Some(since) if since.elapsed() < UNARY_RETRY => true,
-            Some(_) => {
-                unary.remove(url);
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// Drops `stream` from the table if it is still the one for `url`.
-    fn forget(&self, url: &str, stream: &Arc<CallStream>) {
-        let mut streams = self.streams.lock().expect("leader calls lock");
-        if streams.get(url).is_some_and(|s| Arc::ptr_eq(s, stream)) {
-            streams.remove(url);
-        }
-    }
-
     /// The live stream to `url`, or a new one whose task (open, then read answers) is spawned
     /// here.
     fn stream(&self, peers: &Peers, url: &str) -> Result<Arc<CallStream>, Status> {
-        let mut streams = self.streams.lock().expect("leader calls lock");
-        if let Some(s) = streams.get(url)
-            && !s.has_ended()
+        self.table
+            .get_or_open(url, |s| !s.has_ended(), || open(peers, url))
+    }
+}
+
+/// A new stream to `url` on `peers`' pooled channel; its task opens it and reads its answers.
+///
+/// Errors: `Unavailable` "bad peer URL ..." when `url` is not one.
+fn open(peers: &Peers, url: &str) -> Result<Arc<CallStream>, Status> {
+    let mut client = peers
+        .client(url)
+        .map_err(|e| Status::unavailable(format!("bad peer URL {url}: {e}")))?;
+    let (calls, outbound) = mpsc::unbounded_channel();
+    let (opened_tx, opened) = watch::channel(None);
+    let stream = Arc::new(CallStream {
+        opened,
+        state: Mutex::new(Pending {
+            calls: Some(calls),
+            next_seq: 0,
+            waiters: HashMap::new(),
+        }),
+        reader: std::sync::OnceLock::new(),
+    });
+    let reader = stream.clone();
+    let task = tokio::spawn(async move {
+        let end = match client
+            .leader_calls(UnboundedReceiverStream::new(outbound))
+            .await
         {
-            return Ok(s.clone());
-        }
-        let mut client = peers
-            .client(url)
-            .map_err(|e| Status::unavailable(format!("bad peer URL {url}: {e}")))?;
-        let (calls, outbound) = mpsc::unbounded_channel();
-        let (opened_tx, opened) = watch::channel(None);
-        let stream = Arc::new(CallStream {
-            opened,
-            state: Mutex::new(Pending {
-                calls: Some(calls),
-                next_seq: 0,
-                waiters: HashMap::new(),
-            }),
-            reader: std::sync::OnceLock::new(),
-        });
-        streams.insert(url.to_string(), stream.clone());
-        let reader = stream.clone();
-        let task = tokio::spawn(async move {
-            let end = match client
-                .leader_calls(UnboundedReceiverStream::new(outbound))
-                .await
-            {
-                Ok(response) => {
-                    opened_tx.send_replace(Some(Ok(())));
-                    let mut inbound = response.into_inner();
-                    loop {
-                        match inbound.message().await {
-                            Ok(Some(answer)) => reader.answer(answer),
-                            Ok(None) => break Status::unavailable("leader calls stream closed"),
-                            Err(status) => break status,
-                        }
+            Ok(response) => {
+                opened_tx.send_replace(Some(Ok(())));
+                let mut inbound = response.into_inner();
+                loop {
+                    match inbound.message().await {
+                        Ok(Some(answer)) => reader.answer(answer),
+                        Ok(None) => break Status::unavailable("leader calls stream closed"),
+                        Err(status) => break status,
                     }
                 }
-                Err(status) => {
-                    opened_tx.send_replace(Some(Err(status.clone())));
-                    status
-                }
-            };
-            reader.end(end);
-        });
-        let _ = stream.reader.set(task.abort_handle());
-        Ok(stream)
-    }
+            }
+            Err(status) => {
+                opened_tx.send_replace(Some(Err(status.clone())));
+                status
+            }
+        };
+        reader.end(end);
+    });
+    let _ = stream.reader.set(task.abort_handle());
+    Ok(stream)
 }
 
 impl CallStream {

@@ -18,6 +18,7 @@ pub mod rebuild;
 pub mod retention;
 pub mod snapshot;
 pub mod state_machine;
+pub mod stream_table;
 pub mod trace;
 pub mod types;
 pub mod wait;
