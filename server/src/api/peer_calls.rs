@@ -6,8 +6,11 @@
 //! `LeaseRenew`, `LeaseTimeToLive`) answer: the same functions serve both.
 //!
 //! Invariants:
-//! - Every call read is answered once, unless the stream ends first (the member stops, or
-//!   the sender went away); the sender treats an unanswered call as ambiguous.
+//! - Every call read is answered once, unless the stream ends first (the sender went away,
+//!   or the member's shutdown drain ran out); the sender treats an unanswered call as
+//!   ambiguous.
+//! - Once the member stops, no call is started: new calls are refused with "not leader", so
+//!   only calls that may have proposed something are ever ambiguous.
 //! - A call is given up at its `timeout_ms` (the sender's deadline) with the status tonic
 //!   answers an expired `grpc-timeout` with, as the unary RPC is: nothing outlives its caller
 //!   by more than that.
@@ -33,6 +36,7 @@ use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
 use super::lease_leader;
+use crate::error::EtcdError;
 use crate::node::Node;
 
 /// Calls of one stream that may run at once.
@@ -97,8 +101,11 @@ pub async fn lease_time_to_live(
 
 /// Serves one leader-call stream for `node`: the answer stream reads `inbound`, runs each call
 /// and yields its answer when ready. It runs in the task tonic polls the response body from.
-/// The stream ends when the sender closes it and every call is answered, or when `stopping`
-/// becomes `true` (calls still running are not answered).
+/// The stream ends when the sender closes it and every call is answered. Once `stopping`
+/// becomes `true` (the member stops) the calls running are still answered (a forwarded write
+/// may still commit during the shutdown drain, as a unary `Forward` could), calls read
+/// meanwhile are answered at once with etcd's "not leader" (nothing proposed: the sender asks
+/// again, the next leader once one is elected), and the stream ends when none runs.
 pub fn serve(
     node: Arc<Node>,
     inbound: Streaming<PeerCall>,
@@ -110,6 +117,7 @@ pub fn serve(
         stopping,
         running: FuturesUnordered::new(),
         reading: true,
+        draining: false,
     };
     Box::pin(futures::stream::unfold(pump, |mut pump| async move {
         let item = pump.next().await?;
@@ -125,25 +133,29 @@ struct Pump {
     running: FuturesUnordered<BoxFuture<'static, PeerAnswer>>,
     /// Whether the sender may still send calls.
     reading: bool,
+    /// Whether the member is stopping: calls running are answered, new ones refused.
+    draining: bool,
 }
 
 /// What woke a stream's pump.
 enum Event {
     Answer(PeerAnswer),
     Call(Option<PeerCall>),
+    /// The member began to stop.
+    Stop,
 }
 
 impl Pump {
-    /// The next answer; `None` when the sender closed the stream and every call is answered,
-    /// or once the member stops.
+    /// The next answer; `None` when the sender closed the stream, or the member stops, and
+    /// no call runs.
     async fn next(&mut self) -> Option<PeerAnswer> {
         loop {
-            if !self.reading && self.running.is_empty() {
+            if (!self.reading || self.draining) && self.running.is_empty() {
                 return None;
             }
             let event = tokio::select! {
                 biased;
-                _ = self.stopping.wait_for(|s| *s) => return None,
+                _ = self.stopping.wait_for(|s| *s), if !self.draining => Event::Stop,
                 Some(answer) = self.running.next(), if !self.running.is_empty() => {
                     Event::Answer(answer)
                 }
@@ -154,8 +166,16 @@ impl Pump {
             };
             match event {
                 Event::Answer(answer) => return Some(answer),
+                // Proposes nothing: the sender asks again, the new leader once there is one.
+                Event::Call(Some(call)) if self.draining => {
+                    return Some(PeerAnswer {
+                        seq: call.seq,
+                        answer: Some(error(&Status::from(EtcdError::NotLeader))),
+                    });
+                }
                 Event::Call(Some(call)) => self.running.push(run(self.node.clone(), call)),
                 Event::Call(None) => self.reading = false,
+                Event::Stop => self.draining = true,
             }
         }
     }
