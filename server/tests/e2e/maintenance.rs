@@ -181,17 +181,22 @@ fn nospace_fill_then_delete_compact_defrag_and_disarm_brings_puts_back() {
         );
         assert_eq!(count.json()["count"].as_i64(), Some(written as i64));
     }
-    // Every member's bytes in use reach the quota (followers once they applied the last put).
+    // Every member's bytes in use hold every value written (followers once they applied the
+    // last put). Not "every member is at the quota": the figures of members holding the same
+    // data differ, and now and then one member's is 3-4 MiB above the others' (it raises the
+    // alarm a few puts early, at 29 of 512 KiB instead of 31), which made this check fail in
+    // about 1 run of 4 on a loaded box (docs/operations.md, "Alarms").
+    let holds_all = written as i64 * value.len() as i64;
     for ep in &eps {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let in_use = grpc::status(ep).unwrap().db_size_in_use;
-            if in_use >= QUOTA - (1 << 20) {
+            if in_use >= holds_all {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "{ep}: in use {in_use} with the quota full"
+                "{ep}: in use {in_use} with {written} values of 512 KiB written"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
