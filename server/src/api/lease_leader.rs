@@ -194,6 +194,8 @@ async fn on_stream(
     Some(match stream.call(call, deadline).await {
         Ok(answer) => Ok(answer),
         Err(CallError::NotSent) => Err(EtcdError::NotLeader),
+        // An answer: the stream works, nothing to reset.
+        Err(CallError::Answered(status)) => Err(lease_error(url, what, &status)),
         Err(CallError::Failed(status)) => forwarded(node, url, what, Err(status)),
     })
 }
@@ -229,13 +231,20 @@ fn forwarded<T>(
             if is_transport_failure(&s) {
                 node.cluster.peers.reset(url);
             }
-            if s.code() == tonic::Code::Unavailable {
-                tracing::debug!(leader = url, "lease {what} forward failed: {s}");
-                Err(EtcdError::NotLeader)
-            } else {
-                Err(EtcdError::from_parts(s.code() as i32, s.message()))
-            }
+            Err(lease_error(url, what, &s))
         }
+    }
+}
+
+/// The error a lease call the leader at `url` failed with reports: `Unavailable` (the leader
+/// is gone or busy) becomes `NotLeader`, so the caller retries with the leader raft knows
+/// then; otherwise the status's etcd error.
+fn lease_error(url: &str, what: &str, s: &tonic::Status) -> EtcdError {
+    if s.code() == tonic::Code::Unavailable {
+        tracing::debug!(leader = url, "lease {what} forward failed: {s}");
+        EtcdError::NotLeader
+    } else {
+        EtcdError::from_parts(s.code() as i32, s.message())
     }
 }
 

@@ -11,9 +11,9 @@
 //!   ambiguous.
 //! - Once the member stops, no call is started: new calls are refused with "not leader", so
 //!   only calls that may have proposed something are ever ambiguous.
-//! - A call is given up at its `timeout_ms` (the sender's deadline) with the status tonic
-//!   answers an expired `grpc-timeout` with, as the unary RPC is: nothing outlives its caller
-//!   by more than that.
+//! - A call is given up `timeout_ms` (the sender's deadline) after it was read, with the
+//!   status tonic answers an expired `grpc-timeout` with, as the unary RPC is: it outlives its
+//!   caller by at most the time it waited unread.
 //! - At most [`MAX_PENDING`] calls of one stream run at once; the stream is not read further
 //!   until one is answered (a member sends a few forwarded batches and one read-index round
 //!   at a time, so only a flood waits).
@@ -39,8 +39,11 @@ use super::lease_leader;
 use crate::error::EtcdError;
 use crate::node::Node;
 
-/// Calls of one stream that may run at once.
-pub const MAX_PENDING: usize = 256;
+/// Calls of one stream that may run at once. Large: a call may wait seconds on the leader (a
+/// keepalive of an expired lease waits for its revocation, as in etcd), and while the limit is
+/// reached nothing else from that member is read, its writes and reads included (a fresh-user
+/// check saw them stall 7 s behind 400 slow keepalives at a limit of 256).
+pub const MAX_PENDING: usize = 8192;
 
 /// The answer stream of `LeaderCalls`.
 pub type AnswerStream = Pin<Box<dyn Stream<Item = Result<PeerAnswer, Status>> + Send>>;

@@ -38,7 +38,7 @@ use super::stream_table::StreamTable;
 static UNARY_ONLY: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| std::env::var_os("KEEL_UNARY_FORWARD").is_some_and(|v| v == "1"));
 
-type Waiter = oneshot::Sender<Result<peer_answer::Answer, Status>>;
+type Waiter = oneshot::Sender<Result<peer_answer::Answer, CallError>>;
 
 /// The open leader-call streams of one member, by peer URL.
 #[derive(Default)]
@@ -63,17 +63,24 @@ pub enum Opened {
 pub enum CallError {
     /// The stream ended before the call entered it: the leader never got the call.
     NotSent,
-    /// The leader's error answer, the status that ended the stream after the call was sent
-    /// (ambiguous), or `Cancelled` "Timeout expired" when the caller's deadline passed first.
+    /// The leader answered with this error (code and message of the status the unary RPC
+    /// would have failed with). The stream works: an answer came back on it.
+    Answered(Status),
+    /// The status that ended the stream after the call was sent (ambiguous), or `Cancelled`
+    /// "Timeout expired" when the caller's deadline passed first.
     Failed(Status),
 }
 
 impl CallError {
     /// What the failure tells about the call (`peers::classify`); drops the pooled channel to
-    /// `url` after a transport failure, so the next call reconnects.
+    /// `url` (and the streams on it) after a transport failure, so the next call reconnects,
+    /// but never for an answer: one call's error must not fail the others in flight (a
+    /// fresh-user check found every write in flight failing as ambiguous whenever the leader
+    /// answered one keepalive with etcd's `request timed out`, an `Unavailable` status).
     pub fn into_failure(self, peers: &Peers, url: &str) -> PeerFailure {
         match self {
             CallError::NotSent => PeerFailure::NotDelivered,
+            CallError::Answered(status) => classify(&status),
             CallError::Failed(status) => {
                 if is_transport_failure(&status) {
                     peers.reset(url);
@@ -213,10 +220,10 @@ impl CallStream {
     /// Sends `call` to the leader with `deadline` and waits for its answer.
     ///
     /// Errors: [`CallError::NotSent`] when the stream ended before the call entered it;
-    /// [`CallError::Failed`] with the leader's error (code and message of the etcd error it
-    /// would have returned on the unary RPC), the status that ended the stream, or
-    /// `Cancelled` "Timeout expired" at `deadline`, as a unary RPC's own timeout (the leader
-    /// gives up on the call at the same deadline).
+    /// [`CallError::Answered`] with the leader's error (code and message of the etcd error it
+    /// would have returned on the unary RPC); [`CallError::Failed`] with the status that ended
+    /// the stream, or `Cancelled` "Timeout expired" at `deadline`, as a unary RPC's own timeout
+    /// (the leader gives up on the call at about the same deadline).
     pub async fn call(
         &self,
         call: peer_call::Call,
@@ -254,7 +261,7 @@ impl CallStream {
         let answer = tokio::time::timeout_at(deadline, rx).await;
         gone.seq = None;
         match answer {
-            Ok(Ok(answer)) => answer.map_err(CallError::Failed),
+            Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(CallError::Failed(Status::unavailable(
                 "leader calls stream closed",
             ))),
@@ -284,15 +291,16 @@ impl CallStream {
             .waiters
             .remove(&answer.seq);
         if let Some(w) = waiter {
-            let answer = answer
-                .answer
-                .ok_or_else(|| Status::internal("keel: an empty leader-call answer"))
-                .and_then(|a| match a {
-                    peer_answer::Answer::Error(e) => {
-                        Err(Status::new(Code::from(e.code), e.message))
-                    }
-                    ok => Ok(ok),
-                });
+            let answer = match answer.answer {
+                Some(peer_answer::Answer::Error(e)) => Err(CallError::Answered(Status::new(
+                    Code::from(e.code),
+                    e.message,
+                ))),
+                Some(ok) => Ok(ok),
+                None => Err(CallError::Answered(Status::internal(
+                    "keel: an empty leader-call answer",
+                ))),
+            };
             let _ = w.send(answer);
         }
     }
@@ -313,7 +321,7 @@ impl CallStream {
             std::mem::take(&mut p.waiters)
         };
         for (_, w) in waiters {
-            let _ = w.send(Err(status.clone()));
+            let _ = w.send(Err(CallError::Failed(status.clone())));
         }
     }
 }

@@ -38,6 +38,9 @@ enum Mode {
     Answer,
     /// Answers every call with etcd's "not leader".
     NotLeader,
+    /// Answers forwards of odd request ids with etcd's "request timed out" (an `Unavailable`
+    /// status), the others as [`Mode::Answer`].
+    TimeoutOdd,
     /// Answers `n` calls of every stream, then ends it with `Unavailable`.
     FailAfter(usize),
     /// Reads calls and answers none.
@@ -55,9 +58,16 @@ struct Fake {
 }
 
 fn answer_for(mode: Mode, call: &PeerCall) -> peer_answer::Answer {
-    match (mode, &call.call) {
-        (Mode::NotLeader, _) => {
-            let status = Status::from(EtcdError::NotLeader);
+    let refusal = match (mode, &call.call) {
+        (Mode::NotLeader, _) => Some(EtcdError::NotLeader),
+        (Mode::TimeoutOdd, Some(peer_call::Call::Forward(r))) if r.id % 2 == 1 => {
+            Some(EtcdError::Timeout)
+        }
+        _ => None,
+    };
+    match (refusal, &call.call) {
+        (Some(e), _) => {
+            let status = Status::from(e);
             peer_answer::Answer::Error(PeerError {
                 code: status.code() as i32,
                 message: status.message().to_string(),
@@ -387,4 +397,31 @@ async fn a_refused_stream_gives_the_refusal_and_sends_nothing() {
         Opened::Unary => panic!("a refusal is not a 0.1.0 leader"),
     }
     assert_eq!(leader.calls_seen.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_error_answer_fails_its_call_only_and_keeps_the_stream() {
+    let leader = serve(Mode::TimeoutOdd).await;
+    let peers = Peers::default();
+    let stream = open(&peers, &leader.url).await;
+    let (odd, even) = tokio::join!(
+        stream.call(forward(1), soon()),
+        stream.call(forward(2), soon())
+    );
+    let err = odd.unwrap_err();
+    assert!(
+        matches!(&err, CallError::Answered(s) if s.message() == "etcdserver: request timed out"),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.into_failure(&peers, &leader.url),
+        PeerFailure::Answer(EtcdError::Timeout)
+    );
+    assert!(matches!(even.unwrap(), peer_answer::Answer::Forward(a) if a.log_index == 20));
+    // The answer did not reset the stream: the next call goes on the same one.
+    let again = open(&peers, &leader.url).await;
+    assert!(Arc::ptr_eq(&stream, &again));
+    let got = again.call(forward(4), soon()).await.unwrap();
+    assert!(matches!(got, peer_answer::Answer::Forward(a) if a.log_index == 40));
+    assert_eq!(leader.streams_opened.load(Ordering::SeqCst), 1);
 }

@@ -292,7 +292,7 @@ pub enum PeerFailure {
 pub fn classify(status: &tonic::Status) -> PeerFailure {
     if status.code() == tonic::Code::Unavailable && status.message().contains("connect") {
         PeerFailure::NotDelivered
-    } else if is_transport_failure(status) && !is_etcd_error(status) {
+    } else if is_transport_failure(status) {
         PeerFailure::Ambiguous
     } else if is_deadline(status) && !is_etcd_error(status) {
         // The deadline this member set on the call passed first (tonic's "Timeout
@@ -338,12 +338,14 @@ fn is_deadline(status: &tonic::Status) -> bool {
 }
 
 /// Whether a failed RPC means the connection itself is unusable (refused, reset, closed), as
-/// opposed to an answer or a deadline.
+/// opposed to an answer or a deadline. etcd answers some of its errors with `Unavailable`
+/// ("request timed out", "no leader", "leader changed"): those are answers, over a connection
+/// that works.
 pub fn is_transport_failure(status: &tonic::Status) -> bool {
     matches!(
         status.code(),
         tonic::Code::Unavailable | tonic::Code::Unknown
-    )
+    ) && !is_etcd_error(status)
 }
 
 #[cfg(test)]
