@@ -259,27 +259,29 @@ impl CallStream {
             seq: Some(seq),
         };
         let answer = tokio::time::timeout_at(deadline, rx).await;
-        gone.seq = None;
+        if answer.is_ok() {
+            // Answered, or failed by the stream's end: the waiter is gone already.
+            gone.seq = None;
+        }
         match answer {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(CallError::Failed(Status::unavailable(
                 "leader calls stream closed",
             ))),
-            Err(_) => {
-                self.forget(seq);
-                // What tonic's client answers when a unary RPC's own timeout passes.
-                Err(CallError::Failed(Status::cancelled("Timeout expired")))
-            }
+            // What tonic's client answers when a unary RPC's own timeout passes (`gone`
+            // forgets the waiter).
+            Err(_) => Err(CallError::Failed(Status::cancelled("Timeout expired"))),
         }
     }
 
+    /// Whether the stream ended (a stream that failed to open ends too, right after it
+    /// publishes the failure, which `LeaderCalls::open` reads).
     fn has_ended(&self) -> bool {
         self.state
             .lock()
             .expect("leader calls lock")
             .calls
             .is_none()
-            || matches!(&*self.opened.borrow(), Some(Err(_)))
     }
 
     /// Hands an answer to the call with its sequence number (none: the caller gave up).
