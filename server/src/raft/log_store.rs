@@ -31,6 +31,13 @@ use super::trace::{self, Stage};
 use super::types::{Entry, LogId, NodeId, StorageError, TypeConfig};
 use crate::wal::{Lsn, Wal, WalError};
 
+/// Most encoded entry bytes in one AppendEntries (an entry larger than this still goes, alone):
+/// etcd's `maxSizePerMsg`, 1 MiB (`server/etcdserver/raft.go`). Without a byte bound openraft
+/// sends up to `max_payload_entries` (300) entries per AppendEntries, and a follower behind by
+/// 300 large entries (300 × 1.4 MiB) got a message it could not take in before the RPC
+/// timed out, again and again (docs/raft.md, "Message size").
+pub const MAX_APPEND_BYTES: usize = 1 << 20;
+
 /// WAL metadata key of the raft vote (bincode `Vote<NodeId>`).
 pub const META_VOTE: u8 = 1;
 /// WAL metadata key of the committed log id (bincode `Option<LogId>`).
@@ -124,12 +131,35 @@ impl RaftLogReader<TypeConfig> for LogStore {
         if start >= end {
             return Ok(Vec::new());
         }
-        if let Some(entries) = self.tail.get(start, end) {
+        self.read(start, end, usize::MAX)
+    }
+
+    /// The entries of one AppendEntries from index `start`: up to `end` (exclusive) and at most
+    /// [`MAX_APPEND_BYTES`] of encoded entries, but at least one entry (openraft reads on from
+    /// the last entry it got).
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        self.read(start, end, MAX_APPEND_BYTES)
+    }
+}
+
+impl LogStore {
+    /// Entries `[start, end)`, from the tail when it holds them all, else from the WAL; stops
+    /// before the entry that would take their encoded size past `max_bytes` (the first entry
+    /// always comes).
+    fn read(&self, start: u64, end: u64, max_bytes: usize) -> Result<Vec<Entry>, StorageError> {
+        if let Some(entries) = self.tail.get_limited(start, end, max_bytes) {
             return Ok(entries);
         }
         let raw = self
             .wal
-            .read_range(start, end)
+            .read_range_limited(start, end, max_bytes)
             .map_err(|e| StorageIOError::read_logs(&e))?;
         raw.iter().map(|(i, b)| Self::decode(b, *i)).collect()
     }
@@ -323,6 +353,77 @@ mod tests {
             .collect();
         let refs: Vec<(u64, &[u8])> = encoded.iter().map(|(i, b)| (*i, b.as_slice())).collect();
         store.wal.append(&refs).unwrap();
+    }
+
+    /// An entry carrying a put of `value_bytes` bytes.
+    fn put(term: u64, index: u64, value_bytes: usize) -> Entry {
+        use keel_proto::etcdserverpb::PutRequest;
+        use keel_proto::keelpb::{RaftRequest, raft_request};
+        let put = PutRequest {
+            key: b"k".to_vec(),
+            value: vec![7; value_bytes],
+            ..Default::default()
+        };
+        Entry {
+            log_id: log_id(term, index),
+            payload: EntryPayload::Normal(super::super::types::Request(RaftRequest {
+                id: index,
+                request: Some(raft_request::Request::Put(put)),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn indexes(entries: &[Entry]) -> Vec<u64> {
+        entries.iter().map(|e| e.log_id.index).collect()
+    }
+
+    /// An AppendEntries carries at most `MAX_APPEND_BYTES` of entries, but always one, whether
+    /// the entries come from the in-memory tail or from the WAL.
+    #[tokio::test]
+    async fn a_replication_read_is_bounded_by_bytes_but_returns_at_least_one_entry() {
+        let quarter = MAX_APPEND_BYTES / 4;
+        let (_dir, mut s) = store();
+        // 1..=8: a quarter of the budget each, minus framing; 9: twice the budget alone.
+        let mut entries: Vec<Entry> = (1..=8).map(|i| put(1, i, quarter - 64)).collect();
+        entries.push(put(1, 9, 2 * MAX_APPEND_BYTES));
+        entries.push(put(1, 10, 10));
+        s.blocking_append(entries.clone()).await.unwrap();
+        assert_eq!(
+            indexes(&s.limited_get_log_entries(1, 11).await.unwrap()),
+            [1, 2, 3, 4]
+        );
+        assert_eq!(
+            indexes(&s.limited_get_log_entries(7, 11).await.unwrap()),
+            [7, 8]
+        );
+        assert_eq!(
+            indexes(&s.limited_get_log_entries(9, 11).await.unwrap()),
+            [9]
+        );
+        assert_eq!(
+            indexes(&s.limited_get_log_entries(10, 11).await.unwrap()),
+            [10]
+        );
+        // Unbounded reads (apply, snapshots) still get the whole range.
+        assert_eq!(s.try_get_log_entries(1..11).await.unwrap(), entries);
+
+        // The same from the WAL alone (a store reopened on it has an empty tail).
+        let mut from_wal = LogStore::new(s.wal.clone());
+        assert!(from_wal.tail.is_empty());
+        assert_eq!(
+            indexes(&from_wal.limited_get_log_entries(1, 11).await.unwrap()),
+            [1, 2, 3, 4]
+        );
+        assert_eq!(
+            indexes(&from_wal.limited_get_log_entries(5, 11).await.unwrap()),
+            [5, 6, 7, 8]
+        );
+        assert_eq!(
+            indexes(&from_wal.limited_get_log_entries(9, 11).await.unwrap()),
+            [9]
+        );
+        assert_eq!(from_wal.try_get_log_entries(1..11).await.unwrap(), entries);
     }
 
     /// One step of the model test: appends after the last entry (with a term that may grow),

@@ -104,13 +104,28 @@ impl LogTail {
 
     /// Clones of entries `[start, end)` if the tail holds all of them, else `None`.
     pub fn get(&self, start: u64, end: u64) -> Option<Vec<Entry>> {
+        self.get_limited(start, end, usize::MAX)
+    }
+
+    /// As [`LogTail::get`], but stops before the entry that would take the entries' encoded
+    /// size past `max_bytes`; the first entry is always returned, however large.
+    pub fn get_limited(&self, start: u64, end: u64, max_bytes: usize) -> Option<Vec<Entry>> {
         let t = self.inner.lock().expect("log tail lock");
         if start < t.first || end > t.next() || start >= end {
             return None;
         }
         let from = (start - t.first) as usize;
         let to = (end - t.first) as usize;
-        Some(t.entries.range(from..to).map(|(e, _)| e.clone()).collect())
+        let mut bytes = 0usize;
+        let mut out = Vec::new();
+        for (e, n) in t.entries.range(from..to) {
+            bytes = bytes.saturating_add(*n);
+            if !out.is_empty() && bytes > max_bytes {
+                break;
+            }
+            out.push(e.clone());
+        }
+        Some(out)
     }
 
     /// Number of entries held.
@@ -151,6 +166,24 @@ mod tests {
         assert_eq!(t.get(4, 8), None, "starts before the tail");
         assert_eq!(t.get(8, 11), None, "ends after the tail");
         assert_eq!(t.get(8, 8), None, "empty range");
+    }
+
+    #[test]
+    fn a_limited_read_stops_at_the_byte_budget_but_returns_at_least_one_entry() {
+        let t = LogTail::default();
+        t.appended((1..6).map(entry).collect()); // 100 bytes each
+        assert_eq!(indexes(t.get_limited(1, 6, 250)), Some(vec![1, 2]));
+        assert_eq!(indexes(t.get_limited(2, 6, 300)), Some(vec![2, 3, 4]));
+        assert_eq!(
+            indexes(t.get_limited(3, 6, 10)),
+            Some(vec![3]),
+            "one entry past the budget"
+        );
+        assert_eq!(
+            indexes(t.get_limited(1, 6, usize::MAX)),
+            Some(vec![1, 2, 3, 4, 5])
+        );
+        assert_eq!(t.get_limited(0, 3, 1000), None, "starts before the tail");
     }
 
     #[test]

@@ -489,10 +489,31 @@ impl Wal {
     ///
     /// Errors: as [`Wal::read`].
     pub fn read_range(&self, start: u64, end: u64) -> Result<Vec<(u64, Vec<u8>)>, WalError> {
+        self.read_range_limited(start, end, usize::MAX)
+    }
+
+    /// As [`Wal::read_range`], but stops before the entry that would take the entries' data
+    /// past `max_bytes` (bytes of entry data, frames not counted). The first entry is always
+    /// returned, however large, so a caller that reads on from the last entry it got always
+    /// makes progress. Only the returned entries are read from disk.
+    ///
+    /// Errors: as [`Wal::read`].
+    pub fn read_range_limited(
+        &self,
+        start: u64,
+        end: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, WalError> {
         let wanted: Vec<(u64, Loc, Arc<Segment>)> = {
             let w = self.shared.lock_writer();
+            let mut bytes = 0usize;
             w.index
                 .range(start, end)
+                .take_while(|(_, loc)| {
+                    let first = bytes == 0;
+                    bytes = bytes.saturating_add(loc.data_len as usize).max(1);
+                    first || bytes <= max_bytes
+                })
                 .map(|(index, loc)| Ok((index, loc, segment_of(&w, loc)?)))
                 .collect::<Result<_, WalError>>()?
         };

@@ -373,7 +373,16 @@ where
 
     fn send(&mut self, sent: Sent<C>, payload: AppendEntriesRequest<C>) {
         tracing::debug!(payload=%payload.summary(), "start sending append_entries");
-        let timeout = Duration::from_millis(self.config.heartbeat_interval);
+        // Keel patch: entries wait for the follower's fsync (and, pipelined, for the RPC in
+        // front of them), which on a busy disk takes longer than a heartbeat interval. A
+        // timeout cancels the RPC and replication starts again from `matching`, so with the
+        // heartbeat interval as its timeout a follower behind by large entries was sent the
+        // same entries again and again and never caught up. Raft's own patience with a busy
+        // member is an election timeout; heartbeats keep the heartbeat interval.
+        let timeout = match sent {
+            Sent::Logs { .. } => Duration::from_millis(self.config.election_timeout_min),
+            Sent::Heartbeat { .. } => Duration::from_millis(self.config.heartbeat_interval),
+        };
         let leader = self.session_id.vote_ref().leader_id().voted_for().unwrap();
         self.pipeline.send(sent, payload, timeout, leader, self.target.clone());
     }
