@@ -3,10 +3,13 @@
 //! `newUnaryInterceptor`, `newStreamInterceptor`, `monitorLeader`).
 //!
 //! - A member **has a leader** when raft names one and, if that is this member, a quorum
-//!   acknowledged it within the last election timeout. The second half stands in for etcd's
+//!   acknowledged it within the last election timeout, or, when no quorum has acknowledged it
+//!   yet in its term, it has led for at most an election timeout. This stands in for etcd's
 //!   CheckQuorum: an etcd leader cut off from its quorum steps down after an election
 //!   timeout, while openraft 0.9 keeps the role, so without it an isolated leader would
-//!   accept require-leader requests that can never complete.
+//!   accept require-leader requests that can never complete. (A member can win an election
+//!   and never be acknowledged: the last of three, elected with the vote of a member that
+//!   then stopped.)
 //! - The **monitor** checks once per election timeout; after [`MAX_NO_LEADER_COUNT`]
 //!   consecutive checks without a leader it raises [`LeaderLoss`], and any check that finds
 //!   a leader lowers it. Streams opened with `hasleader: true` end with `etcdserver: no
@@ -15,8 +18,8 @@
 //!   cut only after the longer wait because re-establishing them costs much more (etcd's
 //!   comment on `maxNoLeaderCnt`).
 
-use std::sync::Weak;
-use std::time::Duration;
+use std::sync::{Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -30,15 +33,49 @@ pub type RaftMetrics = openraft::RaftMetrics<NodeId, MemberNode>;
 /// are canceled.
 pub const MAX_NO_LEADER_COUNT: u32 = 3;
 
-/// Whether a member `me` whose raft reports `metrics` has a leader (module docs).
-pub fn has_leader(metrics: &RaftMetrics, me: NodeId, election_timeout: Duration) -> bool {
+/// Whether a member `me` whose raft reports `metrics` has a leader (module docs);
+/// `leading_for`: how long `me` has led in the current term, if it leads.
+pub fn has_leader(
+    metrics: &RaftMetrics,
+    me: NodeId,
+    election_timeout: Duration,
+    leading_for: Duration,
+) -> bool {
     match metrics.current_leader {
         None => false,
-        Some(l) if l == me => metrics
-            .millis_since_quorum_ack
-            // A leader not yet acknowledged just won a quorum's votes.
-            .is_none_or(|ms| u128::from(ms) <= election_timeout.as_millis()),
+        Some(l) if l == me => match metrics.millis_since_quorum_ack {
+            Some(ms) => u128::from(ms) <= election_timeout.as_millis(),
+            // Not acknowledged yet: it just won a quorum's votes, or a quorum is gone.
+            None => leading_for <= election_timeout,
+        },
         Some(_) => true,
+    }
+}
+
+/// Since when this member has been seen leading in its current term. It is noted the first
+/// time a check sees it lead, so it can be late by the time between checks: the monitor
+/// checks once per election timeout, so a leader that no quorum ever acknowledges counts as
+/// having a leader for at most two election timeouts.
+#[derive(Debug, Default)]
+pub struct LeadingSince {
+    seen: Mutex<Option<(u64, Instant)>>,
+}
+
+impl LeadingSince {
+    /// How long `me` has led in `metrics`' term (zero when it does not lead, or on the first
+    /// check of a term).
+    pub fn leading_for(&self, metrics: &RaftMetrics, me: NodeId) -> Duration {
+        if metrics.current_leader != Some(me) {
+            return Duration::ZERO;
+        }
+        let mut seen = self.seen.lock().expect("leading-since lock");
+        match *seen {
+            Some((term, at)) if term == metrics.current_term => at.elapsed(),
+            _ => {
+                *seen = Some((metrics.current_term, Instant::now()));
+                Duration::ZERO
+            }
+        }
     }
 }
 
@@ -125,16 +162,37 @@ mod tests {
     #[test]
     fn a_leader_without_a_recent_quorum_ack_has_no_leader() {
         let et = Duration::from_millis(1000);
+        let zero = Duration::ZERO;
         let mut m = RaftMetrics::new_initial(1);
-        assert!(!has_leader(&m, 1, et), "nobody leads");
+        assert!(!has_leader(&m, 1, et, zero), "nobody leads");
         m.current_leader = Some(2);
-        assert!(has_leader(&m, 1, et), "a follower of 2");
+        assert!(has_leader(&m, 1, et, zero), "a follower of 2");
         m.current_leader = Some(1);
-        assert!(has_leader(&m, 1, et), "just elected, not acknowledged yet");
+        assert!(has_leader(&m, 1, et, zero), "just elected, not acknowledged yet");
+        assert!(has_leader(&m, 1, et, et), "elected an election timeout ago");
+        assert!(
+            !has_leader(&m, 1, et, et + Duration::from_millis(1)),
+            "elected longer ago and never acknowledged"
+        );
         m.millis_since_quorum_ack = Some(1000);
-        assert!(has_leader(&m, 1, et));
+        assert!(has_leader(&m, 1, et, Duration::from_secs(60)));
         m.millis_since_quorum_ack = Some(1001);
-        assert!(!has_leader(&m, 1, et), "cut off from its quorum");
+        assert!(!has_leader(&m, 1, et, zero), "cut off from its quorum");
+    }
+
+    #[test]
+    fn leadership_is_timed_from_the_first_check_of_each_term() {
+        let since = LeadingSince::default();
+        let mut m = RaftMetrics::new_initial(1);
+        m.current_term = 3;
+        m.current_leader = Some(2);
+        assert_eq!(since.leading_for(&m, 1), Duration::ZERO, "a follower");
+        m.current_leader = Some(1);
+        assert_eq!(since.leading_for(&m, 1), Duration::ZERO, "first seen leading");
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(since.leading_for(&m, 1) >= Duration::from_millis(20));
+        m.current_term = 4;
+        assert_eq!(since.leading_for(&m, 1), Duration::ZERO, "a new term restarts it");
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub struct Cluster {
     pub leader_contact: watchdog::LeaderContact,
     /// Raised after etcd's 3 leaderless election timeouts: require-leader streams end.
     pub leader_loss: leadership::LeaderLoss,
+    /// Since when this member has been seen leading in its current term.
+    leading: leadership::LeadingSince,
     /// Serializes membership changes on the leader.
     reconfig: tokio::sync::Mutex<()>,
     /// Set when the member starts to stop: it campaigns no more ([`Cluster::stop_elections`]).
@@ -107,6 +109,7 @@ impl Cluster {
             gate,
             leader_contact: watchdog::LeaderContact::default(),
             leader_loss: leadership::LeaderLoss::default(),
+            leading: leadership::LeadingSince::default(),
             reconfig: tokio::sync::Mutex::new(()),
             stopping: std::sync::atomic::AtomicBool::new(false),
         }
@@ -159,11 +162,10 @@ impl Cluster {
     /// Whether this member has a leader now, as etcd's require-leader check sees it
     /// ([`leadership::has_leader`]).
     pub fn has_leader(&self) -> bool {
-        leadership::has_leader(
-            &self.raft.metrics().borrow(),
-            self.id,
-            self.timing.election_timeout,
-        )
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let leading_for = self.leading.leading_for(&metrics, self.id);
+        leadership::has_leader(&metrics, self.id, self.timing.election_timeout, leading_for)
     }
 
     /// Whether this member is raft leader now.

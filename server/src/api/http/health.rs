@@ -156,7 +156,9 @@ async fn health_reason(node: &Node, excluded: &[&str], serializable: bool) -> Op
             .to_string(),
         );
     }
-    if !serializable && node.raft.metrics().borrow().current_leader.is_none() {
+    // etcd's leader steps down when a quorum stops answering (CheckQuorum); openraft's does
+    // not, so "has a leader" includes that check (`cluster::leadership`).
+    if !serializable && !node.cluster.has_leader() {
         return Some("RAFT NO LEADER".to_string());
     }
     read(node, serializable)

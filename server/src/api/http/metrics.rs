@@ -23,9 +23,10 @@ pub fn scrape(node: &Node) -> Response {
 /// Sets every state gauge from `node` now.
 pub fn refresh(node: &Node) {
     let s = metrics::server();
-    let leader = node.raft.metrics().borrow().current_leader;
-    s.has_leader.set(i64::from(leader.is_some()));
-    s.is_leader.set(i64::from(leader == Some(node.id)));
+    // As etcd's, whose leader steps down without a quorum (CheckQuorum; `cluster::leadership`).
+    let has_leader = node.cluster.has_leader();
+    s.has_leader.set(i64::from(has_leader));
+    s.is_leader.set(i64::from(has_leader && node.cluster.is_leader()));
     s.is_learner.set(i64::from(node.is_learner()));
     let load = node.qos.load().load();
     s.proposals_committed.set(as_i64(load.committed));
