@@ -177,6 +177,10 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     };
     // No campaigns while the listeners drain: the member hears no leader from now on.
     node.cluster.stop_elections();
+    // A leader hands over first (etcd's `Stop`), while its peers can still reach it.
+    if result.is_ok() {
+        keel_server::cluster::transfer::hand_over_on_stop(&node.cluster).await;
+    }
     let _ = stop_tx.send(true);
     let drain = async { while servers.join_next().await.is_some() {} };
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;

@@ -278,6 +278,45 @@ pub async fn move_leader(cluster: &Cluster, target: NodeId) -> Result<(), EtcdEr
     result
 }
 
+/// etcd `EtcdServer.Stop` (`TransferLeadership`): a leader that stops hands leadership to the
+/// voter it has been connected to longest (etcd's `longestConnected`, by
+/// `Peers::active_since`) first, so the cluster keeps a leader while this member drains and
+/// exits, instead of losing the writes of the drain and an election timeout. Does nothing on a
+/// follower, or when no other voter exists (etcd: "skipped leadership transfer for single
+/// voting member cluster"). A failed transfer is logged (etcd's "leadership transfer failed")
+/// and the member stops anyway. Bounded as [`move_leader`] (the request timeout).
+pub async fn hand_over_on_stop(cluster: &Cluster) {
+    let (leading, voters) = {
+        let m = cluster.raft.metrics();
+        let m = m.borrow();
+        let voters: Vec<NodeId> = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|v| *v != cluster.id)
+            .collect();
+        (m.current_leader == Some(cluster.id), voters)
+    };
+    if !leading || voters.is_empty() {
+        return;
+    }
+    let connected = voters
+        .iter()
+        .filter_map(|v| cluster.peers.active_since(*v).map(|since| (since, *v)))
+        .min();
+    let Some((_, target)) = connected else {
+        tracing::warn!("leadership transfer failed: no voter is connected");
+        return;
+    };
+    tracing::info!(
+        target = format!("{target:x}"),
+        "stopping the leader: transferring leadership first"
+    );
+    if let Err(e) = move_leader(cluster, target).await {
+        tracing::warn!(error = %e, "leadership transfer failed");
+    }
+}
+
 /// Handles `TimeoutNow` on the target: starts an election at once if the request comes from
 /// the leader this member follows, in its current term, and this member is a voter.
 ///

@@ -9,6 +9,8 @@
 //! - A deposed leader that catches up by installing a snapshot: the write it held, which the
 //!   snapshot supersedes, is answered at once with etcd's "request timed out, possibly due to
 //!   previous leader failure" (openraft patch for upstream #1761, docs/third_party.md).
+//! - SIGTERM on the leader: it hands leadership over before it stops (etcd's `Stop`), so
+//!   writes through the followers go on.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -322,5 +324,103 @@ fn a_transfer_to_a_member_that_does_not_answer_fails_fast_and_keeps_the_leader()
         (cluster.member_id(leader).unwrap(), term),
         "the leader changed\n{}",
         cluster.log_tails()
+    );
+}
+
+/// SIGTERM on the leader while clients write through the two followers: the leader hands
+/// leadership to a follower before it drains and exits (etcd's `EtcdServer.Stop`), so no write
+/// fails and none waits near the request timeout. Before, the stopping leader kept leading
+/// (and heartbeating) through its 5 s drain with its peer listener closed, so writes through
+/// the followers could reach no leader until it exited and an election followed: up to 7 s.
+#[test]
+fn sigterm_on_the_leader_hands_leadership_over_and_writes_go_on() {
+    const FOLLOWER_WRITERS: usize = 8;
+    let (_alone, mut cluster) = cluster(3, &[]);
+    let leader = cluster.leader(Duration::from_secs(15));
+    let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    let ids: Vec<u64> = (0..3).map(|i| cluster.member_id(i).unwrap()).collect();
+    let rt = grpc::runtime();
+    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..FOLLOWER_WRITERS)
+        .map(|w| {
+            let endpoint = cluster.members[followers[w % 2]].endpoint();
+            let (answers, stop) = (answers.clone(), stop.clone());
+            rt.spawn(async move {
+                let channel = grpc::channel(&endpoint, 2 * REQUEST_TIMEOUT).await.unwrap();
+                let mut kv = keel_proto::etcdserverpb::kv_client::KvClient::new(channel);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let put = kv
+                        .put(PutRequest {
+                            key: format!("s{w}/{n}").into_bytes(),
+                            value: vec![b'v'; 64],
+                            ..Default::default()
+                        })
+                        .await;
+                    let result = put
+                        .map(|_| ())
+                        .map_err(|s| format!("{:?}: {}", s.code(), s.message()));
+                    answers.lock().unwrap().push((started.elapsed(), result));
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+
+    std::thread::sleep(Duration::from_secs(1));
+    let before = answers.lock().unwrap().len();
+    let status = cluster.members[leader].terminate();
+    assert_eq!(status.code(), Some(0), "SIGTERM: {status}");
+    let log = cluster.members[leader].log();
+    assert!(
+        log.contains("stopping the leader: transferring leadership first"),
+        "the stopping leader did not try to hand over:\n{}",
+        cluster.members[leader].log_tail()
+    );
+    assert!(
+        !log.contains("leadership transfer failed"),
+        "the hand-over failed:\n{}",
+        cluster.members[leader].log_tail()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(async {
+        for w in writers {
+            tokio::time::timeout(3 * REQUEST_TIMEOUT, w)
+                .await
+                .expect("a writer stopped")
+                .unwrap();
+        }
+    });
+
+    // The survivors agree on a leader, one of them.
+    let new_leader = cluster.leader(Duration::from_secs(15));
+    assert!(followers.contains(&new_leader), "leader {new_leader}");
+    assert_ne!(ids[new_leader], ids[leader]);
+    let answers = answers.lock().unwrap();
+    let failed: Vec<&Answer> = answers.iter().filter(|(_, r)| r.is_err()).collect();
+    let slowest = answers.iter().map(|(t, _)| *t).max().unwrap();
+    eprintln!(
+        "{} writes through the followers ({} after the SIGTERM), {} failed, slowest {slowest:?}",
+        answers.len(),
+        answers.len() - before,
+        failed.len()
+    );
+    assert!(
+        answers.len() > before + 50,
+        "writes stalled after the SIGTERM: {} before, {} in all",
+        before,
+        answers.len()
+    );
+    assert_eq!(
+        failed,
+        Vec::<&Answer>::new(),
+        "writes failed across the stop"
+    );
+    assert!(
+        slowest < REQUEST_TIMEOUT / 2,
+        "a write took {slowest:?} across the leader's stop"
     );
 }
