@@ -116,7 +116,10 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
 
     api::http::metrics::spawn_leader_watch(&node);
 
+    // Two stop signals: clients (and /metrics) first; peers once the leader calls this member
+    // runs are answered (`cluster::drain`).
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (peer_stop_tx, peer_stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -127,7 +130,7 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
             node.clone(),
             listener,
             tls,
-            stopped(stop_rx.clone()),
+            stopped(peer_stop_rx.clone()),
         ));
     }
     // Peers can reach this member now; compare data with them before serving clients.
@@ -181,9 +184,16 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     if result.is_ok() {
         keel_server::cluster::transfer::hand_over_on_stop(&node.cluster).await;
     }
+    let drain_until = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    // The peer server keeps serving raft while the leader calls this member runs are answered:
+    // a write forwarded to it just before a hand-over commits under the new leader, and only
+    // the new leader's AppendEntries tell this member so.
+    node.cluster.calls.begin();
     let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout_at(drain_until, node.cluster.calls.wait_idle()).await;
+    let _ = peer_stop_tx.send(true);
     let drain = async { while servers.join_next().await.is_some() {} };
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
+    let _ = tokio::time::timeout_at(drain_until, drain).await;
     node.shutdown().await;
     result
 }

@@ -130,7 +130,6 @@ impl Peer for PeerService {
         Ok(Response::new(peer_calls::serve(
             self.node.clone(),
             r.into_inner(),
-            self.stopping.clone(),
         )))
     }
 

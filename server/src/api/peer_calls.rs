@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
 use super::lease_leader;
+use crate::cluster::drain::OpenStream;
 use crate::error::EtcdError;
 use crate::node::Node;
 
@@ -104,20 +105,18 @@ pub async fn lease_time_to_live(
 
 /// Serves one leader-call stream for `node`: the answer stream reads `inbound`, runs each call
 /// and yields its answer when ready. It runs in the task tonic polls the response body from.
-/// The stream ends when the sender closes it and every call is answered. Once `stopping`
-/// becomes `true` (the member stops) the calls running are still answered (a forwarded write
-/// may still commit during the shutdown drain, as a unary `Forward` could), calls read
-/// meanwhile are answered at once with etcd's "not leader" (nothing proposed: the sender asks
-/// again, the next leader once one is elected), and the stream ends when none runs.
-pub fn serve(
-    node: Arc<Node>,
-    inbound: Streaming<PeerCall>,
-    stopping: watch::Receiver<bool>,
-) -> AnswerStream {
+/// The stream ends when the sender closes it and every call is answered. Once the member's
+/// drain begins (`cluster::drain`: it stops) the calls running are still answered (a
+/// forwarded write may still commit during the shutdown drain, as a unary `Forward` could;
+/// the peer server keeps serving raft until every call stream ended), calls read meanwhile are
+/// answered at once with etcd's "not leader" (nothing proposed: the sender asks again, the
+/// next leader once one is elected), and the stream ends when none runs.
+pub fn serve(node: Arc<Node>, inbound: Streaming<PeerCall>) -> AnswerStream {
     let pump = Pump {
+        _open: node.cluster.calls.open(),
+        stopping: node.cluster.calls.stopping(),
         node,
         inbound,
-        stopping,
         running: FuturesUnordered::new(),
         reading: true,
         draining: false,
@@ -130,6 +129,8 @@ pub fn serve(
 
 /// The state of one stream: the calls running.
 struct Pump {
+    /// Counts this stream as open for the member's drain until the pump drops.
+    _open: OpenStream,
     node: Arc<Node>,
     inbound: Streaming<PeerCall>,
     stopping: watch::Receiver<bool>,

@@ -168,7 +168,10 @@ mod tests {
         m.current_leader = Some(2);
         assert!(has_leader(&m, 1, et, zero), "a follower of 2");
         m.current_leader = Some(1);
-        assert!(has_leader(&m, 1, et, zero), "just elected, not acknowledged yet");
+        assert!(
+            has_leader(&m, 1, et, zero),
+            "just elected, not acknowledged yet"
+        );
         assert!(has_leader(&m, 1, et, et), "elected an election timeout ago");
         assert!(
             !has_leader(&m, 1, et, et + Duration::from_millis(1)),
@@ -188,11 +191,19 @@ mod tests {
         m.current_leader = Some(2);
         assert_eq!(since.leading_for(&m, 1), Duration::ZERO, "a follower");
         m.current_leader = Some(1);
-        assert_eq!(since.leading_for(&m, 1), Duration::ZERO, "first seen leading");
+        assert_eq!(
+            since.leading_for(&m, 1),
+            Duration::ZERO,
+            "first seen leading"
+        );
         std::thread::sleep(Duration::from_millis(20));
         assert!(since.leading_for(&m, 1) >= Duration::from_millis(20));
         m.current_term = 4;
-        assert_eq!(since.leading_for(&m, 1), Duration::ZERO, "a new term restarts it");
+        assert_eq!(
+            since.leading_for(&m, 1),
+            Duration::ZERO,
+            "a new term restarts it"
+        );
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! - [`transfer`] — `MoveLeader`;
 //! - [`removal`] — ClusterInfo for peers and stopping after this member was removed;
 //! - [`watchdog`] — an election backstop for members openraft holds back;
-//! - [`leadership`] — whether this member has a leader (require-leader requests).
+//! - [`leadership`] — whether this member has a leader (require-leader requests);
+//! - [`drain`] — a stopping member answers the leader calls it runs before its peer server stops.
 //!
 //! Peer connections are raft's transport (`raft::peers`, `raft::dial_override`). [`Cluster`]
 //! bundles the handles and per-member state these need; the node owns one, and nothing here
@@ -21,6 +22,7 @@ pub mod batch;
 pub mod bootstrap;
 pub mod compact_hash;
 pub mod corrupt;
+pub mod drain;
 pub mod leadership;
 pub mod members;
 pub mod read_index;
@@ -72,6 +74,8 @@ pub struct Cluster {
     pub leader_loss: leadership::LeaderLoss,
     /// Since when this member has been seen leading in its current term.
     leading: leadership::LeadingSince,
+    /// The drain of the leader calls this member serves, when it stops.
+    pub calls: drain::CallDrain,
     /// Serializes membership changes on the leader.
     reconfig: tokio::sync::Mutex<()>,
     /// Set when the member starts to stop: it campaigns no more ([`Cluster::stop_elections`]).
@@ -110,6 +114,7 @@ impl Cluster {
             leader_contact: watchdog::LeaderContact::default(),
             leader_loss: leadership::LeaderLoss::default(),
             leading: leadership::LeadingSince::default(),
+            calls: drain::CallDrain::default(),
             reconfig: tokio::sync::Mutex::new(()),
             stopping: std::sync::atomic::AtomicBool::new(false),
         }

@@ -417,7 +417,8 @@ fn sigterm_on_the_leader_hands_leadership_over_and_writes_go_on() {
     assert_eq!(
         failed,
         Vec::<&Answer>::new(),
-        "writes failed across the stop"
+        "writes failed across the stop\n{}",
+        cluster.log_tails()
     );
     assert!(
         slowest < REQUEST_TIMEOUT / 2,

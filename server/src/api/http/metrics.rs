@@ -26,7 +26,8 @@ pub fn refresh(node: &Node) {
     // As etcd's, whose leader steps down without a quorum (CheckQuorum; `cluster::leadership`).
     let has_leader = node.cluster.has_leader();
     s.has_leader.set(i64::from(has_leader));
-    s.is_leader.set(i64::from(has_leader && node.cluster.is_leader()));
+    s.is_leader
+        .set(i64::from(has_leader && node.cluster.is_leader()));
     s.is_learner.set(i64::from(node.is_learner()));
     let load = node.qos.load().load();
     s.proposals_committed.set(as_i64(load.committed));
