@@ -116,17 +116,17 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
 
     api::http::metrics::spawn_leader_watch(&node);
 
-    // Two stop signals: clients (and /metrics) first; peers once the leader calls this member
-    // runs are answered (`cluster::drain`).
+    // Two stop signals: clients (and /metrics) first; peers once the client requests and the
+    // leader calls this member runs are answered (`cluster::drain`).
     let (stop_tx, stop_rx) = watch::channel(false);
     let (peer_stop_tx, peer_stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let mut servers = tokio::task::JoinSet::new();
+    let mut peer_servers = tokio::task::JoinSet::new();
     for (url, listener) in peer_urls.iter().zip(peer_listeners) {
         let tls = peer_tls.clone().filter(|_| is_https(url));
-        servers.spawn(api::serve_peer_listener(
+        peer_servers.spawn(api::serve_peer_listener(
             node.clone(),
             listener,
             tls,
@@ -135,6 +135,7 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     }
     // Peers can reach this member now; compare data with them before serving clients.
     node.initial_corrupt_check().await?;
+    let mut servers = tokio::task::JoinSet::new();
     for (url, (addr, listener)) in client_urls.iter().zip(client_listeners) {
         let tls = client_tls.clone().filter(|_| is_https(url));
         tracing::info!(%addr, tls = tls.is_some(), "serving etcd v3 API");
@@ -177,6 +178,11 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
             Ok(Err(e)) => Err(e),
             Err(e) => Err(e.into()),
         },
+        Some(res) = peer_servers.join_next() => match res {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(e.into()),
+        },
     };
     // No campaigns while the listeners drain: the member hears no leader from now on.
     node.cluster.stop_elections();
@@ -188,12 +194,18 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     // The peer server keeps serving raft while the leader calls this member runs are answered:
     // a write forwarded to it just before a hand-over commits under the new leader, and only
     // the new leader's AppendEntries tell this member so.
+    // The same holds for a put on this member in flight: it waits until this member applied
+    // its entry (read-your-writes), which a follower learns only from the leader.
     node.cluster.calls.begin();
     let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout_at(drain_until, node.cluster.calls.wait_idle()).await;
+    let clients = async {
+        while servers.join_next().await.is_some() {}
+        node.cluster.calls.wait_idle().await;
+    };
+    let _ = tokio::time::timeout_at(drain_until, clients).await;
     let _ = peer_stop_tx.send(true);
-    let drain = async { while servers.join_next().await.is_some() {} };
-    let _ = tokio::time::timeout_at(drain_until, drain).await;
+    let peers = async { while peer_servers.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout_at(drain_until, peers).await;
     node.shutdown().await;
     result
 }

@@ -73,7 +73,7 @@ pub struct Cluster {
     /// Raised after etcd's 3 leaderless election timeouts: require-leader streams end.
     pub leader_loss: leadership::LeaderLoss,
     /// Since when this member has been seen leading in its current term.
-    leading: leadership::LeadingSince,
+    leading: Arc<leadership::LeadingSince>,
     /// The drain of the leader calls this member serves, when it stops.
     pub calls: drain::CallDrain,
     /// Serializes membership changes on the leader.
@@ -95,6 +95,7 @@ impl Cluster {
         timing: Timing,
     ) -> Cluster {
         let gate = TransferGate::default();
+        let leading = Arc::new(leadership::LeadingSince::default());
         Cluster {
             reads: ReadPath::new(
                 id,
@@ -102,6 +103,10 @@ impl Cluster {
                 peers.clone(),
                 gate.clone(),
                 timing.request_timeout,
+                Quorum {
+                    election_timeout: timing.election_timeout,
+                    leading: leading.clone(),
+                },
             ),
             id,
             cluster_id,
@@ -113,7 +118,7 @@ impl Cluster {
             gate,
             leader_contact: watchdog::LeaderContact::default(),
             leader_loss: leadership::LeaderLoss::default(),
-            leading: leadership::LeadingSince::default(),
+            leading,
             calls: drain::CallDrain::default(),
             reconfig: tokio::sync::Mutex::new(()),
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -172,7 +177,28 @@ impl Cluster {
         let leading_for = self.leading.leading_for(&metrics, self.id);
         leadership::has_leader(&metrics, self.id, self.timing.election_timeout, leading_for)
     }
+}
 
+/// What the read path needs to tell whether this member, leading, still has a quorum
+/// ([`leadership::has_leader`]).
+pub struct Quorum {
+    /// etcd's election timeout.
+    pub election_timeout: std::time::Duration,
+    /// Shared with [`Cluster`].
+    pub leading: Arc<leadership::LeadingSince>,
+}
+
+impl Quorum {
+    /// Whether member `me`, as raft reports it now in `raft`'s metrics, has a leader.
+    pub fn has_leader(&self, raft: &Raft, me: NodeId) -> bool {
+        let metrics = raft.metrics();
+        let metrics = metrics.borrow();
+        let leading_for = self.leading.leading_for(&metrics, me);
+        leadership::has_leader(&metrics, me, self.election_timeout, leading_for)
+    }
+}
+
+impl Cluster {
     /// Whether this member is raft leader now.
     pub fn is_leader(&self) -> bool {
         self.raft.metrics().borrow().current_leader == Some(self.id)

@@ -17,6 +17,7 @@ use keel_proto::keelpb::{ReadIndexRequest, peer_answer, peer_call};
 use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::time::Instant;
 
+use super::Quorum;
 use super::batch::Batcher;
 use super::transfer::TransferGate;
 use crate::error::EtcdError;
@@ -44,17 +45,20 @@ struct Ctx {
     peers: Arc<Peers>,
     transfer: TransferGate,
     timeout: Duration,
+    quorum: Quorum,
 }
 
 impl ReadPath {
     /// The read path of member `id`; every wait is bounded by `timeout` (etcd's request
-    /// timeout).
+    /// timeout). `quorum` tells whether this member, leading, still has a quorum: a leader
+    /// without one runs no read rounds (each would fail and log an error at once).
     pub fn new(
         id: NodeId,
         raft: Raft,
         peers: Arc<Peers>,
         transfer: TransferGate,
         timeout: Duration,
+        quorum: Quorum,
     ) -> ReadPath {
         ReadPath {
             ctx: Arc::new(Ctx {
@@ -63,6 +67,7 @@ impl ReadPath {
                 peers,
                 transfer,
                 timeout,
+                quorum,
             }),
             member_rounds: Arc::default(),
             leader_rounds: Arc::default(),
@@ -133,6 +138,11 @@ impl Ctx {
         loop {
             let (leader, url) = leader_url(&self.raft);
             let attempt = match (leader, url) {
+                // A leader no quorum acknowledges (etcd's would have stepped down): no round,
+                // which would fail at once; wait for the quorum or a new leader.
+                (Some(l), _) if l == self.id && !self.quorum.has_leader(&self.raft, l) => {
+                    Err(EtcdError::Timeout)
+                }
                 (Some(l), _) if l == self.id => {
                     let me = self.clone();
                     leader_rounds
@@ -156,9 +166,14 @@ impl Ctx {
                     _ => EtcdError::Timeout,
                 });
             }
-            // Wake early when the leader changes.
+            // Wake early when the leader changes, and only then: other metrics change all
+            // the time (a leader without a quorum spun here, one failed round after another).
             let mut metrics = self.raft.metrics();
-            let _ = tokio::time::timeout(RETRY_PAUSE, metrics.changed()).await;
+            let _ = tokio::time::timeout(
+                RETRY_PAUSE,
+                metrics.wait_for(|m| m.current_leader != leader),
+            )
+            .await;
         }
     }
 

@@ -30,6 +30,37 @@ const TRANSFERS: usize = 6;
 /// One answered write: how long it took and, if it failed, its gRPC code and message.
 type Answer = (Duration, Result<(), String>);
 
+/// A writer putting `<prefix>/<n>` through `endpoint` until `stop`, recording every answer.
+fn spawn_writer(
+    rt: &tokio::runtime::Runtime,
+    endpoint: String,
+    prefix: String,
+    answers: &Arc<Mutex<Vec<Answer>>>,
+    stop: &Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    let (answers, stop) = (answers.clone(), stop.clone());
+    rt.spawn(async move {
+        let channel = grpc::channel(&endpoint, 2 * REQUEST_TIMEOUT).await.unwrap();
+        let mut kv = keel_proto::etcdserverpb::kv_client::KvClient::new(channel);
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let put = kv
+                .put(PutRequest {
+                    key: format!("{prefix}/{n}").into_bytes(),
+                    value: vec![b'v'; 64],
+                    ..Default::default()
+                })
+                .await;
+            let result = put
+                .map(|_| ())
+                .map_err(|s| format!("{:?}: {}", s.code(), s.message()));
+            answers.lock().unwrap().push((started.elapsed(), result));
+            n += 1;
+        }
+    })
+}
+
 #[test]
 fn writes_through_every_member_are_answered_promptly_across_leader_transfers() {
     let (_alone, cluster) = cluster(3, &[]);
@@ -40,28 +71,8 @@ fn writes_through_every_member_are_answered_promptly_across_leader_transfers() {
     let stop = Arc::new(AtomicBool::new(false));
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
-            let (endpoint, answers, stop) =
-                (endpoints[w % 3].clone(), answers.clone(), stop.clone());
-            rt.spawn(async move {
-                let channel = grpc::channel(&endpoint, 2 * REQUEST_TIMEOUT).await.unwrap();
-                let mut kv = keel_proto::etcdserverpb::kv_client::KvClient::new(channel);
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let started = Instant::now();
-                    let put = kv
-                        .put(PutRequest {
-                            key: format!("w{w}/{n}").into_bytes(),
-                            value: vec![b'v'; 64],
-                            ..Default::default()
-                        })
-                        .await;
-                    let result = put
-                        .map(|_| ())
-                        .map_err(|s| format!("{:?}: {}", s.code(), s.message()));
-                    answers.lock().unwrap().push((started.elapsed(), result));
-                    n += 1;
-                }
-            })
+            let key = format!("w{w}");
+            spawn_writer(&rt, endpoints[w % 3].clone(), key, &answers, &stop)
         })
         .collect();
 
@@ -345,27 +356,7 @@ fn sigterm_on_the_leader_hands_leadership_over_and_writes_go_on() {
     let writers: Vec<_> = (0..FOLLOWER_WRITERS)
         .map(|w| {
             let endpoint = cluster.members[followers[w % 2]].endpoint();
-            let (answers, stop) = (answers.clone(), stop.clone());
-            rt.spawn(async move {
-                let channel = grpc::channel(&endpoint, 2 * REQUEST_TIMEOUT).await.unwrap();
-                let mut kv = keel_proto::etcdserverpb::kv_client::KvClient::new(channel);
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let started = Instant::now();
-                    let put = kv
-                        .put(PutRequest {
-                            key: format!("s{w}/{n}").into_bytes(),
-                            value: vec![b'v'; 64],
-                            ..Default::default()
-                        })
-                        .await;
-                    let result = put
-                        .map(|_| ())
-                        .map_err(|s| format!("{:?}: {}", s.code(), s.message()));
-                    answers.lock().unwrap().push((started.elapsed(), result));
-                    n += 1;
-                }
-            })
+            spawn_writer(&rt, endpoint, format!("s{w}"), &answers, &stop)
         })
         .collect();
 
