@@ -184,7 +184,8 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
             Err(e) => Err(e.into()),
         },
     };
-    // No campaigns while the listeners drain: the member hears no leader from now on.
+    // No campaigns from now on: a stopping member must not take leadership, and once its peer
+    // listener closes it hears no leader.
     node.cluster.stop_elections();
     // A leader hands over first (etcd's `Stop`), while its peers can still reach it.
     if result.is_ok() {
