@@ -54,6 +54,11 @@ fn main() -> ExitCode {
     }
 }
 
+/// The outcome of a server task that ended before the member was told to stop.
+fn server_ended(res: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {
+    res.map_err(anyhow::Error::from).and_then(|r| r)
+}
+
 async fn run(mut config: Config) -> anyhow::Result<()> {
     let client_urls = split_urls(&config.listen_client_urls);
     let peer_urls = split_urls(&config.listen_peer_urls);
@@ -173,16 +178,8 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
             );
             std::process::exit(1)
         }
-        Some(res) = servers.join_next() => match res {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e),
-            Err(e) => Err(e.into()),
-        },
-        Some(res) = peer_servers.join_next() => match res {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e),
-            Err(e) => Err(e.into()),
-        },
+        Some(res) = servers.join_next() => server_ended(res),
+        Some(res) = peer_servers.join_next() => server_ended(res),
     };
     // No campaigns from now on: a stopping member must not take leadership, and once its peer
     // listener closes it hears no leader.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::Cluster;
-use crate::raft::types::{MemberNode, NodeId};
+use crate::raft::types::{MemberNode, NodeId, Raft};
 
 /// openraft's metrics of this member.
 pub type RaftMetrics = openraft::RaftMetrics<NodeId, MemberNode>;
@@ -49,6 +49,32 @@ pub fn has_leader(
             None => leading_for <= election_timeout,
         },
         Some(_) => true,
+    }
+}
+
+/// [`has_leader`] for one member, with the time it has led noted per term ([`LeadingSince`]).
+/// Shared by the cluster state and the read path.
+#[derive(Debug)]
+pub struct LeaderCheck {
+    election_timeout: Duration,
+    leading: LeadingSince,
+}
+
+impl LeaderCheck {
+    /// A check with etcd's `election_timeout`.
+    pub fn new(election_timeout: Duration) -> LeaderCheck {
+        LeaderCheck {
+            election_timeout,
+            leading: LeadingSince::default(),
+        }
+    }
+
+    /// Whether member `me`, as `raft`'s metrics report it now, has a leader.
+    pub fn has_leader(&self, raft: &Raft, me: NodeId) -> bool {
+        let metrics = raft.metrics();
+        let metrics = metrics.borrow();
+        let leading_for = self.leading.leading_for(&metrics, me);
+        has_leader(&metrics, me, self.election_timeout, leading_for)
     }
 }
 

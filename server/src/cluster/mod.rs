@@ -72,8 +72,8 @@ pub struct Cluster {
     pub leader_contact: watchdog::LeaderContact,
     /// Raised after etcd's 3 leaderless election timeouts: require-leader streams end.
     pub leader_loss: leadership::LeaderLoss,
-    /// Since when this member has been seen leading in its current term.
-    leading: Arc<leadership::LeadingSince>,
+    /// Whether this member has a leader (shared with the read path).
+    leader_check: Arc<leadership::LeaderCheck>,
     /// The drain of the leader calls this member serves, when it stops.
     pub calls: drain::CallDrain,
     /// Serializes membership changes on the leader.
@@ -95,7 +95,7 @@ impl Cluster {
         timing: Timing,
     ) -> Cluster {
         let gate = TransferGate::default();
-        let leading = Arc::new(leadership::LeadingSince::default());
+        let leader_check = Arc::new(leadership::LeaderCheck::new(timing.election_timeout));
         Cluster {
             reads: ReadPath::new(
                 id,
@@ -103,10 +103,7 @@ impl Cluster {
                 peers.clone(),
                 gate.clone(),
                 timing.request_timeout,
-                Quorum {
-                    election_timeout: timing.election_timeout,
-                    leading: leading.clone(),
-                },
+                leader_check.clone(),
             ),
             id,
             cluster_id,
@@ -118,7 +115,7 @@ impl Cluster {
             gate,
             leader_contact: watchdog::LeaderContact::default(),
             leader_loss: leadership::LeaderLoss::default(),
-            leading,
+            leader_check,
             calls: drain::CallDrain::default(),
             reconfig: tokio::sync::Mutex::new(()),
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -172,33 +169,9 @@ impl Cluster {
     /// Whether this member has a leader now, as etcd's require-leader check sees it
     /// ([`leadership::has_leader`]).
     pub fn has_leader(&self) -> bool {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
-        let leading_for = self.leading.leading_for(&metrics, self.id);
-        leadership::has_leader(&metrics, self.id, self.timing.election_timeout, leading_for)
+        self.leader_check.has_leader(&self.raft, self.id)
     }
-}
 
-/// What the read path needs to tell whether this member, leading, still has a quorum
-/// ([`leadership::has_leader`]).
-pub struct Quorum {
-    /// etcd's election timeout.
-    pub election_timeout: std::time::Duration,
-    /// Shared with [`Cluster`].
-    pub leading: Arc<leadership::LeadingSince>,
-}
-
-impl Quorum {
-    /// Whether member `me`, as raft reports it now in `raft`'s metrics, has a leader.
-    pub fn has_leader(&self, raft: &Raft, me: NodeId) -> bool {
-        let metrics = raft.metrics();
-        let metrics = metrics.borrow();
-        let leading_for = self.leading.leading_for(&metrics, me);
-        leadership::has_leader(&metrics, me, self.election_timeout, leading_for)
-    }
-}
-
-impl Cluster {
     /// Whether this member is raft leader now.
     pub fn is_leader(&self) -> bool {
         self.raft.metrics().borrow().current_leader == Some(self.id)

@@ -17,8 +17,8 @@ use keel_proto::keelpb::{ReadIndexRequest, peer_answer, peer_call};
 use openraft::error::{CheckIsLeaderError, RaftError};
 use tokio::time::Instant;
 
-use super::Quorum;
 use super::batch::Batcher;
+use super::leadership::LeaderCheck;
 use super::transfer::TransferGate;
 use crate::error::EtcdError;
 use crate::raft::leader_calls::Opened;
@@ -45,20 +45,20 @@ struct Ctx {
     peers: Arc<Peers>,
     transfer: TransferGate,
     timeout: Duration,
-    quorum: Quorum,
+    leader_check: Arc<LeaderCheck>,
 }
 
 impl ReadPath {
     /// The read path of member `id`; every wait is bounded by `timeout` (etcd's request
-    /// timeout). `quorum` tells whether this member, leading, still has a quorum: a leader
-    /// without one runs no read rounds (each would fail and log an error at once).
+    /// timeout). `leader_check` tells whether this member, leading, still has a quorum: a
+    /// leader without one runs no read rounds (each would fail and log an error at once).
     pub fn new(
         id: NodeId,
         raft: Raft,
         peers: Arc<Peers>,
         transfer: TransferGate,
         timeout: Duration,
-        quorum: Quorum,
+        leader_check: Arc<LeaderCheck>,
     ) -> ReadPath {
         ReadPath {
             ctx: Arc::new(Ctx {
@@ -67,7 +67,7 @@ impl ReadPath {
                 peers,
                 transfer,
                 timeout,
-                quorum,
+                leader_check,
             }),
             member_rounds: Arc::default(),
             leader_rounds: Arc::default(),
@@ -140,7 +140,7 @@ impl Ctx {
             let attempt = match (leader, url) {
                 // A leader no quorum acknowledges (etcd's would have stepped down): no round,
                 // which would fail at once; wait for the quorum or a new leader.
-                (Some(l), _) if l == self.id && !self.quorum.has_leader(&self.raft, l) => {
+                (Some(l), _) if l == self.id && !self.leader_check.has_leader(&self.raft, l) => {
                     Err(EtcdError::Timeout)
                 }
                 (Some(l), _) if l == self.id => {

@@ -103,12 +103,14 @@ impl LogTail {
     }
 
     /// Clones of entries `[start, end)` if the tail holds all of them, else `None`.
+    #[cfg(test)]
     pub fn get(&self, start: u64, end: u64) -> Option<Vec<Entry>> {
         self.get_limited(start, end, usize::MAX)
     }
 
-    /// As [`LogTail::get`], but stops before the entry that would take the entries' encoded
-    /// size past `max_bytes`; the first entry is always returned, however large.
+    /// Clones of entries `[start, end)` if the tail holds all of them, else `None`; stops
+    /// before the entry that would take the entries' encoded size past `max_bytes` (the first
+    /// entry is always returned, however large).
     pub fn get_limited(&self, start: u64, end: u64, max_bytes: usize) -> Option<Vec<Entry>> {
         let t = self.inner.lock().expect("log tail lock");
         if start < t.first || end > t.next() || start >= end {

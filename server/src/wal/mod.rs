@@ -509,12 +509,12 @@ impl Wal {
             let mut bytes = 0usize;
             w.index
                 .range(start, end)
-                .take_while(|(_, loc)| {
-                    let first = bytes == 0;
-                    bytes = bytes.saturating_add(loc.data_len as usize).max(1);
-                    first || bytes <= max_bytes
+                .enumerate()
+                .take_while(|(n, (_, loc))| {
+                    bytes = bytes.saturating_add(loc.data_len as usize);
+                    *n == 0 || bytes <= max_bytes
                 })
-                .map(|(index, loc)| Ok((index, loc, segment_of(&w, loc)?)))
+                .map(|(_, (index, loc))| Ok((index, loc, segment_of(&w, loc)?)))
                 .collect::<Result<_, WalError>>()?
         };
         let mut out = Vec::with_capacity(wanted.len());
