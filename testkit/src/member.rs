@@ -375,6 +375,22 @@ impl Member {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// Waits up to `limit` for `needle` to appear in the member log; true once it has. Lines
+    /// reach the file after the work they report, so a test that saw the work's effect through
+    /// the API still waits for the line.
+    pub fn wait_for_log(&self, needle: &str, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.log().contains(needle) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The last lines of the member log, framed for a panic message.
     pub fn log_tail(&self) -> String {
         let log = self.log();

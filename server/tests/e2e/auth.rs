@@ -719,7 +719,7 @@ fn a_learner_that_joins_from_a_snapshot_enforces_the_same_permissions() {
         }
     });
     assert!(
-        cluster.members[m2].log().contains("installed a snapshot"),
+        cluster.members[m2].wait_for_log("installed a snapshot", Duration::from_secs(10)),
         "{}",
         cluster.members[m2].log_tail()
     );

@@ -122,7 +122,7 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(
-        cluster.members[m4].log().contains("installed a snapshot"),
+        cluster.members[m4].wait_for_log("installed a snapshot", Duration::from_secs(10)),
         "{}",
         cluster.members[m4].log_tail()
     );

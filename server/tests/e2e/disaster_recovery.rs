@@ -179,7 +179,7 @@ fn force_new_cluster_recovers_a_member_whose_peers_are_gone() {
     cluster.wait_applied(index, Duration::from_secs(30));
     let m4_ep = cluster.members[m4].endpoint();
     assert!(
-        cluster.members[m4].log().contains("installed a snapshot"),
+        cluster.members[m4].wait_for_log("installed a snapshot", Duration::from_secs(10)),
         "{}",
         cluster.members[m4].log_tail()
     );

@@ -215,7 +215,7 @@ fn renewed_server_certificates_are_served_to_new_connections() {
     );
     assert!(probe(&ep, &trusting(&old_ca)).is_err());
     assert!(
-        keel.log().contains("reloaded certificate"),
+        keel.wait_for_log("reloaded certificate", Duration::from_secs(10)),
         "{}",
         keel.log_tail()
     );
