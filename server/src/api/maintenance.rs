@@ -105,11 +105,18 @@ impl Maintenance for MaintenanceService {
             .with_raft_state(|st| st.committed.map_or(0, |l| l.index))
             .await
             .unwrap_or_else(|_| m.last_log_index.unwrap_or(0));
+        // An etcd leader that lost its quorum steps down after an election timeout
+        // (CheckQuorum) and reports no leader (0); openraft keeps the role, so the quorum check
+        // of `cluster::leadership` stands in, as for /health and `etcd_server_has_leader`.
+        let leader = match m.current_leader {
+            Some(l) if self.node.cluster.has_leader() => l,
+            _ => 0,
+        };
         Ok(Response::new(StatusResponse {
             header: Some(self.node.header(store.current_revision())),
             version: keel_proto::ETCD_API_VERSION.to_string(),
             db_size,
-            leader: m.current_leader.unwrap_or(0),
+            leader,
             raft_index: committed,
             raft_term: m.current_term,
             raft_applied_index: m.last_applied.map_or(0, |l| l.index),

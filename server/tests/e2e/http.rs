@@ -318,6 +318,15 @@ fn health_reports_raft_no_leader_on_a_member_without_quorum() {
         sample(&get(&ep, "/metrics").body, "etcd_server_has_leader"),
         Some(0.0)
     );
+    // Status names no leader, as an etcd leader that stepped down (CheckQuorum) does, so
+    // `etcdctl endpoint status` shows IS LEADER false.
+    let status = cluster.status(survivor).unwrap();
+    assert_eq!((status.leader, status.raft_term > 0), (0, true));
+    let fields = etcdctl(&ep, &["endpoint", "status", "-w", "fields"]);
+    assert!(
+        fields.ok().stdout.contains("\"Leader\" : 0\n"),
+        "{fields:#?}"
+    );
     assert_eq!(get(&ep, "/health?serializable=true").status, 200);
     assert_eq!(get(&ep, "/livez").status, 200);
     assert_eq!(get(&ep, "/readyz?exclude=linearizable_read").status, 200);
