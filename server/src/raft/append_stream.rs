@@ -9,11 +9,18 @@
 //! - A request's waiter joins the queue and the request enters the stream under one lock, so
 //!   queue order is stream order; the follower answers once per request, in order, so the
 //!   n-th response belongs to the n-th waiter.
-//! - A caller that gives up before its answer (openraft's timeout) cancels the whole stream
-//!   (HTTP/2 `RST_STREAM`), as a unary RPC's timeout cancels that RPC: a follower that was
-//!   paused must not work through every request that timed out meanwhile when it resumes
-//!   (each one a stale probe of its log). The other waiters of the stream fail with
-//!   `DeadlineExceeded`, which openraft treats as a network error (not an unreachable member).
+//! - A caller of an entry-carrying request that gives up before its answer (openraft's
+//!   timeout) cancels the whole stream (HTTP/2 `RST_STREAM`), as a unary RPC's timeout
+//!   cancels that RPC: a follower that was paused must not work through every request that
+//!   timed out meanwhile when it resumes (each one a stale probe of its log, possibly MBs).
+//!   The other waiters of the stream fail with `DeadlineExceeded`, which openraft treats as
+//!   a network error (not an unreachable member).
+//! - An entry-less request (a heartbeat, a read-index leadership check) whose caller gives up
+//!   is left queued and its answer dropped: it waited behind entries the follower is still
+//!   taking in (a 1 MiB message takes longer than its 100 ms timeout), and cancelling would
+//!   fail those entries too, to be read and sent again. It is cheap for a resumed follower to
+//!   work through, so only once [`MAX_ABANDONED`] waiters are queued does a giving-up
+//!   heartbeat cancel the stream (a follower that stopped answering).
 //! - A stream that ends or fails is marked dead under the same lock before its waiters are
 //!   failed, so no waiter joins a dead stream; the next request opens a new stream.
 //! - A peer that does not serve the stream (a 0.1.0 member: `Unimplemented`) gets unary
@@ -37,6 +44,20 @@ static UNARY_ONLY: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| std::env::var_os("KEEL_UNARY_APPEND").is_some_and(|v| v == "1"));
 
 type Waiter = oneshot::Sender<Result<RaftPayload, Status>>;
+
+/// Waiters on one stream beyond which an entry-less request that gives up cancels it anyway
+/// (module docs): 256 heartbeat intervals, 25.6 s with etcd's 100 ms.
+pub const MAX_ABANDONED: usize = 256;
+
+/// What giving up on a request does to its stream (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnGiveUp {
+    /// Cancel the stream and fail its other waiters: the request carried entries.
+    CancelStream,
+    /// Leave the request queued and drop its answer, unless [`MAX_ABANDONED`] waiters are
+    /// queued: the request carried no entries.
+    LeaveQueued,
+}
 
 /// The open AppendEntries streams of one member, by peer URL.
 #[derive(Default)]
@@ -76,8 +97,15 @@ impl AppendStreams {
     /// "append stream closed" when it ended without one, or `DeadlineExceeded` when another
     /// caller gave up on the stream and cancelled it.
     ///
-    /// Dropping the returned future before it resolves (a timeout) cancels the stream.
-    pub async fn send(&self, peers: &Peers, url: &str, payload: RaftPayload) -> Sent {
+    /// Dropping the returned future before it resolves (a timeout) cancels the stream, or
+    /// leaves the request queued, as `on_give_up` says.
+    pub async fn send(
+        &self,
+        peers: &Peers,
+        url: &str,
+        payload: RaftPayload,
+        on_give_up: OnGiveUp,
+    ) -> Sent {
         if *UNARY_ONLY || self.table.is_unary(url) {
             return Sent::Unary(payload);
         }
@@ -121,6 +149,7 @@ impl AppendStreams {
             streams: self,
             url,
             stream: Some(stream),
+            on_give_up,
         };
         let answer = rx.await;
         give_up.stream = None; // Answered (or the stream ended): nothing to cancel.
@@ -132,6 +161,14 @@ impl AppendStreams {
             Ok(answer) => Sent::Answer(answer),
             Err(_) => Sent::Answer(Err(Status::unavailable("append stream closed"))),
         }
+    }
+
+    /// Requests sent on the open stream to `url` and not answered yet (0 without a stream).
+    #[cfg(test)]
+    pub fn waiters(&self, url: &str) -> usize {
+        self.table.peek(url).map_or(0, |s| {
+            s.state.lock().expect("append stream lock").waiters.len()
+        })
     }
 
     /// Closes the stream to `url` (after a transport failure on its channel); waiters of it
@@ -227,20 +264,33 @@ impl Stream {
 }
 
 /// Cancels the stream a request went out on if its caller stops waiting before the answer
-/// (dropped while `stream` is still set).
+/// (dropped while `stream` is still set), as `on_give_up` says.
 struct GiveUp<'a> {
     streams: &'a AppendStreams,
     url: &'a str,
     stream: Option<Arc<Stream>>,
+    on_give_up: OnGiveUp,
 }
 
 impl Drop for GiveUp<'_> {
     fn drop(&mut self) {
-        if let Some(stream) = self.stream.take() {
-            let status = Status::deadline_exceeded(
-                "append stream cancelled: an earlier AppendEntries on it timed out",
-            );
-            self.streams.cancel(self.url, &stream, status);
+        let Some(stream) = self.stream.take() else {
+            return;
+        };
+        if self.on_give_up == OnGiveUp::LeaveQueued
+            && stream
+                .state
+                .lock()
+                .expect("append stream lock")
+                .waiters
+                .len()
+                <= MAX_ABANDONED
+        {
+            return;
         }
+        let status = Status::deadline_exceeded(
+            "append stream cancelled: an earlier AppendEntries on it timed out",
+        );
+        self.streams.cancel(self.url, &stream, status);
     }
 }

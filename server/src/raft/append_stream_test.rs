@@ -14,7 +14,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 
-use super::append_stream::Sent;
+use super::append_stream::{MAX_ABANDONED, OnGiveUp, Sent};
 use super::peers::Peers;
 
 type Answers = Pin<Box<dyn Stream<Item = Result<RaftPayload, Status>> + Send>>;
@@ -166,7 +166,12 @@ async fn each_request_gets_its_own_answer_on_one_stream() {
         let peers = peers.clone();
         let url = url.clone();
         tasks.push(tokio::spawn(async move {
-            let got = answer(peers.append_streams().send(&peers, &url, payload(i)).await);
+            let got = answer(
+                peers
+                    .append_streams()
+                    .send(&peers, &url, payload(i), OnGiveUp::CancelStream)
+                    .await,
+            );
             (i, got.expect("answered"))
         }));
         if i % 4 == 0 {
@@ -194,16 +199,26 @@ async fn a_failed_stream_fails_its_waiters_and_the_next_request_opens_another() 
     let peers = Peers::default();
     let streams = peers.append_streams();
     assert_eq!(
-        answer(streams.send(&peers, &url, payload(1)).await).unwrap(),
+        answer(
+            streams
+                .send(&peers, &url, payload(1), OnGiveUp::CancelStream)
+                .await
+        )
+        .unwrap(),
         reversed(&payload(1))
     );
-    let err = answer(streams.send(&peers, &url, payload(2)).await).unwrap_err();
+    let err = answer(
+        streams
+            .send(&peers, &url, payload(2), OnGiveUp::CancelStream)
+            .await,
+    )
+    .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert_eq!(err.message(), "follower went away");
     // The next request must not join the dead stream (it would wait forever).
     let got = tokio::time::timeout(
         Duration::from_secs(5),
-        streams.send(&peers, &url, payload(3)),
+        streams.send(&peers, &url, payload(3), OnGiveUp::CancelStream),
     )
     .await
     .expect("a new stream answers");
@@ -216,9 +231,17 @@ async fn a_peer_without_the_stream_gets_unary_rpcs() {
     let (url, opened) = serve(Mode::NoStream).await;
     let peers = Peers::default();
     let streams = peers.append_streams();
-    let err = answer(streams.send(&peers, &url, payload(1)).await).unwrap_err();
+    let err = answer(
+        streams
+            .send(&peers, &url, payload(1), OnGiveUp::CancelStream)
+            .await,
+    )
+    .unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented);
-    match streams.send(&peers, &url, payload(2)).await {
+    match streams
+        .send(&peers, &url, payload(2), OnGiveUp::CancelStream)
+        .await
+    {
         Sent::Unary(p) => assert_eq!(p, payload(2), "the payload comes back to be sent"),
         Sent::Answer(a) => panic!("expected the unary fallback, got {a:?}"),
     }
@@ -230,10 +253,20 @@ async fn a_reset_closes_the_stream_and_the_next_request_reopens_it() {
     let (url, opened) = serve(Mode::Echo).await;
     let peers = Peers::default();
     let streams = peers.append_streams();
-    answer(streams.send(&peers, &url, payload(1)).await).unwrap();
+    answer(
+        streams
+            .send(&peers, &url, payload(1), OnGiveUp::CancelStream)
+            .await,
+    )
+    .unwrap();
     peers.reset(&url);
     assert_eq!(
-        answer(streams.send(&peers, &url, payload(2)).await).unwrap(),
+        answer(
+            streams
+                .send(&peers, &url, payload(2), OnGiveUp::CancelStream)
+                .await
+        )
+        .unwrap(),
         reversed(&payload(2))
     );
     assert_eq!(opened.load(Ordering::SeqCst), 2);
@@ -249,12 +282,19 @@ async fn a_caller_that_gives_up_resets_the_stream() {
         let url = url.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            answer(peers.append_streams().send(&peers, &url, payload(2)).await)
+            answer(
+                peers
+                    .append_streams()
+                    .send(&peers, &url, payload(2), OnGiveUp::CancelStream)
+                    .await,
+            )
         })
     };
     let first = tokio::time::timeout(
         Duration::from_millis(200),
-        peers.append_streams().send(&peers, &url, payload(1)),
+        peers
+            .append_streams()
+            .send(&peers, &url, payload(1), OnGiveUp::CancelStream),
     )
     .await;
     assert!(first.is_err(), "the held stream answered");
@@ -273,7 +313,111 @@ async fn a_caller_that_gives_up_resets_the_stream() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let got = answer(peers.append_streams().send(&peers, &url, payload(3)).await);
+    let got = answer(
+        peers
+            .append_streams()
+            .send(&peers, &url, payload(3), OnGiveUp::CancelStream)
+            .await,
+    );
+    assert_eq!(got.unwrap(), reversed(&payload(3)));
+    assert_eq!(opened.load(Ordering::SeqCst), 2);
+}
+
+/// Waits up to 5 s for `n` waiters on the stream to `url` (requests sent, not answered).
+async fn queued(peers: &Peers, url: &str, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while peers.append_streams().waiters(url) < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {n} requests queued",
+            peers.append_streams().waiters(url)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_heartbeat_that_gives_up_leaves_the_stream_and_its_entries_alone() {
+    let (url, opened, resets) = serve_counting(Mode::HoldFirst).await;
+    let peers = Arc::new(Peers::default());
+    // Entries in flight to a follower that has not answered yet, then a heartbeat behind them
+    // whose caller gives up.
+    let entries = {
+        let (peers, url) = (peers.clone(), url.clone());
+        tokio::spawn(async move {
+            let streams = peers.append_streams();
+            answer(
+                streams
+                    .send(&peers, &url, payload(1), OnGiveUp::CancelStream)
+                    .await,
+            )
+        })
+    };
+    queued(&peers, &url, 1).await;
+    let heartbeat = tokio::time::timeout(
+        Duration::from_millis(100),
+        peers
+            .append_streams()
+            .send(&peers, &url, payload(2), OnGiveUp::LeaveQueued),
+    )
+    .await;
+    assert!(heartbeat.is_err(), "the held stream answered");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!entries.is_finished(), "the entries' request was failed");
+    assert_eq!(peers.append_streams().waiters(&url), 2);
+    assert_eq!(resets.load(Ordering::SeqCst), 0, "the stream was reset");
+    assert_eq!(opened.load(Ordering::SeqCst), 1);
+    entries.abort();
+}
+
+#[tokio::test]
+async fn heartbeats_piling_up_past_the_bound_cancel_the_stream() {
+    let (url, opened, resets) = serve_counting(Mode::HoldFirst).await;
+    let peers = Arc::new(Peers::default());
+    let held: Vec<_> = (0..MAX_ABANDONED as u32)
+        .map(|i| {
+            let (peers, url) = (peers.clone(), url.clone());
+            tokio::spawn(async move {
+                let streams = peers.append_streams();
+                answer(
+                    streams
+                        .send(&peers, &url, payload(i), OnGiveUp::LeaveQueued)
+                        .await,
+                )
+            })
+        })
+        .collect();
+    queued(&peers, &url, MAX_ABANDONED).await;
+    let last = tokio::time::timeout(
+        Duration::from_millis(100),
+        peers
+            .append_streams()
+            .send(&peers, &url, payload(9999), OnGiveUp::LeaveQueued),
+    )
+    .await;
+    assert!(last.is_err(), "the held stream answered");
+    for h in held {
+        let err = tokio::time::timeout(Duration::from_secs(5), h)
+            .await
+            .expect("every waiter is failed at once")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while resets.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream was not reset"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let streams = peers.append_streams();
+    let got = answer(
+        streams
+            .send(&peers, &url, payload(3), OnGiveUp::LeaveQueued)
+            .await,
+    );
     assert_eq!(got.unwrap(), reversed(&payload(3)));
     assert_eq!(opened.load(Ordering::SeqCst), 2);
 }

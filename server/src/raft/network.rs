@@ -34,7 +34,7 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::append_stream::Sent;
+use super::append_stream::{OnGiveUp, Sent};
 use super::peers::{Peers, is_transport_failure};
 use super::trace::{self, Stage};
 use super::types::{MemberNode, NodeId, TypeConfig};
@@ -154,8 +154,13 @@ impl PeerConnection {
         let sent = data.len();
         let started = std::time::Instant::now();
         let streams = self.peers.append_streams();
+        let on_give_up = if req.entries.is_empty() {
+            OnGiveUp::LeaveQueued
+        } else {
+            OnGiveUp::CancelStream
+        };
         match streams
-            .send(&self.peers, &self.url, RaftPayload { data })
+            .send(&self.peers, &self.url, RaftPayload { data }, on_give_up)
             .await
         {
             Sent::Answer(Err(status)) if status.code() == tonic::Code::Unimplemented => {

@@ -55,6 +55,16 @@ impl<S> StreamTable<S> {
         Ok(stream)
     }
 
+    /// The stream to `url` in the table, if any.
+    #[cfg(test)]
+    pub fn peek(&self, url: &str) -> Option<Arc<S>> {
+        self.streams
+            .lock()
+            .expect("stream table lock")
+            .get(url)
+            .cloned()
+    }
+
     /// Removes the stream to `url`, if any, and returns it.
     pub fn remove(&self, url: &str) -> Option<Arc<S>> {
         self.streams.lock().expect("stream table lock").remove(url)
