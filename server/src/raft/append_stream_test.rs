@@ -298,13 +298,31 @@ async fn a_caller_that_gives_up_resets_the_stream() {
     )
     .await;
     assert!(first.is_err(), "the held stream answered");
-    let err = tokio::time::timeout(Duration::from_secs(5), second)
+    assert_cancelled(second).await;
+    assert_reset_then_reopened(&peers, &url, &opened, &resets).await;
+}
+
+type Waiting = tokio::task::JoinHandle<Result<RaftPayload, Status>>;
+
+/// Asserts `waiting` fails with `DeadlineExceeded` within 5 s: another caller cancelled its
+/// stream.
+async fn assert_cancelled(waiting: Waiting) {
+    let err = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
-        .expect("the other waiter is failed at once")
+        .expect("the waiter is failed at once")
         .unwrap()
         .unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
-    // The follower sees the stream reset, not a clean end it would answer in full.
+}
+
+/// Asserts the follower sees its first stream reset within 5 s (not a clean end it would
+/// answer in full), and that the next request opens a second stream and gets its answer.
+async fn assert_reset_then_reopened(
+    peers: &Peers,
+    url: &str,
+    opened: &AtomicUsize,
+    resets: &AtomicUsize,
+) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while resets.load(Ordering::SeqCst) == 0 {
         assert!(
@@ -313,10 +331,10 @@ async fn a_caller_that_gives_up_resets_the_stream() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let streams = peers.append_streams();
     let got = answer(
-        peers
-            .append_streams()
-            .send(&peers, &url, payload(3), OnGiveUp::CancelStream)
+        streams
+            .send(peers, url, payload(3), OnGiveUp::CancelStream)
             .await,
     );
     assert_eq!(got.unwrap(), reversed(&payload(3)));
@@ -397,27 +415,7 @@ async fn heartbeats_piling_up_past_the_bound_cancel_the_stream() {
     .await;
     assert!(last.is_err(), "the held stream answered");
     for h in held {
-        let err = tokio::time::timeout(Duration::from_secs(5), h)
-            .await
-            .expect("every waiter is failed at once")
-            .unwrap()
-            .unwrap_err();
-        assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+        assert_cancelled(h).await;
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while resets.load(Ordering::SeqCst) == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the stream was not reset"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let streams = peers.append_streams();
-    let got = answer(
-        streams
-            .send(&peers, &url, payload(3), OnGiveUp::LeaveQueued)
-            .await,
-    );
-    assert_eq!(got.unwrap(), reversed(&payload(3)));
-    assert_eq!(opened.load(Ordering::SeqCst), 2);
+    assert_reset_then_reopened(&peers, &url, &opened, &resets).await;
 }
