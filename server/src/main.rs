@@ -48,10 +48,30 @@ fn main() -> ExitCode {
     match runtime.block_on(run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("keel: {e:#}");
+            eprintln!("keel: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `e` and its causes, joined by ": " as `{:#}` joins them, leaving out a cause whose text
+/// ends the text before it (an error that prints its source in its own message, as
+/// `thiserror`'s `"…: {0}"` with `#[from]` does, would otherwise show it twice).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    let mut previous = String::new();
+    for cause in e.chain() {
+        let this = cause.to_string();
+        if !previous.is_empty() && previous.ends_with(&this) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&this);
+        previous = this;
+    }
+    text
 }
 
 /// The outcome of a server task that ended before the member was told to stop.
@@ -206,4 +226,24 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     let _ = tokio::time::timeout_at(drain_until, peers).await;
     node.shutdown().await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_already_in_its_errors_text_is_printed_once() {
+        let io = std::io::Error::from_raw_os_error(28);
+        let wal = keel_server::wal::WalError::from(io);
+        let e = anyhow::Error::from(wal).context("cannot open WAL in /d/member/wal");
+        assert_eq!(
+            error_text(&e),
+            "cannot open WAL in /d/member/wal: WAL I/O error: No space left on device (os error 28)"
+        );
+        // Causes not repeated by their error are all kept, as `{:#}` keeps them.
+        let e = anyhow::anyhow!("inner").context("middle").context("outer");
+        assert_eq!(error_text(&e), "outer: middle: inner");
+        assert_eq!(error_text(&e), format!("{e:#}"));
+    }
 }
