@@ -605,6 +605,17 @@ impl Node {
             // name another leader.)
             let (leader_id, leader) = match self.other_leader() {
                 Some(leader) => leader,
+                // This member leads, but no quorum acknowledged it for an election timeout:
+                // an etcd leader steps down then (CheckQuorum) and holds proposals until a
+                // leader is known. Appending here would commit the entry whenever the quorum
+                // comes back, long after its client was told it timed out.
+                None if self.cluster.is_leader() && !self.cluster.has_leader() => {
+                    if route == Route::LeaderOnly {
+                        return Err(Refused::NotLeader(req));
+                    }
+                    self.wait_for_quorum(deadline).await?;
+                    continue;
+                }
                 None => match self.write_locally(&req, deadline).await? {
                     Local::Written(result) => return Ok(result?),
                     Local::ForwardTo(id, leader) => (id, leader),
@@ -842,6 +853,26 @@ impl Node {
             Ok(Err(_)) => Err(EtcdError::Stopped),
             Ok(Ok(_)) | Err(_) => Ok(()),
         }
+    }
+
+    /// Waits while this member leads without a quorum's acknowledgement
+    /// ([`Cluster::has_leader`]), until a quorum acknowledges it or raft changes its mind;
+    /// checks on every raft metrics change and at least every [`FORWARD_RETRY_PAUSE`].
+    ///
+    /// Errors: `Timeout` at `deadline` (etcd's answer to a proposal held for want of a
+    /// leader), `Stopped` when raft stopped.
+    async fn wait_for_quorum(&self, deadline: tokio::time::Instant) -> Result<(), EtcdError> {
+        let mut metrics = self.raft.metrics();
+        while self.cluster.is_leader() && !self.cluster.has_leader() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(EtcdError::Timeout);
+            }
+            let wake = (tokio::time::Instant::now() + FORWARD_RETRY_PAUSE).min(deadline);
+            if let Ok(Err(_)) = tokio::time::timeout_at(wake, metrics.changed()).await {
+                return Err(EtcdError::Stopped);
+            }
+        }
+        Ok(())
     }
 
     async fn wait_for_leader(&self, deadline: tokio::time::Instant) -> Result<(), EtcdError> {

@@ -112,6 +112,12 @@ impl Maintenance for MaintenanceService {
             Some(l) if self.node.cluster.has_leader() => l,
             _ => 0,
         };
+        // etcd 3.4+: "etcdserver: no leader" first, then the active alarms.
+        let mut errors = Vec::new();
+        if leader == 0 {
+            errors.push(EtcdError::NoLeader.to_string());
+        }
+        errors.extend(self.node.alarms.status_errors());
         Ok(Response::new(StatusResponse {
             header: Some(self.node.header(store.current_revision())),
             version: keel_proto::ETCD_API_VERSION.to_string(),
@@ -120,7 +126,7 @@ impl Maintenance for MaintenanceService {
             raft_index: committed,
             raft_term: m.current_term,
             raft_applied_index: m.last_applied.map_or(0, |l| l.index),
-            errors: self.node.alarms.status_errors(),
+            errors,
             db_size_in_use: self.node.db_size_in_use(),
             is_learner,
             storage_version: String::new(),

@@ -292,6 +292,14 @@ fn health_reports_raft_no_leader_on_a_member_without_quorum() {
     let survivor = cluster.leader(Duration::from_secs(20));
     let ep = cluster.members[survivor].endpoint();
     assert_eq!(get(&ep, "/health").status, 200);
+    let granted = etcdctl(&ep, &["lease", "grant", "600"]);
+    let lease = granted
+        .ok()
+        .stdout
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
     for i in 0..3 {
         if i != survivor {
             cluster.members[i].terminate();
@@ -322,6 +330,7 @@ fn health_reports_raft_no_leader_on_a_member_without_quorum() {
     // `etcdctl endpoint status` shows IS LEADER false.
     let status = cluster.status(survivor).unwrap();
     assert_eq!((status.leader, status.raft_term > 0), (0, true));
+    assert_eq!(status.errors, ["etcdserver: no leader"]);
     let fields = etcdctl(&ep, &["endpoint", "status", "-w", "fields"]);
     assert!(
         fields.ok().stdout.contains("\"Leader\" : 0\n"),
@@ -345,6 +354,40 @@ fn health_reports_raft_no_leader_on_a_member_without_quorum() {
     assert!(
         grown <= 20,
         "{grown} failed leadership confirmations logged in 3 s by a member without a quorum"
+    );
+
+    // Writes and keepalives wait for a leader, as on an etcd leader that stepped down: none
+    // is appended to the log, so none commits when the quorum comes back.
+    let t = "--command-timeout=2s";
+    for args in [
+        &[t, "put", "iso/x", "y"][..],
+        &[t, "lease", "grant", "60"],
+        &[t, "lease", "keep-alive", "--once", &lease],
+    ] {
+        let out = etcdctl(&ep, args);
+        assert_ne!(
+            out.code,
+            Some(0),
+            "{args:?} succeeded without a quorum: {out:#?}"
+        );
+    }
+    for i in 0..3 {
+        if i != survivor {
+            cluster.members[i].restart();
+        }
+    }
+    cluster.leader(Duration::from_secs(20));
+    let got = etcdctl(&ep, &["get", "iso/x"]);
+    assert_eq!(
+        got.ok().stdout,
+        "",
+        "a put refused without a quorum was applied"
+    );
+    let leases = etcdctl(&ep, &["lease", "list"]);
+    assert_eq!(
+        leases.ok().stdout,
+        format!("found 1 leases\n{lease}\n"),
+        "a grant refused without a quorum was applied"
     );
 }
 
