@@ -609,7 +609,7 @@ impl Node {
                 // an etcd leader steps down then (CheckQuorum) and holds proposals until a
                 // leader is known. Appending here would commit the entry whenever the quorum
                 // comes back, long after its client was told it timed out.
-                None if self.cluster.is_leader() && !self.cluster.has_leader() => {
+                None if self.cluster.leads_without_quorum() => {
                     if route == Route::LeaderOnly {
                         return Err(Refused::NotLeader(req));
                     }
@@ -863,7 +863,7 @@ impl Node {
     /// leader), `Stopped` when raft stopped.
     async fn wait_for_quorum(&self, deadline: tokio::time::Instant) -> Result<(), EtcdError> {
         let mut metrics = self.raft.metrics();
-        while self.cluster.is_leader() && !self.cluster.has_leader() {
+        while self.cluster.leads_without_quorum() {
             if tokio::time::Instant::now() >= deadline {
                 return Err(EtcdError::Timeout);
             }

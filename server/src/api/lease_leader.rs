@@ -40,7 +40,7 @@ fn route(node: &Node) -> Route {
         // A leader that no quorum acknowledged for an election timeout counts as none, as an
         // etcd leader demotes its lessor when CheckQuorum steps it down: a keepalive answered
         // there would tell a client its lease lives while a majority elsewhere may expire it.
-        (Some(l), _) if l == node.id && !node.cluster.has_leader() => Route::NoLeader,
+        (Some(l), _) if l == node.id && node.cluster.leads_without_quorum() => Route::NoLeader,
         (Some(l), _) if l == node.id => Route::Local,
         // The pool dials the leader where `--experimental-peer-dial-override` says.
         (Some(_), Some(url)) => Route::Remote(url),

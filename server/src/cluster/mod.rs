@@ -176,4 +176,11 @@ impl Cluster {
     pub fn is_leader(&self) -> bool {
         self.raft.metrics().borrow().current_leader == Some(self.id)
     }
+
+    /// Whether raft names this member leader but no quorum acknowledged it for an election
+    /// timeout ([`leadership::has_leader`]): where an etcd leader would have stepped down
+    /// (CheckQuorum), so it takes no writes and answers no keepalives.
+    pub fn leads_without_quorum(&self) -> bool {
+        self.is_leader() && !self.has_leader()
+    }
 }
