@@ -12,8 +12,9 @@ use keel_proto::etcdserverpb::{
 };
 use keel_proto::keelpb::peer_server::Peer;
 use keel_proto::keelpb::{
-    ClusterInfoRequest, ClusterInfoResponse, PeerCall, RaftPayload, RaftRequest, RaftResponse,
-    ReadIndexRequest, ReadIndexResponse, TimeoutNowRequest, TimeoutNowResponse,
+    ClusterInfoRequest, ClusterInfoResponse, ConfirmTransferRequest, ConfirmTransferResponse,
+    PeerCall, RaftPayload, RaftRequest, RaftResponse, ReadIndexRequest, ReadIndexResponse,
+    TimeoutNowRequest, TimeoutNowResponse,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -137,9 +138,19 @@ impl Peer for PeerService {
         &self,
         r: Request<TimeoutNowRequest>,
     ) -> Result<Response<TimeoutNowResponse>, Status> {
-        transfer::on_timeout_now(&self.node.raft, self.node.id, r.get_ref())
+        transfer::on_timeout_now(&self.node.cluster, r.get_ref())
             .await
             .map(Response::new)
+    }
+
+    async fn confirm_transfer(
+        &self,
+        r: Request<ConfirmTransferRequest>,
+    ) -> Result<Response<ConfirmTransferResponse>, Status> {
+        Ok(Response::new(transfer::on_confirm_transfer(
+            &self.node.cluster.gate,
+            r.get_ref(),
+        )))
     }
 
     async fn cluster_info(

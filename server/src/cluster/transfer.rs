@@ -26,10 +26,12 @@
 //! target that is not a voting member, `TimeoutLeaderTransfer` when leadership did not move in
 //! time.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use keel_proto::keelpb::{TimeoutNowRequest, TimeoutNowResponse};
+use keel_proto::keelpb::{
+    ConfirmTransferRequest, ConfirmTransferResponse, TimeoutNowRequest, TimeoutNowResponse,
+};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -42,17 +44,29 @@ use crate::raft::types::{NodeId, Raft};
 /// How often a transfer checks whether the target caught up.
 const TRANSFER_POLL: Duration = Duration::from_millis(10);
 
-/// Holds client proposals and read-index rounds on the leader while a transfer runs.
-/// Cheap to clone; clones share the state.
+/// Holds client proposals and read-index rounds on the leader while a transfer runs, and
+/// keeps the offer a `TimeoutNow` carries. Cheap to clone; clones share the state.
 #[derive(Clone)]
 pub struct TransferGate {
     busy: Arc<watch::Sender<bool>>,
+    offer: Arc<Mutex<Option<Offer>>>,
+}
+
+/// The handover a `TimeoutNow` in flight stands for: its ID, its target, and whether the
+/// target has confirmed it (after which the leader waits for the election whatever became of
+/// the `TimeoutNow` call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Offer {
+    id: u64,
+    target: NodeId,
+    confirmed: bool,
 }
 
 impl Default for TransferGate {
     fn default() -> TransferGate {
         TransferGate {
             busy: Arc::new(watch::Sender::new(false)),
+            offer: Arc::new(Mutex::new(None)),
         }
     }
 }
@@ -82,6 +96,44 @@ impl TransferGate {
     pub fn is_busy(&self) -> bool {
         *self.busy.borrow()
     }
+
+    /// The offer, locked for in-memory work only. Every write leaves it whole, so a poisoned
+    /// lock still holds a valid offer.
+    fn offer_slot(&self) -> MutexGuard<'_, Option<Offer>> {
+        self.offer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Offers the handover to `target` and returns the offer's ID for `TimeoutNow`: random and
+    /// nonzero, so a `TimeoutNow` from an earlier transfer, or an earlier run of this member,
+    /// matches no later offer.
+    fn offer(&self, target: NodeId) -> u64 {
+        let id = rand::random::<u64>().max(1);
+        *self.offer_slot() = Some(Offer {
+            id,
+            target,
+            confirmed: false,
+        });
+        id
+    }
+
+    /// The target's `ConfirmTransfer`: `true`, and the offer becomes binding, while offer `id`
+    /// to `target` stands; `false` once it was withdrawn, or for any other offer.
+    pub fn confirm(&self, id: u64, target: NodeId) -> bool {
+        let mut offer = self.offer_slot();
+        match offer.as_mut() {
+            Some(o) if o.id == id && o.target == target => {
+                o.confirmed = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Ends the offer. Returns whether the target confirmed it first: then it campaigns, and
+    /// the leader must wait for that election rather than report a failure.
+    fn withdraw(&self) -> bool {
+        self.offer_slot().take().is_some_and(|o| o.confirmed)
+    }
 }
 
 /// Reopens the gate and turns heartbeats back on when dropped.
@@ -99,6 +151,7 @@ impl TransferGuard {
 
 impl Drop for TransferGuard {
     fn drop(&mut self) {
+        self.gate.withdraw();
         self.raft.runtime_config().heartbeat(true);
         self.gate.busy.send_replace(false);
     }
@@ -206,6 +259,7 @@ impl Transfer<'_> {
         let mut request = tonic::Request::new(TimeoutNowRequest {
             leader_id: self.id,
             term,
+            transfer_id: self.gate.offer(target),
         });
         request.set_timeout(self.timeout_now_within);
         let sent = tokio::time::timeout(self.timeout_now_within, client.timeout_now(request));
@@ -214,13 +268,19 @@ impl Transfer<'_> {
             Ok(Err(status)) => Some(status.to_string()),
             Err(_) => Some("not answered in time".to_string()),
         };
+        // Withdrawn now, a late `TimeoutNow` finds no offer; confirmed before, the target
+        // campaigns whatever became of its answer.
+        let confirmed = self.gate.withdraw();
         if let Some(why) = failure {
             tracing::warn!(
                 target = format!("{target:x}"),
                 why,
+                confirmed,
                 "leadership transfer: TimeoutNow failed"
             );
-            return Err(EtcdError::TimeoutLeaderTransfer);
+            if !confirmed {
+                return Err(EtcdError::TimeoutLeaderTransfer);
+            }
         }
         let step = (Instant::now() + self.election_timeout).min(deadline);
 
@@ -248,6 +308,13 @@ fn margin_ms(timers: &crate::cluster::timing::RaftTimers) -> u64 {
         .min(timers.election_timeout_min / 4)
 }
 
+/// How long the leader waits for the answer to `TimeoutNow`, and the target for the answer to
+/// `ConfirmTransfer`: half of what is left of `election_timeout_min` after the target's head
+/// start, so heartbeats resume before the other followers' election timers can fire.
+fn timeout_now_within(timers: &crate::cluster::timing::RaftTimers) -> Duration {
+    Duration::from_millis((timers.election_timeout_min - margin_ms(timers)) / 2)
+}
+
 /// etcd `MoveLeader` on this member: moves leadership to `target` (see the module docs).
 ///
 /// Errors: `NotLeader`, `BadLeaderTransferee`, `TimeoutLeaderTransfer`.
@@ -261,9 +328,7 @@ pub async fn move_leader(cluster: &Cluster, target: NodeId) -> Result<(), EtcdEr
         lease: Duration::from_millis(timers.election_timeout_max),
         election_timeout: cluster.timing.election_timeout,
         answered_within: Duration::from_millis(2 * timers.heartbeat_interval),
-        timeout_now_within: Duration::from_millis(
-            (timers.election_timeout_min - margin_ms(&timers)) / 2,
-        ),
+        timeout_now_within: timeout_now_within(&timers),
         margin: Duration::from_millis(margin_ms(&timers)),
         timeout: cluster.timing.request_timeout,
     };
@@ -318,23 +383,53 @@ pub async fn hand_over_on_stop(cluster: &Cluster) {
 }
 
 /// Handles `TimeoutNow` on the target: starts an election at once if the request comes from
-/// the leader this member follows, in its current term, and this member is a voter.
+/// the leader this member follows, in its current term, this member is a voter, and the
+/// leader still stands by the offer (`ConfirmTransfer`, when the request carries a
+/// `transfer_id`; a 0.1.0 leader sends none). The confirmation keeps a `TimeoutNow` that was
+/// delivered late, after the leader gave up (this member was paused), from unseating a leader
+/// that went back to work: a fresh-user check and CI saw exactly that.
 ///
-/// Errors: `FailedPrecondition` status for a stale or misdirected request.
+/// Errors: `FailedPrecondition` status for a stale or misdirected request, or an offer the
+/// leader withdrew; `Unavailable` when the leader could not be asked.
 pub async fn on_timeout_now(
-    raft: &Raft,
-    me: NodeId,
+    cluster: &Arc<Cluster>,
     req: &TimeoutNowRequest,
 ) -> Result<TimeoutNowResponse, tonic::Status> {
-    let (leader, term, is_voter) = {
-        let m = raft.metrics();
+    // Decided in a task of its own: whether this member campaigns rests on the leader's
+    // answer to ConfirmTransfer, never on whether the leader's call was cancelled meanwhile.
+    let (cluster, req) = (cluster.clone(), *req);
+    let decided = tokio::spawn(async move {
+        let answer = timeout_now(&cluster, &req).await;
+        if let Err(status) = &answer {
+            tracing::info!(
+                from = format!("{:x}", req.leader_id),
+                term = req.term,
+                why = status.message(),
+                "leadership transfer: TimeoutNow refused, no election"
+            );
+        }
+        answer
+    });
+    decided
+        .await
+        .map_err(|e| tonic::Status::internal(format!("keel: TimeoutNow task failed: {e}")))?
+}
+
+/// [`on_timeout_now`] without the log line on refusal.
+async fn timeout_now(
+    cluster: &Cluster,
+    req: &TimeoutNowRequest,
+) -> Result<TimeoutNowResponse, tonic::Status> {
+    let me = cluster.id;
+    let (leader, term, is_voter, leader_url) = {
+        let m = cluster.raft.metrics();
         let m = m.borrow();
-        let is_voter = m
-            .membership_config
-            .membership()
-            .voter_ids()
-            .any(|v| v == me);
-        (m.current_leader, m.current_term, is_voter)
+        let membership = m.membership_config.membership();
+        let is_voter = membership.voter_ids().any(|v| v == me);
+        let url = membership
+            .get_node(&req.leader_id)
+            .and_then(|n| n.peer_url().cloned());
+        (m.current_leader, m.current_term, is_voter, url)
     };
     if !is_voter || leader != Some(req.leader_id) || term != req.term {
         return Err(tonic::Status::failed_precondition(format!(
@@ -342,16 +437,70 @@ pub async fn on_timeout_now(
             req.leader_id, req.term, leader
         )));
     }
+    if req.transfer_id != 0 {
+        let url = leader_url.ok_or_else(|| {
+            tonic::Status::failed_precondition("keel: TimeoutNow from a leader without a peer URL")
+        })?;
+        confirm_with_leader(cluster, &url, req).await?;
+    }
     tracing::info!(
         from = format!("{:x}", req.leader_id),
         term,
         "leadership transfer: starting an election"
     );
-    raft.trigger()
+    cluster
+        .raft
+        .trigger()
         .elect()
         .await
         .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
     Ok(TimeoutNowResponse {})
+}
+
+/// Asks the leader at `url` whether the transfer of `req` is still on; `Ok` only if it is.
+async fn confirm_with_leader(
+    cluster: &Cluster,
+    url: &str,
+    req: &TimeoutNowRequest,
+) -> Result<(), tonic::Status> {
+    let within = timeout_now_within(&cluster.timing.raft);
+    let mut client = cluster
+        .peers
+        .client(url)
+        .map_err(|e| tonic::Status::unavailable(format!("keel: cannot reach the leader: {e}")))?;
+    let mut request = tonic::Request::new(ConfirmTransferRequest {
+        transfer_id: req.transfer_id,
+        target_id: cluster.id,
+    });
+    request.set_timeout(within);
+    let answer = tokio::time::timeout(within, client.confirm_transfer(request))
+        .await
+        .map_err(|_| {
+            tonic::Status::unavailable("keel: the leader did not confirm the transfer in time")
+        })?
+        .map_err(|s| {
+            tonic::Status::unavailable(format!(
+                "keel: the leader did not confirm the transfer: {s}"
+            ))
+        })?;
+    if answer.into_inner().proceed {
+        Ok(())
+    } else {
+        Err(tonic::Status::failed_precondition(
+            "keel: the leader withdrew this leadership transfer",
+        ))
+    }
+}
+
+/// Handles `ConfirmTransfer` on the leader: whether the offer of a `TimeoutNow` still stands
+/// ([`TransferGate::confirm`]).
+pub fn on_confirm_transfer(
+    gate: &TransferGate,
+    req: &ConfirmTransferRequest,
+) -> ConfirmTransferResponse {
+    ConfirmTransferResponse {
+        proceed: gate.confirm(req.transfer_id, req.target_id),
+    }
 }
 
 #[cfg(test)]
@@ -377,5 +526,26 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         gate.busy.send_replace(false);
         assert!(waiter.await.unwrap());
+    }
+
+    #[test]
+    fn an_offer_binds_once_confirmed_and_a_withdrawn_one_is_refused() {
+        let gate = TransferGate::default();
+        assert!(!gate.confirm(7, 2), "no offer, no confirmation");
+
+        let id = gate.offer(2);
+        assert_ne!(id, 0, "0 means 'no confirmation asked' on the wire");
+        assert!(!gate.confirm(id, 3), "another member cannot confirm it");
+        assert!(!gate.confirm(id ^ 1, 2), "another offer's ID is refused");
+        assert!(gate.confirm(id, 2));
+        assert!(gate.withdraw(), "a confirmed offer binds the leader");
+
+        let late = gate.offer(2);
+        assert!(!gate.withdraw(), "unconfirmed: the leader may give up");
+        assert!(
+            !gate.confirm(late, 2),
+            "a late TimeoutNow finds the offer withdrawn"
+        );
+        assert!(!gate.confirm(id, 2), "an earlier offer never comes back");
     }
 }
