@@ -9,8 +9,9 @@
 //! - Every call read is answered once, unless the stream ends first (the sender went away,
 //!   or the member's shutdown drain ran out); the sender treats an unanswered call as
 //!   ambiguous.
-//! - Once the member stops, no call is started: new calls are refused with "not leader", so
-//!   only calls that may have proposed something are ever ambiguous.
+//! - Once the member stops, no call is started: new calls are refused with "not leader", and
+//!   the drained stream ends with that status, which refuses the calls still unread; so only
+//!   calls that may have proposed something are ever ambiguous.
 //! - A call is given up `timeout_ms` (the sender's deadline) after it was read, with the
 //!   status tonic answers an expired `grpc-timeout` with, as the unary RPC is: it outlives its
 //!   caller by at most the time it waited unread.
@@ -110,7 +111,8 @@ pub async fn lease_time_to_live(
 /// forwarded write may still commit during the shutdown drain, as a unary `Forward` could;
 /// the peer server keeps serving raft until every call stream ended), calls read meanwhile are
 /// answered at once with etcd's "not leader" (nothing proposed: the sender asks again, the
-/// next leader once one is elected), and the stream ends when none runs.
+/// next leader once one is elected), and the stream ends when none runs, with that same
+/// status, which refuses the calls sent but not read.
 pub fn serve(node: Arc<Node>, inbound: Streaming<PeerCall>) -> AnswerStream {
     let pump = Pump {
         _open: node.cluster.calls.open(),
@@ -121,10 +123,27 @@ pub fn serve(node: Arc<Node>, inbound: Streaming<PeerCall>) -> AnswerStream {
         reading: true,
         draining: false,
     };
-    Box::pin(futures::stream::unfold(pump, |mut pump| async move {
-        let item = pump.next().await?;
-        Some((Ok(item), pump))
-    }))
+    Box::pin(futures::stream::unfold(
+        (pump, false),
+        |(mut pump, ended)| async move {
+            if ended {
+                return None;
+            }
+            match pump.next().await {
+                Some(answer) => Some((Ok(answer), (pump, false))),
+                // Drained: every call read was answered, so a call the sender is still
+                // waiting for was sent after the last read and never run. The status that
+                // ends the stream refuses it as the calls read during the drain were, and
+                // the sender asks again instead of reporting an ambiguous failure (its
+                // client would get "request timed out, possibly due to previous leader
+                // failure" for a write that was never proposed).
+                None if pump.draining => {
+                    Some((Err(Status::from(EtcdError::NotLeader)), (pump, true)))
+                }
+                None => None,
+            }
+        },
+    ))
 }
 
 /// The state of one stream: the calls running.

@@ -43,6 +43,9 @@ enum Mode {
     TimeoutOdd,
     /// Answers `n` calls of every stream, then ends it with `Unavailable`.
     FailAfter(usize),
+    /// Answers `n` calls of every stream, then ends it with etcd's "not leader", as a
+    /// stopping Keel member ends a drained stream (`api::peer_calls`).
+    DrainAfter(usize),
     /// Reads calls and answers none.
     Silent,
     /// Serves no stream (a 0.1.0 member); counts the unary calls it gets.
@@ -137,6 +140,10 @@ impl Peer for Fake {
                     Some(answer) = running.next(), if !running.is_empty() => {
                         if matches!(mode, Mode::FailAfter(limit) if answered == limit) {
                             let _ = tx.send(Err(Status::unavailable("leader went away"))).await;
+                            return;
+                        }
+                        if matches!(mode, Mode::DrainAfter(limit) if answered == limit) {
+                            let _ = tx.send(Err(Status::from(EtcdError::NotLeader))).await;
                             return;
                         }
                         answered += 1;
@@ -280,6 +287,25 @@ async fn a_leaders_error_answer_is_that_error() {
     let peers = Peers::default();
     let stream = open(&peers, &leader.url).await;
     let err = stream.call(forward(1), soon()).await.unwrap_err();
+    assert_eq!(
+        err.into_failure(&peers, &leader.url),
+        PeerFailure::Answer(EtcdError::NotLeader)
+    );
+}
+
+#[tokio::test]
+async fn a_stream_a_stopping_leader_drained_refuses_its_unanswered_calls_as_not_leader() {
+    let leader = serve(Mode::DrainAfter(1)).await;
+    let peers = Peers::default();
+    let stream = open(&peers, &leader.url).await;
+    let first = stream.call(forward(1), soon()).await.unwrap();
+    assert!(matches!(first, peer_answer::Answer::Forward(a) if a.log_index == 10));
+    let err = stream.call(forward(2), soon()).await.unwrap_err();
+    assert!(
+        matches!(&err, CallError::Failed(s) if s.message() == "etcdserver: not leader"),
+        "{err:?}"
+    );
+    // Not ambiguous: the caller asks again (the next leader) instead of failing its client.
     assert_eq!(
         err.into_failure(&peers, &leader.url),
         PeerFailure::Answer(EtcdError::NotLeader)
