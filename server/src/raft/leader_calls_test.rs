@@ -293,14 +293,21 @@ async fn a_leaders_error_answer_is_that_error() {
     );
 }
 
-#[tokio::test]
-async fn a_stream_a_stopping_leader_drained_refuses_its_unanswered_calls_as_not_leader() {
-    let leader = serve(Mode::DrainAfter(1)).await;
+/// A stream of a leader in `mode` (which ends the stream after one answer) whose first call
+/// was answered, and the error of the second call, which the stream's end failed.
+async fn second_call_after_the_end(mode: Mode) -> (Served, Peers, Arc<CallStream>, CallError) {
+    let leader = serve(mode).await;
     let peers = Peers::default();
     let stream = open(&peers, &leader.url).await;
     let first = stream.call(forward(1), soon()).await.unwrap();
     assert!(matches!(first, peer_answer::Answer::Forward(a) if a.log_index == 10));
     let err = stream.call(forward(2), soon()).await.unwrap_err();
+    (leader, peers, stream, err)
+}
+
+#[tokio::test]
+async fn a_stream_a_stopping_leader_drained_refuses_its_unanswered_calls_as_not_leader() {
+    let (leader, peers, _stream, err) = second_call_after_the_end(Mode::DrainAfter(1)).await;
     assert!(
         matches!(&err, CallError::Failed(s) if s.message() == "etcdserver: not leader"),
         "{err:?}"
@@ -314,12 +321,7 @@ async fn a_stream_a_stopping_leader_drained_refuses_its_unanswered_calls_as_not_
 
 #[tokio::test]
 async fn a_failed_stream_fails_its_calls_as_ambiguous_and_the_next_call_opens_another() {
-    let leader = serve(Mode::FailAfter(1)).await;
-    let peers = Peers::default();
-    let stream = open(&peers, &leader.url).await;
-    let first = stream.call(forward(1), soon()).await.unwrap();
-    assert!(matches!(first, peer_answer::Answer::Forward(a) if a.log_index == 10));
-    let err = stream.call(forward(2), soon()).await.unwrap_err();
+    let (leader, peers, stream, err) = second_call_after_the_end(Mode::FailAfter(1)).await;
     assert!(
         matches!(&err, CallError::Failed(s) if s.message() == "leader went away"),
         "{err:?}"

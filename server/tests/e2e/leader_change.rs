@@ -332,13 +332,16 @@ fn a_transfer_to_a_member_that_does_not_answer_fails_fast_and_keeps_the_leader()
         write_took < Duration::from_millis(2500),
         "a write took {write_took:?}"
     );
-    let status = cluster.status(leader).unwrap();
-    assert_eq!(
-        (status.leader, status.raft_term),
-        (cluster.member_id(leader).unwrap(), term),
-        "the leader changed\n{}",
-        cluster.log_tails()
-    );
+    let kept = |when: &str| {
+        let status = cluster.status(leader).unwrap();
+        assert_eq!(
+            (status.leader, status.raft_term),
+            (cluster.member_id(leader).unwrap(), term),
+            "the leader changed {when}\n{}",
+            cluster.log_tails()
+        );
+    };
+    kept("during the transfer");
     // The `TimeoutNow` waited in the paused target's socket; handled after SIGCONT, it must
     // find the leader's offer withdrawn and start no election.
     assert!(
@@ -350,13 +353,7 @@ fn a_transfer_to_a_member_that_does_not_answer_fails_fast_and_keeps_the_leader()
         cluster.log_tails()
     );
     std::thread::sleep(Duration::from_millis(500));
-    let status = cluster.status(leader).unwrap();
-    assert_eq!(
-        (status.leader, status.raft_term),
-        (cluster.member_id(leader).unwrap(), term),
-        "the leader changed after the target refused\n{}",
-        cluster.log_tails()
-    );
+    kept("after the target refused");
 }
 
 /// SIGTERM on the leader while clients write through the two followers: the leader hands
