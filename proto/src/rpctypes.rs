@@ -215,8 +215,10 @@ catalogue! {
     TimeoutWaitAppliedIndex: "ErrGRPCTimeoutWaitAppliedIndex", Unavailable, "etcdserver: request timed out, waiting for the applied index took too long";
     /// A leadership transfer that did not complete in time. Not in `rpctypes`: etcd's
     /// MoveLeader sends this `server/etcdserver/errors` text through `togRPCError`'s
-    /// fallback, with code `Unknown`; Keel sends `Unavailable`.
-    TimeoutLeaderTransfer: "ErrTimeoutLeaderTransfer", Unavailable, "etcdserver: request timed out, leader transfer took too long";
+    /// fallback, with code `Unknown`, and so does Keel. (Keel sent `Unavailable` before,
+    /// which clientv3 retries: etcdctl sent the MoveLeader again for its whole 5 s command
+    /// timeout and printed `context deadline exceeded`; found by a fresh-user check.)
+    TimeoutLeaderTransfer: "ErrTimeoutLeaderTransfer", Unknown, "etcdserver: request timed out, leader transfer took too long";
     /// Too few healthy members for the request (e.g. a member remove).
     Unhealthy: "ErrGRPCUnhealthy", Unavailable, "etcdserver: unhealthy cluster";
     /// The CORRUPT alarm is active.
@@ -339,7 +341,7 @@ mod tests {
         (RpcError::TimeoutDueToLeaderFail, "ErrGRPCTimeoutDueToLeaderFail", Code::Unavailable, "etcdserver: request timed out, possibly due to previous leader failure"),
         (RpcError::TimeoutDueToConnectionLost, "ErrGRPCTimeoutDueToConnectionLost", Code::Unavailable, "etcdserver: request timed out, possibly due to connection lost"),
         (RpcError::TimeoutWaitAppliedIndex, "ErrGRPCTimeoutWaitAppliedIndex", Code::Unavailable, "etcdserver: request timed out, waiting for the applied index took too long"),
-        (RpcError::TimeoutLeaderTransfer, "ErrTimeoutLeaderTransfer", Code::Unavailable, "etcdserver: request timed out, leader transfer took too long"),
+        (RpcError::TimeoutLeaderTransfer, "ErrTimeoutLeaderTransfer", Code::Unknown, "etcdserver: request timed out, leader transfer took too long"),
         (RpcError::Unhealthy, "ErrGRPCUnhealthy", Code::Unavailable, "etcdserver: unhealthy cluster"),
         (RpcError::Corrupt, "ErrGRPCCorrupt", Code::DataLoss, "etcdserver: corrupt cluster"),
         (RpcError::NotSupportedForLearner, "ErrGRPCNotSupportedForLearner", Code::Unavailable, "etcdserver: rpc not supported for learner"),
