@@ -151,6 +151,7 @@ impl TransferGuard {
 
 impl Drop for TransferGuard {
     fn drop(&mut self) {
+        // A transfer cancelled while its `TimeoutNow` was out leaves no offer behind.
         self.gate.withdraw();
         self.raft.runtime_config().heartbeat(true);
         self.gate.busy.send_replace(false);
@@ -234,10 +235,7 @@ impl Transfer<'_> {
             if !leading {
                 return Err(EtcdError::NotLeader);
             }
-            let answering = self
-                .peers
-                .last_answer(target)
-                .is_some_and(|t| t.elapsed() <= self.answered_within);
+            let answering = self.peers.answered_within(target, self.answered_within);
             if matched >= last && answering {
                 break;
             }
@@ -352,8 +350,8 @@ pub async fn move_leader(cluster: &Cluster, target: NodeId) -> Result<(), EtcdEr
 /// etcd `EtcdServer.Stop` (`TransferLeadership`): a leader that stops hands leadership to the
 /// voter it has been connected to longest (etcd's `longestConnected`, by
 /// `Peers::active_since`) among those that answered a raft RPC within two heartbeat
-/// intervals (Keel's addition: the target [`Transfer::run`] would accept) first, so the cluster keeps a leader while this member drains and
-/// exits, instead of losing the writes of the drain and an election timeout. Does nothing on a
+/// intervals (Keel's addition: the target [`Transfer::run`] would accept) first, so the
+/// cluster keeps a leader while this member drains and exits, instead of losing the writes of the drain and an election timeout. Does nothing on a
 /// follower, or when no other voter exists (etcd: "skipped leadership transfer for single
 /// voting member cluster"). A failed transfer is logged (etcd's "leadership transfer failed")
 /// and the member stops anyway. Bounded as [`move_leader`] (the request timeout).
@@ -379,12 +377,7 @@ pub async fn hand_over_on_stop(cluster: &Cluster) {
     let answered_within = answered_within(&cluster.timing.raft);
     let connected = voters
         .iter()
-        .filter(|v| {
-            cluster
-                .peers
-                .last_answer(**v)
-                .is_some_and(|t| t.elapsed() <= answered_within)
-        })
+        .filter(|v| cluster.peers.answered_within(**v, answered_within))
         .filter_map(|v| cluster.peers.active_since(*v).map(|since| (since, *v)))
         .min();
     let Some((_, target)) = connected else {

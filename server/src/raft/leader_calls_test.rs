@@ -138,12 +138,17 @@ impl Peer for Fake {
             loop {
                 tokio::select! {
                     Some(answer) = running.next(), if !running.is_empty() => {
-                        if matches!(mode, Mode::FailAfter(limit) if answered == limit) {
-                            let _ = tx.send(Err(Status::unavailable("leader went away"))).await;
-                            return;
-                        }
-                        if matches!(mode, Mode::DrainAfter(limit) if answered == limit) {
-                            let _ = tx.send(Err(Status::from(EtcdError::NotLeader))).await;
+                        let end = match mode {
+                            Mode::FailAfter(limit) if answered == limit => {
+                                Some(Status::unavailable("leader went away"))
+                            }
+                            Mode::DrainAfter(limit) if answered == limit => {
+                                Some(Status::from(EtcdError::NotLeader))
+                            }
+                            _ => None,
+                        };
+                        if let Some(status) = end {
+                            let _ = tx.send(Err(status)).await;
                             return;
                         }
                         answered += 1;

@@ -235,6 +235,11 @@ impl Peers {
         }
     }
 
+    /// Whether `id` answered one of this member's raft RPCs within the last `within`.
+    pub fn answered_within(&self, id: NodeId, within: Duration) -> bool {
+        self.last_answer(id).is_some_and(|t| t.elapsed() <= within)
+    }
+
     /// Whether `id` has answered continuously since `since` or earlier (etcd's
     /// `isConnectedSince`).
     pub fn connected_since(&self, id: NodeId, since: Instant) -> bool {
