@@ -48,10 +48,6 @@ impl AuthService {
 
     /// Proposes `req` as `ai` and answers with its applied response and etcd's header.
     async fn run<A: AuthReply>(&self, ai: &AuthInfo, req: AuthRequest) -> Result<A, Status> {
-        // etcd serves only serializable reads and Status on a learner.
-        if self.node.is_learner() {
-            return Err(EtcdError::NotSupportedForLearner.into());
-        }
         let resp = self.node.propose_as(ai, req.into_raft()).await?;
         let mut reply = resp.response.and_then(A::from_raft).ok_or_else(|| {
             Status::from(EtcdError::Internal(

@@ -39,10 +39,7 @@ impl KvService {
 
     /// Proposes `req` as `ai`; apply checks its permissions (`apply/auth.rs`).
     async fn write(&self, ai: &AuthInfo, req: Rq) -> Result<(i64, Option<Rs>), Status> {
-        // etcd serves only serializable reads and Status on a learner.
-        if self.node.is_learner() {
-            return Err(EtcdError::NotSupportedForLearner.into());
-        }
+        // A learner never gets here: `learner_gate` refused the call.
         let resp = self.node.propose_as(ai, req).await?;
         Ok((resp.revision, resp.response))
     }
@@ -55,10 +52,6 @@ impl KvService {
     /// and range), judged at the read point and refused if the auth revision moved meanwhile
     /// (etcd `doSerialize`, as for Range).
     async fn txn_read_only(&self, ai: &AuthInfo, req: &TxnRequest) -> Result<TxnResponse, Status> {
-        // etcd serves only serializable Range and Status on a learner, never a Txn.
-        if self.node.is_learner() {
-            return Err(EtcdError::NotSupportedForLearner.into());
-        }
         // The chaos failpoint that breaks linearizable ranges breaks these reads alike.
         if !mvcc::is_txn_serializable(req) && !crate::failpoint::hit("linearizable_read_stale") {
             self.node.read_barrier().await?;

@@ -17,6 +17,7 @@ mod election;
 pub mod http;
 mod kv;
 pub mod kv_validate;
+pub mod learner_gate;
 mod lease;
 mod lease_leader;
 mod lock;
@@ -108,11 +109,13 @@ where
         .http2_keepalive_interval(ops.keepalive_interval())
         .http2_keepalive_timeout(ops.keepalive_timeout())
         .max_concurrent_streams(ops.max_concurrent_streams)
-        // Outermost first: the metrics also count what require-leader refuses.
+        // Outermost first: the metrics also count what require-leader and the learner gate
+        // refuse.
         .layer(http::GrpcMetricsLayer)
         .layer(tonic::service::InterceptorLayer::new(
             require_leader::interceptor(node.cluster.clone()),
         ))
+        .layer(learner_gate::LearnerGateLayer::new(node.clone()))
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;

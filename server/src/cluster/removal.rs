@@ -10,21 +10,20 @@
 //!   never reused, so the order proves a removal; a member catching up from the log passes
 //!   through older configs without itself first, which is why having been a member is
 //!   required);
-//! - remotely, when it has had no leader for [`ORPHAN_AFTER`] election timeouts: a peer
-//!   that follows a leader reports a committed config, newer than this member's, without this
-//!   member.
+//! - remotely, when it has heard from no leader for [`ORPHAN_AFTER`] election timeouts (a
+//!   removed learner, which never campaigns, still names its old leader): a peer that follows
+//!   a leader reports a committed config, newer than this member's, without this member.
 
 use std::time::Duration;
 
 use keel_proto::keelpb::{ClusterInfoRequest, ClusterInfoResponse};
 use openraft::Membership;
-use tokio::time::Instant;
 
 use super::Cluster;
 use super::members::member_list;
 use crate::raft::types::{LogId, MemberNode, NodeId};
 
-/// How many election timeouts without a leader make a member ask its peers whether it was
+/// How many election timeouts without a message from a leader make a member ask its peers whether it was
 /// removed.
 pub const ORPHAN_AFTER: u32 = 3;
 /// How often the watch looks.
@@ -67,7 +66,6 @@ pub async fn cluster_info(cluster: &Cluster, _req: ClusterInfoRequest) -> Cluste
 pub async fn removed(cluster: &Cluster) {
     let orphan_after = cluster.timing.election_timeout * ORPHAN_AFTER;
     let mut was_member = false;
-    let mut leader_seen = Instant::now();
     loop {
         tokio::time::sleep(CHECK_EVERY).await;
         let Some((log_id, membership)) = committed_membership(cluster).await else {
@@ -84,11 +82,12 @@ pub async fn removed(cluster: &Cluster) {
             tokio::time::sleep(GRACE).await;
             return;
         }
-        if cluster.raft.metrics().borrow().current_leader.is_some() {
-            leader_seen = Instant::now();
-        } else if leader_seen.elapsed() >= orphan_after
-            && removed_remotely(cluster, &membership, log_id).await
-        {
+        // Silence, not the metrics' `current_leader`: a learner never campaigns, so it keeps
+        // naming the leader that stopped replicating to it when it was removed.
+        if cluster.is_leader() || cluster.leader_contact.silence() < orphan_after {
+            continue;
+        }
+        if removed_remotely(cluster, &membership, log_id).await {
             tracing::warn!(
                 member_id = format!("{:x}", cluster.id),
                 "peers report that this member has been permanently removed from the cluster"

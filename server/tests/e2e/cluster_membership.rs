@@ -1,12 +1,16 @@
 //! Membership changes and leadership transfer on real `keel` processes, driven by etcdctl:
 //! a learner is added, catches up from a snapshot (while compactions run), is promoted and
-//! removed again (and stops by itself); bad requests get etcd's errors and change nothing;
+//! removed again (and stops by itself); a learner refuses what etcd's refuses and stops once
+//! removed; bad requests get etcd's errors and change nothing;
 //! MoveLeader moves leadership.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use keel_proto::etcdserverpb::{MemberAddRequest, MoveLeaderRequest, PutRequest, RangeRequest};
+use keel_proto::etcdserverpb::{
+    LeaseGrantRequest, MemberAddRequest, MemberListRequest, MoveLeaderRequest, PutRequest,
+    RangeRequest, WatchRequest,
+};
 use keel_testkit::Cluster;
 use keel_testkit::etcdctl::{self, CtlOutput, etcdctl};
 use keel_testkit::grpc;
@@ -195,6 +199,140 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
     );
     assert!(cluster.members[m4].log().contains("permanently removed"));
     etcdctl(&others, &["put", "after-removal", "ok"]).ok();
+}
+
+/// etcd's answer to what a learner does not serve (`v3rpc/interceptor.go`).
+const NOT_FOR_LEARNER: &str = "etcdserver: rpc not supported for learner";
+
+#[test]
+fn a_learner_serves_only_status_and_serializable_reads_and_stops_once_removed() {
+    let (_alone, mut cluster) = cluster(3, &[]);
+    let all = cluster.endpoints();
+    let leader = cluster.leader(Duration::from_secs(15));
+    etcdctl(&all, &["put", "before-the-learner", "v"]).ok();
+    let ports = Cluster::reserve_ports();
+    let peer = format!("http://127.0.0.1:{}", ports.1);
+    let out = member_cmd(
+        &all,
+        &[
+            "member",
+            "add",
+            "m4",
+            "--learner",
+            &format!("--peer-urls={peer}"),
+            "-w",
+            "json",
+        ],
+    );
+    let learner_id = out.json()["member"]["ID"]
+        .as_u64()
+        .expect("added member ID");
+    let m4 = cluster.join("m4", ports);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let committed = cluster.status(leader).unwrap().raft_index;
+        if cluster
+            .status(m4)
+            .is_ok_and(|s| s.raft_applied_index >= committed && s.is_learner)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the learner did not catch up\n{}",
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ep = cluster.members[m4].endpoint();
+
+    // Served: Status (above) and a serializable Range.
+    let got = etcdctl(
+        &ep,
+        &[
+            "get",
+            "before-the-learner",
+            "--consistency=s",
+            "--print-value-only",
+        ],
+    );
+    assert_eq!(got.ok().lines(), ["v"]);
+
+    // Refused before the request is looked at, unary and stream alike, with etcd's status.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let refused = |what: &str, status: tonic::Status| {
+            assert_eq!(
+                status.code(),
+                tonic::Code::Unavailable,
+                "{what}: {status:?}"
+            );
+            assert_eq!(status.message(), NOT_FOR_LEARNER, "{what}");
+        };
+        let put = grpc::kv(&ep)
+            .await
+            .put(PutRequest {
+                key: b"via-learner".to_vec(),
+                ..Default::default()
+            })
+            .await;
+        refused("Put", put.unwrap_err());
+        let grant = grpc::lease(&ep, Duration::from_secs(2))
+            .await
+            .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+            .await;
+        refused("LeaseGrant", grant.unwrap_err());
+        let list = grpc::cluster(&ep)
+            .await
+            .member_list(MemberListRequest::default())
+            .await;
+        refused("MemberList", list.unwrap_err());
+        let moved = grpc::maintenance(&ep)
+            .await
+            .move_leader(MoveLeaderRequest {
+                target_id: learner_id,
+            })
+            .await;
+        refused("MoveLeader", moved.unwrap_err());
+        let watch = grpc::watch(&ep)
+            .await
+            .watch(futures::stream::pending::<WatchRequest>())
+            .await;
+        refused("Watch", watch.unwrap_err());
+    });
+    // The JSON gateway answers the same status as grpc-gateway renders it.
+    let reply = crate::gateway::post(&ep, "/v3/kv/put", r#"{"key":"Zm9v","value":"YmFy"}"#);
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    assert_eq!(reply.json()["error"], NOT_FOR_LEARNER);
+    assert_eq!(reply.json()["code"], 14);
+    assert_eq!(
+        etcdctl(&all, &["get", "via-learner", "--print-value-only"])
+            .ok()
+            .stdout,
+        "",
+        "a refused write was applied"
+    );
+
+    // Removed while still a learner: it stops by itself, as etcd's does (it hears from no
+    // leader any more, and its peers report the removal).
+    let out = member_cmd(&all, &["member", "remove", &format!("{learner_id:x}")]);
+    assert!(out.ok().stdout.contains("removed from cluster"), "{out:?}");
+    let removed_at = Instant::now();
+    let exit = cluster.members[m4].wait_exit(Duration::from_secs(20));
+    assert!(
+        exit.is_some(),
+        "the removed learner keeps running\n{}",
+        cluster.members[m4].log_tail()
+    );
+    assert!(
+        cluster.members[m4].log().contains("permanently removed"),
+        "{}",
+        cluster.members[m4].log_tail()
+    );
+    eprintln!(
+        "the removed learner stopped {:?} after the removal",
+        removed_at.elapsed()
+    );
 }
 
 #[test]

@@ -16,13 +16,13 @@ use crate::http::dechunk;
 use crate::member;
 
 /// A gateway answer: HTTP status and body.
-struct Reply {
-    status: u16,
-    body: String,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) body: String,
 }
 
 impl Reply {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
     }
 }
@@ -89,7 +89,7 @@ fn read_reply(stream: TcpStream, done: impl Fn(&str) -> bool) -> Reply {
 }
 
 /// `POST path` with `body`, read to the end.
-fn post(addr: &str, path: &str, body: &str) -> Reply {
+pub(crate) fn post(addr: &str, path: &str, body: &str) -> Reply {
     read_reply(send(addr, path, body, None), |_| false)
 }
 

@@ -11,7 +11,7 @@
 //!
 //! Each route calls the gRPC service implementation in-process with a `tonic::Request`
 //! carrying the HTTP `Authorization` header as the `token` metadata, so validation, auth,
-//! QoS and error texts are the gRPC API's. Errors answer etcd's body
+//! QoS, the learner gate ([`crate::api::learner_gate`]) and error texts are the gRPC API's. Errors answer etcd's body
 //! `{"error":"<message>","message":"<message>","code":<gRPC code>}` with grpc-gateway's
 //! HTTP status for the code ([`error`]). Streams (Watch, LeaseKeepAlive, Observe,
 //! Snapshot) answer newline-delimited `{"result":{…}}` objects ([`stream`]).
@@ -50,6 +50,8 @@ use crate::node::Node;
 
 /// The gRPC services the gateway calls, one instance each per client listener.
 struct Services {
+    /// The member, for the learner gate.
+    node: Arc<Node>,
     kv: KvService,
     lease: LeaseService,
     watch: WatchService,
@@ -76,6 +78,8 @@ macro_rules! route {
                 let services = services.clone();
                 async move {
                     $answer(&headers, &body, |r| async move {
+                        let path = grpc_path(stringify!($svc), stringify!($method));
+                        crate::api::learner_gate::check(&services.node, &path)?;
                         let call = services.$svc.$method(r);
                         if $metered {
                             metered(stringify!($svc), stringify!($method), call).await
@@ -119,6 +123,7 @@ fn grpc_path(field: &str, method: &str) -> String {
     let service = match field {
         "kv" => "etcdserverpb.KV",
         "lease" => "etcdserverpb.Lease",
+        "watch" => "etcdserverpb.Watch",
         "cluster" => "etcdserverpb.Cluster",
         "maintenance" => "etcdserverpb.Maintenance",
         "auth" => "etcdserverpb.Auth",
@@ -147,6 +152,7 @@ pub fn routes(node: Arc<Node>) -> Router {
     // layer then enforces the limit itself, with etcd's error.
     let body_limit = node.config.max_request_bytes as usize * 2 + GRPC_OVERHEAD_BYTES;
     let s = Arc::new(Services {
+        node: node.clone(),
         kv: KvService::new(node.clone()),
         lease: LeaseService::new(node.clone()),
         watch: WatchService::new(node.clone()),
@@ -322,6 +328,7 @@ mod tests {
             "/etcdserverpb.Lease/LeaseTimeToLive"
         );
         assert_eq!(grpc_path("lock", "unlock"), "/v3lockpb.Lock/Unlock");
+        assert_eq!(grpc_path("watch", "watch"), "/etcdserverpb.Watch/Watch");
         assert!(
             crate::metrics::grpc::Call::start(&grpc_path("auth", "user_change_password")).is_some()
         );
