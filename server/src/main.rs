@@ -8,6 +8,10 @@ use keel_server::tls::server::with_http1;
 use keel_server::{api, node::Node};
 use tokio::sync::watch;
 
+/// How long a stopping member waits for its peer connections to close once its peer server
+/// stopped (peers' in-flight answers need milliseconds; a paused peer would need forever).
+const PEER_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// mimalloc instead of glibc malloc: the request path allocates many small, short-lived
 /// buffers (protobuf messages, HTTP/2 frames, index blocks) across threads, where glibc's
 /// arenas spent ~12% of a member's CPU under a 64-client put load (docs/benchmarks.md).
@@ -222,8 +226,13 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     };
     let _ = tokio::time::timeout_at(drain_until, clients).await;
     let _ = peer_stop_tx.send(true);
+    // This member's raft streams end with the peer server; what is left are connections
+    // closing, and a paused peer never closes its own (it held the exit until it resumed).
+    let peers_until = drain_until.min(tokio::time::Instant::now() + PEER_CLOSE_GRACE);
     let peers = async { while peer_servers.join_next().await.is_some() {} };
-    let _ = tokio::time::timeout_at(drain_until, peers).await;
+    if tokio::time::timeout_at(peers_until, peers).await.is_err() {
+        tracing::info!("stopped waiting for peer connections to close");
+    }
     node.shutdown().await;
     result
 }
