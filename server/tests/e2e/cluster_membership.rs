@@ -45,6 +45,53 @@ pub(crate) fn member_cmd(endpoints: &str, args: &[&str]) -> CtlOutput {
     }
 }
 
+/// Adds a learner `m4` through `endpoints` (`etcdctl member add --learner`), checks it is
+/// listed as an unstarted learner, and starts it; returns its member ID and index.
+fn add_learner(cluster: &mut Cluster, endpoints: &str) -> (u64, usize) {
+    let ports = Cluster::reserve_ports();
+    let peer = format!("--peer-urls=http://127.0.0.1:{}", ports.1);
+    let out = member_cmd(
+        endpoints,
+        &["member", "add", "m4", "--learner", &peer, "-w", "json"],
+    );
+    let learner_id = out.json()["member"]["ID"]
+        .as_u64()
+        .expect("added member ID");
+    assert_eq!(
+        members(endpoints).get(&learner_id),
+        Some(&(String::new(), true))
+    );
+    (learner_id, cluster.join("m4", ports))
+}
+
+/// Waits up to `within` until learner `m4` applied all that `leader` committed, running
+/// `meanwhile` before each look.
+fn wait_caught_up(
+    cluster: &Cluster,
+    leader: usize,
+    m4: usize,
+    within: Duration,
+    mut meanwhile: impl FnMut(),
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        meanwhile();
+        let committed = cluster.status(leader).unwrap().raft_index;
+        if cluster
+            .status(m4)
+            .is_ok_and(|s| s.raft_applied_index >= committed && s.is_learner)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the learner did not catch up\n{}",
+            cluster.log_tails()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed() {
     let (_alone, mut cluster) = cluster(
@@ -81,50 +128,18 @@ fn learner_catches_up_from_a_snapshot_during_compactions_is_promoted_and_removed
         }
     });
 
-    let ports = Cluster::reserve_ports();
-    let peer = format!("http://127.0.0.1:{}", ports.1);
-    let out = member_cmd(
-        &all,
-        &[
-            "member",
-            "add",
-            "m4",
-            "--learner",
-            &format!("--peer-urls={peer}"),
-            "-w",
-            "json",
-        ],
-    );
-    let learner_id = out.json()["member"]["ID"]
-        .as_u64()
-        .expect("added member ID");
-    assert_eq!(members(&all).get(&learner_id), Some(&(String::new(), true)));
-    let m4 = cluster.join("m4", ports);
+    let (learner_id, m4) = add_learner(&mut cluster, &all);
 
     // Compactions keep arriving while the learner receives and installs its snapshot.
-    let deadline = Instant::now() + Duration::from_secs(30);
     let mut compacted = 0;
-    loop {
+    wait_caught_up(&cluster, leader, m4, Duration::from_secs(30), || {
         let rev = etcdctl::revision(&all);
         if compacted < rev - 1 {
             etcdctl(&all, &["put", "compaction-tick", &rev.to_string()]).ok();
             etcdctl(&all, &["compact", &rev.to_string()]).ok();
             compacted = rev;
         }
-        let committed = cluster.status(leader).unwrap().raft_index;
-        if cluster
-            .status(m4)
-            .is_ok_and(|s| s.raft_applied_index >= committed && s.is_learner)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the learner did not catch up\n{}",
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
     assert!(
         cluster.members[m4].wait_for_log("installed a snapshot", Duration::from_secs(10)),
         "{}",
@@ -210,40 +225,8 @@ fn a_learner_serves_only_status_and_serializable_reads_and_stops_once_removed() 
     let all = cluster.endpoints();
     let leader = cluster.leader(Duration::from_secs(15));
     etcdctl(&all, &["put", "before-the-learner", "v"]).ok();
-    let ports = Cluster::reserve_ports();
-    let peer = format!("http://127.0.0.1:{}", ports.1);
-    let out = member_cmd(
-        &all,
-        &[
-            "member",
-            "add",
-            "m4",
-            "--learner",
-            &format!("--peer-urls={peer}"),
-            "-w",
-            "json",
-        ],
-    );
-    let learner_id = out.json()["member"]["ID"]
-        .as_u64()
-        .expect("added member ID");
-    let m4 = cluster.join("m4", ports);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let committed = cluster.status(leader).unwrap().raft_index;
-        if cluster
-            .status(m4)
-            .is_ok_and(|s| s.raft_applied_index >= committed && s.is_learner)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the learner did not catch up\n{}",
-            cluster.log_tails()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (learner_id, m4) = add_learner(&mut cluster, &all);
+    wait_caught_up(&cluster, leader, m4, Duration::from_secs(20), || {});
     let ep = cluster.members[m4].endpoint();
 
     // Served: Status (above) and a serializable Range.
