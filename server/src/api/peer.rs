@@ -13,15 +13,15 @@ use keel_proto::etcdserverpb::{
 use keel_proto::keelpb::peer_server::Peer;
 use keel_proto::keelpb::{
     ClusterInfoRequest, ClusterInfoResponse, ConfirmTransferRequest, ConfirmTransferResponse,
-    PeerCall, RaftPayload, RaftRequest, RaftResponse, ReadIndexRequest, ReadIndexResponse,
-    TimeoutNowRequest, TimeoutNowResponse,
+    ExpireLeaderLeaseRequest, ExpireLeaderLeaseResponse, PeerCall, RaftPayload, RaftRequest,
+    RaftResponse, ReadIndexRequest, ReadIndexResponse, TimeoutNowRequest, TimeoutNowResponse,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
 use super::{peer_calls, peer_stream};
-use crate::cluster::{reconfig, removal, transfer};
+use crate::cluster::{leader_lease, reconfig, removal, transfer};
 use crate::node::{FORWARD_LOG_INDEX, Node};
 
 /// Peer service of one member.
@@ -151,6 +151,15 @@ impl Peer for PeerService {
             &self.node.cluster.gate,
             r.get_ref(),
         )))
+    }
+
+    async fn expire_leader_lease(
+        &self,
+        r: Request<ExpireLeaderLeaseRequest>,
+    ) -> Result<Response<ExpireLeaderLeaseResponse>, Status> {
+        Ok(Response::new(
+            leader_lease::on_expire_leader_lease(&self.node.cluster, r.get_ref()).await,
+        ))
     }
 
     async fn cluster_info(

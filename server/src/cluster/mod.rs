@@ -7,7 +7,7 @@
 //! - [`timing`] — openraft timers from etcd's heartbeat and election timeout;
 //! - [`read_index`] (+ [`batch`]) — linearizable reads on any member, batched;
 //! - [`reconfig`] (+ [`members`]) — MemberAdd/Remove/Update/Promote with etcd's checks;
-//! - [`transfer`] — `MoveLeader`;
+//! - [`transfer`] (+ [`leader_lease`]) — `MoveLeader` and the stopping leader's hand-over;
 //! - [`removal`] — ClusterInfo for peers and stopping after this member was removed;
 //! - [`watchdog`] — an election backstop for members openraft holds back;
 //! - [`leadership`] — whether this member has a leader (require-leader requests);
@@ -23,6 +23,7 @@ pub mod bootstrap;
 pub mod compact_hash;
 pub mod corrupt;
 pub mod drain;
+pub mod leader_lease;
 pub mod leadership;
 pub mod members;
 pub mod read_index;

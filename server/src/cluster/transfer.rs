@@ -8,10 +8,11 @@
 //!    holds proposals and read-index rounds. Heartbeats go on.
 //! 2. It waits, at most one election timeout, until the target's replicated log matches its
 //!    own last log index and the target answered a raft RPC within two heartbeat intervals.
-//! 3. It switches heartbeats off and waits out the followers' leader lease (counted from the
-//!    last replication message), so that they will grant a vote; their own election timers
-//!    need another `election_timeout_min` to fire, which leaves the target a clear head
-//!    start.
+//! 3. It switches heartbeats off and has the voters' leader lease lapse, so that they will
+//!    grant a vote: it asks them to expire it at once ([`super::leader_lease`]), or, when
+//!    too few can, waits it out (counted from the last replication message). Their own
+//!    election timers need another `election_timeout_min` to fire either way, which leaves
+//!    the target a clear head start.
 //! 4. It sends `keelpb.Peer/TimeoutNow`; the target calls `raft.trigger().elect()`.
 //! 5. It waits, at most one election timeout, until the target is the leader it follows.
 //!
@@ -245,9 +246,31 @@ impl Transfer<'_> {
             tokio::time::sleep(TRANSFER_POLL).await;
         }
 
-        // 3. Let the followers' leader lease lapse: no message goes out from now on.
+        // 3. Let the voters' leader lease lapse: no message goes out from now on. Asked, they
+        //    drop it at once; else it runs out.
         guard.heartbeats_off();
-        tokio::time::sleep_until((Instant::now() + self.lease + self.margin).min(deadline)).await;
+        let lapsed = (Instant::now() + self.lease + self.margin).min(deadline);
+        let expired = super::leader_lease::expire_for_transfer(
+            self.id,
+            self.raft,
+            self.peers,
+            term,
+            target,
+            self.timeout_now_within,
+        )
+        .await;
+        if expired {
+            tracing::info!(
+                target = format!("{target:x}"),
+                "leadership transfer: a majority let the leader lease lapse"
+            );
+        } else {
+            tracing::info!(
+                target = format!("{target:x}"),
+                "leadership transfer: waiting out the leader lease"
+            );
+            tokio::time::sleep_until(lapsed).await;
+        }
 
         // 4. TimeoutNow.
         let mut client = self

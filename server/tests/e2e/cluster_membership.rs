@@ -456,6 +456,15 @@ fn move_leader_moves_leadership_and_refuses_bad_targets() {
         )]
     );
     eprintln!("move-leader took {took:?} (etcdctl round trip included)");
+    // The voters dropped their leader lease when asked, instead of the leader waiting it out.
+    assert!(
+        cluster.members[leader].wait_for_log(
+            "a majority let the leader lease lapse",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        cluster.members[leader].log_tail()
+    );
     assert_eq!(
         cluster.leader(Duration::from_secs(5)),
         target,

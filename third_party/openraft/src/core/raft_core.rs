@@ -1212,6 +1212,19 @@ where
                     ExternalCommand::PurgeLog { upto } => {
                         self.engine.trigger_purge_log(upto);
                     }
+                    ExternalCommand::ExpireLeaderLease { leader } => {
+                        // Keel patch: only the lease held for `leader` (on `leader` itself, its
+                        // own); backdated just past the lease, so a vote request passes the
+                        // lease check while this node's own election timer, which counts
+                        // `leader_lease + election_timeout` from the same time, still has a
+                        // whole election timeout to run.
+                        let vote = self.engine.state.vote_ref();
+                        if vote.is_committed() && vote.leader_id().voted_for() == Some(leader) {
+                            let lease = self.engine.config.timer_config.leader_lease;
+                            let at = C::now() - lease - Duration::from_millis(1);
+                            self.engine.state.vote.backdate(at);
+                        }
+                    }
                 }
             }
         };

@@ -61,6 +61,18 @@ where C: RaftTypeConfig
         self.raft_inner.send_external_command(ExternalCommand::Snapshot, "trigger_snapshot").await
     }
 
+    /// Keel patch: expire the leader lease this node holds for `leader` (the committed vote
+    /// of `leader`'s term), so that it grants its vote to another candidate at once instead of
+    /// after `leader_lease`. A no-op when this node's committed vote is not for `leader`.
+    ///
+    /// For leadership transfer (Raft thesis §3.10: a `TimeoutNow` election disregards the
+    /// lease); the command is queued before any vote request that arrives after this returns.
+    pub async fn expire_leader_lease(&self, leader: C::NodeId) -> Result<(), Fatal<C::NodeId>> {
+        self.raft_inner
+            .send_external_command(ExternalCommand::ExpireLeaderLease { leader }, "expire_leader_lease")
+            .await
+    }
+
     /// Initiate the log purge up to and including the given `upto` log index.
     ///
     /// Logs that are not included in a snapshot will **NOT** be purged.

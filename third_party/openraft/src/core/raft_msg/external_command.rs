@@ -31,6 +31,10 @@ pub(crate) enum ExternalCommand<C: RaftTypeConfig> {
     ///
     /// [`max_in_snapshot_log_to_keep`]: `crate::Config::max_in_snapshot_log_to_keep`
     PurgeLog { upto: u64 },
+
+    /// Keel patch: let the leader lease held for `leader` lapse now, so that this node grants
+    /// its vote to a candidate that `leader` hands leadership to (Raft thesis §3.10).
+    ExpireLeaderLease { leader: C::NodeId },
 }
 
 impl<C> fmt::Debug for ExternalCommand<C>
@@ -60,6 +64,9 @@ where C: RaftTypeConfig
             }
             ExternalCommand::PurgeLog { upto } => {
                 write!(f, "PurgeLog[..={}]", upto)
+            }
+            ExternalCommand::ExpireLeaderLease { leader } => {
+                write!(f, "ExpireLeaderLease[{}]", leader)
             }
         }
     }
