@@ -795,16 +795,31 @@ impl Node {
     /// on any member, batched: see `cluster::read_index`): it obtained a read index from the
     /// leader and applied up to it.
     ///
-    /// Errors: `NotSupportedForLearner` on a learner (as etcd), `NoLeader` when no leader
+    /// Errors: `NotSupportedForLearner` on a member that is not a voter (a learner, as etcd),
+    /// `NoLeader` when no leader
     /// emerges in time, `Timeout`, `Stopped` on shutdown.
     pub async fn read_barrier(&self) -> Result<(), EtcdError> {
-        if self.is_learner() {
+        if !self.is_voter() {
             return Err(EtcdError::NotSupportedForLearner);
         }
         self.cluster.reads.barrier().await
     }
 
-    /// Whether this member is a raft learner (etcd refuses most client RPCs on learners).
+    /// Whether this member is a voter of the membership config it knows. A learner is not,
+    /// and neither is a member that joined and has not received its membership yet (it may
+    /// be a learner: etcd's learner refuses client RPCs from its first one) or one that
+    /// applied its own removal.
+    pub fn is_voter(&self) -> bool {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|v| v == self.id)
+    }
+
+    /// Whether this member is a raft learner (Status, `etcd_server_is_learner`, `/readyz`).
     pub fn is_learner(&self) -> bool {
         self.raft
             .metrics()

@@ -7,9 +7,16 @@
 //! The refusal happens before the request is decoded: by [`LearnerGateLayer`] for gRPC, and
 //! by the JSON gateway for its routes ([`serves`]). A Range is let through because only its
 //! body says whether it is serializable; a linearizable one is refused by the read path
-//! (`Node::read_barrier`). A member that left the membership is not a learner and is not
-//! gated (etcd checks `IsMemberExist` first). Keel's own `keelpb.Qos` service is gated like
-//! etcd's: a learner serves reads of its own state only.
+//! (`Node::read_barrier`). Keel's own `keelpb.Qos` service is gated like etcd's: a learner
+//! serves reads of its own state only.
+//!
+//! "Learner" here means "not a voter of the membership this member knows": a member that
+//! just joined knows no membership until the leader's log or snapshot reaches it, and may
+//! have been added as a learner; it served its first requests as a voter would (a put was
+//! applied through a fresh learner, found by a fresh-user check), where etcd's learner,
+//! which learns its role from its peers at start, refused them. A joining voter therefore
+//! refuses too until its membership arrives (clients retry `Unavailable` elsewhere), and a
+//! member that applied its own removal refuses until it stops.
 //!
 //! One difference in order: etcd checks the learner before require-leader; here the gate sits
 //! inside the require-leader interceptor (tonic's interceptor body cannot be built outside
@@ -44,10 +51,10 @@ pub fn serves(path: &str) -> bool {
     SERVED_ON_A_LEARNER.contains(&path) || !CLIENT_PACKAGES.iter().any(|p| path.starts_with(p))
 }
 
-/// `Err(etcdserver: rpc not supported for learner)` when `node` is a learner and does not
-/// serve the RPC at gRPC `path`.
+/// `Err(etcdserver: rpc not supported for learner)` when `node` is not a voter
+/// ([`Node::is_voter`]) and does not serve the RPC at gRPC `path`.
 pub fn check(node: &Node, path: &str) -> Result<(), Status> {
-    if !serves(path) && node.is_learner() {
+    if !serves(path) && !node.is_voter() {
         return Err(EtcdError::NotSupportedForLearner.into());
     }
     Ok(())

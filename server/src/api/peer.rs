@@ -13,8 +13,8 @@ use keel_proto::etcdserverpb::{
 use keel_proto::keelpb::peer_server::Peer;
 use keel_proto::keelpb::{
     ClusterInfoRequest, ClusterInfoResponse, ConfirmTransferRequest, ConfirmTransferResponse,
-    ExpireLeaderLeaseRequest, ExpireLeaderLeaseResponse, PeerCall, RaftPayload, RaftRequest,
-    RaftResponse, ReadIndexRequest, ReadIndexResponse, TimeoutNowRequest, TimeoutNowResponse,
+    PeerCall, RaftPayload, RaftRequest, RaftResponse, ReadIndexRequest, ReadIndexResponse,
+    TimeoutNowRequest, TimeoutNowResponse, WaiveLeaderLeaseRequest, WaiveLeaderLeaseResponse,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -153,12 +153,12 @@ impl Peer for PeerService {
         )))
     }
 
-    async fn expire_leader_lease(
+    async fn waive_leader_lease(
         &self,
-        r: Request<ExpireLeaderLeaseRequest>,
-    ) -> Result<Response<ExpireLeaderLeaseResponse>, Status> {
+        r: Request<WaiveLeaderLeaseRequest>,
+    ) -> Result<Response<WaiveLeaderLeaseResponse>, Status> {
         Ok(Response::new(
-            leader_lease::on_expire_leader_lease(&self.node.cluster, r.get_ref()).await,
+            leader_lease::on_waive_leader_lease(&self.node.cluster, r.get_ref()).await,
         ))
     }
 

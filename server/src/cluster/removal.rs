@@ -23,8 +23,8 @@ use super::Cluster;
 use super::members::member_list;
 use crate::raft::types::{LogId, MemberNode, NodeId};
 
-/// How many election timeouts without a message from a leader make a member ask its peers whether it was
-/// removed.
+/// How many election timeouts without a message from a leader make a member ask its peers
+/// whether it was removed.
 pub const ORPHAN_AFTER: u32 = 3;
 /// How often the watch looks.
 const CHECK_EVERY: Duration = Duration::from_millis(250);

@@ -8,11 +8,12 @@
 //!    holds proposals and read-index rounds. Heartbeats go on.
 //! 2. It waits, at most one election timeout, until the target's replicated log matches its
 //!    own last log index and the target answered a raft RPC within two heartbeat intervals.
-//! 3. It switches heartbeats off and has the voters' leader lease lapse, so that they will
-//!    grant a vote: it asks them to expire it at once ([`super::leader_lease`]), or, when
+//! 3. It switches heartbeats off and has the voters' leader lease lifted, so that they will
+//!    grant a vote: it asks them to waive it at once ([`super::leader_lease`]), or, when
 //!    too few can, waits it out (counted from the last replication message). Their own
 //!    election timers need another `election_timeout_min` to fire either way, which leaves
-//!    the target a clear head start.
+//!    the target a clear head start. Then it checks again that the target holds its whole
+//!    log (writes accepted before the gate closed may have reached the log since step 2).
 //! 4. It sends `keelpb.Peer/TimeoutNow`; the target calls `raft.trigger().elect()`.
 //! 5. It waits, at most one election timeout, until the target is the leader it follows.
 //!
@@ -171,6 +172,8 @@ pub struct Transfer<'a> {
     pub gate: &'a TransferGate,
     /// openraft's leader lease (`election_timeout_max`).
     pub lease: Duration,
+    /// How long the voters disregard the lease once they waived it (`election_timeout_min`).
+    pub waiver: Duration,
     /// Bound on the target's catching up and on the election after `TimeoutNow` (etcd's
     /// election timeout).
     pub election_timeout: Duration,
@@ -226,43 +229,28 @@ impl Transfer<'_> {
         //    it, and must be answering: heartbeats stop next, and a target that cannot take
         //    over would leave the cluster to an election.
         let step = (Instant::now() + self.election_timeout).min(deadline);
-        loop {
-            let (leading, matched, last) = {
-                let m = self.raft.metrics();
-                let m = m.borrow();
-                let matched = matched_index(&m, target);
-                (m.current_leader == Some(self.id), matched, m.last_log_index)
-            };
-            if !leading {
-                return Err(EtcdError::NotLeader);
-            }
-            let answering = self.peers.answered_within(target, self.answered_within);
-            if matched >= last && answering {
-                break;
-            }
-            if Instant::now() >= step {
-                return Err(EtcdError::TimeoutLeaderTransfer);
-            }
-            tokio::time::sleep(TRANSFER_POLL).await;
+        if !self.caught_up(target, step).await? {
+            return Err(EtcdError::TimeoutLeaderTransfer);
         }
 
-        // 3. Let the voters' leader lease lapse: no message goes out from now on. Asked, they
-        //    drop it at once; else it runs out.
+        // 3. Lift the voters' leader lease: no heartbeat goes out from now on. Asked, they
+        //    waive it at once; else it runs out.
         guard.heartbeats_off();
         let lapsed = (Instant::now() + self.lease + self.margin).min(deadline);
-        let expired = super::leader_lease::expire_for_transfer(
+        let waived = super::leader_lease::waive_for_transfer(
             self.id,
             self.raft,
             self.peers,
             term,
             target,
             self.timeout_now_within,
+            self.waiver,
         )
         .await;
-        if expired {
+        if waived {
             tracing::info!(
                 target = format!("{target:x}"),
-                "leadership transfer: a majority let the leader lease lapse"
+                "leadership transfer: a majority waived the leader lease"
             );
         } else {
             tracing::info!(
@@ -270,6 +258,12 @@ impl Transfer<'_> {
                 "leadership transfer: waiting out the leader lease"
             );
             tokio::time::sleep_until(lapsed).await;
+        }
+        // Writes accepted before the gate closed may have reached the log since step 2; a
+        // target without them would lose the election to the voters that have them.
+        let settle = (Instant::now() + self.answered_within).min(deadline);
+        if !self.caught_up(target, settle).await? {
+            return Err(EtcdError::TimeoutLeaderTransfer);
         }
 
         // 4. TimeoutNow.
@@ -321,6 +315,35 @@ impl Transfer<'_> {
     }
 }
 
+impl Transfer<'_> {
+    /// Waits until `target`'s matched log reaches this leader's last log index and `target`
+    /// answered a raft RPC within `answered_within`: `Ok(true)`; `Ok(false)` if `until`
+    /// passed first.
+    ///
+    /// Errors: `NotLeader` once this member no longer leads.
+    async fn caught_up(&self, target: NodeId, until: Instant) -> Result<bool, EtcdError> {
+        loop {
+            let (leading, matched, last) = {
+                let m = self.raft.metrics();
+                let m = m.borrow();
+                let matched = matched_index(&m, target);
+                (m.current_leader == Some(self.id), matched, m.last_log_index)
+            };
+            if !leading {
+                return Err(EtcdError::NotLeader);
+            }
+            let answering = self.peers.answered_within(target, self.answered_within);
+            if matched >= last && answering {
+                return Ok(true);
+            }
+            if Instant::now() >= until {
+                return Ok(false);
+            }
+            tokio::time::sleep(TRANSFER_POLL).await;
+        }
+    }
+}
+
 /// The target's head start over the other followers' election timers, in ms: one
 /// heartbeat, at most a quarter of `election_timeout_min`.
 fn margin_ms(timers: &crate::cluster::timing::RaftTimers) -> u64 {
@@ -353,6 +376,7 @@ pub async fn move_leader(cluster: &Cluster, target: NodeId) -> Result<(), EtcdEr
         peers: &cluster.peers,
         gate: &cluster.gate,
         lease: Duration::from_millis(timers.election_timeout_max),
+        waiver: Duration::from_millis(timers.election_timeout_min),
         election_timeout: cluster.timing.election_timeout,
         answered_within: answered_within(&timers),
         timeout_now_within: timeout_now_within(&timers),

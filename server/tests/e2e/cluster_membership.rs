@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use keel_proto::etcdserverpb::kv_client::KvClient;
 use keel_proto::etcdserverpb::{
     LeaseGrantRequest, MemberAddRequest, MemberListRequest, MoveLeaderRequest, PutRequest,
     RangeRequest, WatchRequest,
@@ -226,8 +227,36 @@ fn a_learner_serves_only_status_and_serializable_reads_and_stops_once_removed() 
     let leader = cluster.leader(Duration::from_secs(15));
     etcdctl(&all, &["put", "before-the-learner", "v"]).ok();
     let (learner_id, m4) = add_learner(&mut cluster, &all);
-    wait_caught_up(&cluster, leader, m4, Duration::from_secs(20), || {});
     let ep = cluster.members[m4].endpoint();
+    // From its very first answer, before its membership reached it: a fresh learner served
+    // its first requests as a voter (a put through it was applied).
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let first = rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(Instant::now() < deadline, "the learner never answered");
+            let Ok(channel) = grpc::channel(&ep, Duration::from_secs(2)).await else {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            };
+            let put = KvClient::new(channel)
+                .put(PutRequest {
+                    key: b"first-via-learner".to_vec(),
+                    ..Default::default()
+                })
+                .await;
+            match put {
+                // Not up yet: a transport error, not the server's answer.
+                Err(s) if !s.message().starts_with("etcdserver:") => {}
+                answer => break answer,
+            }
+        }
+    });
+    assert_eq!(
+        first.map(|_| ()).map_err(|s| s.message().to_string()),
+        Err(NOT_FOR_LEARNER.to_string())
+    );
+    wait_caught_up(&cluster, leader, m4, Duration::from_secs(20), || {});
 
     // Served: Status (above) and a serializable Range.
     let got = etcdctl(
@@ -242,7 +271,6 @@ fn a_learner_serves_only_status_and_serializable_reads_and_stops_once_removed() 
     assert_eq!(got.ok().lines(), ["v"]);
 
     // Refused before the request is looked at, unary and stream alike, with etcd's status.
-    let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let refused = |what: &str, status: tonic::Status| {
             assert_eq!(
@@ -288,13 +316,15 @@ fn a_learner_serves_only_status_and_serializable_reads_and_stops_once_removed() 
     assert_eq!(reply.status, 503, "{}", reply.body);
     assert_eq!(reply.json()["error"], NOT_FOR_LEARNER);
     assert_eq!(reply.json()["code"], 14);
-    assert_eq!(
-        etcdctl(&all, &["get", "via-learner", "--print-value-only"])
-            .ok()
-            .stdout,
-        "",
-        "a refused write was applied"
-    );
+    for key in ["via-learner", "first-via-learner"] {
+        assert_eq!(
+            etcdctl(&all, &["get", key, "--print-value-only"])
+                .ok()
+                .stdout,
+            "",
+            "a refused write was applied"
+        );
+    }
 
     // Removed while still a learner: it stops by itself, as etcd's does (it hears from no
     // leader any more, and its peers report the removal).
@@ -456,12 +486,10 @@ fn move_leader_moves_leadership_and_refuses_bad_targets() {
         )]
     );
     eprintln!("move-leader took {took:?} (etcdctl round trip included)");
-    // The voters dropped their leader lease when asked, instead of the leader waiting it out.
+    // The voters waived their leader lease when asked, instead of the leader waiting it out.
     assert!(
-        cluster.members[leader].wait_for_log(
-            "a majority let the leader lease lapse",
-            Duration::from_secs(5)
-        ),
+        cluster.members[leader]
+            .wait_for_log("a majority waived the leader lease", Duration::from_secs(5)),
         "{}",
         cluster.members[leader].log_tail()
     );

@@ -90,13 +90,6 @@ impl<T, I: Instant> UTime<T, I> {
         self.utime = Some(now);
     }
 
-    /// Keel patch: moves the last-updated time back to `at`, never forward.
-    pub(crate) fn backdate(&mut self, at: I) {
-        if self.utime.map_or(true, |u| u > at) {
-            self.utime = Some(at);
-        }
-    }
-
     /// Update the last updated time.
     pub(crate) fn touch(&mut self, now: I) {
         debug_assert!(

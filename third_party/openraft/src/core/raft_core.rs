@@ -1212,17 +1212,15 @@ where
                     ExternalCommand::PurgeLog { upto } => {
                         self.engine.trigger_purge_log(upto);
                     }
-                    ExternalCommand::ExpireLeaderLease { leader } => {
-                        // Keel patch: only the lease held for `leader` (on `leader` itself, its
-                        // own); backdated just past the lease, so a vote request passes the
-                        // lease check while this node's own election timer, which counts
-                        // `leader_lease + election_timeout` from the same time, still has a
-                        // whole election timeout to run.
+                    ExternalCommand::WaiveLeaderLease { leader, within } => {
+                        // Keel patch: only the lease held for `leader`'s committed vote (on
+                        // `leader` itself, its own). The vote time is left alone: AppendEntries
+                        // still refresh it, and this node's own election timer keeps counting
+                        // from the leader's last message, as if there had been no waiver.
                         let vote = self.engine.state.vote_ref();
                         if vote.is_committed() && vote.leader_id().voted_for() == Some(leader) {
-                            let lease = self.engine.config.timer_config.leader_lease;
-                            let at = C::now() - lease - Duration::from_millis(1);
-                            self.engine.state.vote.backdate(at);
+                            let until = C::now() + within;
+                            self.engine.lease_waiver = Some((vote.clone(), until));
                         }
                     }
                 }

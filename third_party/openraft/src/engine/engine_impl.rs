@@ -92,6 +92,10 @@ where C: RaftTypeConfig
 
     /// Output entry for the runtime.
     pub(crate) output: EngineOutput<C>,
+
+    /// Keel patch: the leader lease held for this vote is disregarded by vote requests until
+    /// this time (leadership transfer, Raft thesis §3.10; `Trigger::waive_leader_lease`).
+    pub(crate) lease_waiver: Option<(Vote<C::NodeId>, <C::AsyncRuntime as AsyncRuntime>::Instant)>,
 }
 
 impl<C> Engine<C>
@@ -108,6 +112,7 @@ where C: RaftTypeConfig
             leader: None,
             candidate: None,
             output: EngineOutput::new(4096),
+            lease_waiver: None,
         }
     }
 
@@ -302,7 +307,10 @@ where C: RaftTypeConfig
             vote_utime + lease - now
         );
 
-        if vote.is_committed() {
+        // Keel patch: a waiver for exactly this vote, still running, lifts the lease.
+        let waived = self.lease_waiver.as_ref().is_some_and(|(v, until)| v == vote && now <= *until);
+
+        if vote.is_committed() && !waived {
             // Current leader lease has not yet expired, reject voting request
             if now <= vote_utime + lease {
                 tracing::info!(

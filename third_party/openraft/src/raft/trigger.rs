@@ -1,5 +1,7 @@
 //! Trigger an action to RaftCore by external caller.
 
+use std::time::Duration;
+
 use crate::core::raft_msg::external_command::ExternalCommand;
 use crate::error::Fatal;
 use crate::raft::RaftInner;
@@ -61,15 +63,21 @@ where C: RaftTypeConfig
         self.raft_inner.send_external_command(ExternalCommand::Snapshot, "trigger_snapshot").await
     }
 
-    /// Keel patch: expire the leader lease this node holds for `leader` (the committed vote
-    /// of `leader`'s term), so that it grants its vote to another candidate at once instead of
-    /// after `leader_lease`. A no-op when this node's committed vote is not for `leader`.
+    /// Keel patch: for `within`, disregard the leader lease this node holds for `leader` (the
+    /// committed vote of `leader`'s term) when it judges vote requests, so that it grants its
+    /// vote to the candidate `leader` hands leadership to without first waiting the lease out.
+    /// A no-op when this node's committed vote is not for `leader`; a vote for another term
+    /// ends the waiver.
     ///
-    /// For leadership transfer (Raft thesis §3.10: a `TimeoutNow` election disregards the
-    /// lease); the command is queued before any vote request that arrives after this returns.
-    pub async fn expire_leader_lease(&self, leader: C::NodeId) -> Result<(), Fatal<C::NodeId>> {
+    /// For leadership transfer (Raft thesis §3.10: an election started by `TimeoutNow`
+    /// disregards the lease); the command is queued before any vote request that arrives after
+    /// this returns.
+    pub async fn waive_leader_lease(&self, leader: C::NodeId, within: Duration) -> Result<(), Fatal<C::NodeId>> {
         self.raft_inner
-            .send_external_command(ExternalCommand::ExpireLeaderLease { leader }, "expire_leader_lease")
+            .send_external_command(
+                ExternalCommand::WaiveLeaderLease { leader, within },
+                "waive_leader_lease",
+            )
             .await
     }
 

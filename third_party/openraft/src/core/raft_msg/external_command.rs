@@ -32,9 +32,10 @@ pub(crate) enum ExternalCommand<C: RaftTypeConfig> {
     /// [`max_in_snapshot_log_to_keep`]: `crate::Config::max_in_snapshot_log_to_keep`
     PurgeLog { upto: u64 },
 
-    /// Keel patch: let the leader lease held for `leader` lapse now, so that this node grants
-    /// its vote to a candidate that `leader` hands leadership to (Raft thesis §3.10).
-    ExpireLeaderLease { leader: C::NodeId },
+    /// Keel patch: disregard the leader lease held for `leader` in vote requests for `within`,
+    /// so that this node grants its vote to a candidate `leader` hands leadership to (Raft
+    /// thesis §3.10).
+    WaiveLeaderLease { leader: C::NodeId, within: std::time::Duration },
 }
 
 impl<C> fmt::Debug for ExternalCommand<C>
@@ -65,8 +66,8 @@ where C: RaftTypeConfig
             ExternalCommand::PurgeLog { upto } => {
                 write!(f, "PurgeLog[..={}]", upto)
             }
-            ExternalCommand::ExpireLeaderLease { leader } => {
-                write!(f, "ExpireLeaderLease[{}]", leader)
+            ExternalCommand::WaiveLeaderLease { leader, within } => {
+                write!(f, "WaiveLeaderLease[{}, {:?}]", leader, within)
             }
         }
     }
