@@ -53,10 +53,28 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("keel: {}", error_text(&e));
-            ExitCode::FAILURE
+            // etcd exits 0 once removed, so a supervisor with `Restart=on-failure` does not
+            // start a removed member again (only to stop it again).
+            if e.downcast_ref::<Removed>().is_some() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
+
+/// The end of a member that was removed from the cluster (`cluster::removal`).
+#[derive(Debug)]
+struct Removed;
+
+impl std::fmt::Display for Removed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the member has been permanently removed from the cluster")
+    }
+}
+
+impl std::error::Error for Removed {}
 
 /// `e` and its causes, joined by ": " as `{:#}` joins them, leaving out a cause whose text
 /// ends the text before it (an error that prints its source in its own message, as
@@ -191,7 +209,7 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); Ok(()) }
         _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: shutting down"); Ok(()) }
         _ = keel_server::cluster::removal::removed(&node.cluster) => {
-            Err(anyhow::anyhow!("the member has been permanently removed from the cluster"))
+            Err(anyhow::Error::new(Removed))
         }
         fence = keel_server::fence::fenced(&node) => {
             // As etcd's `lg.Fatal`: no graceful shutdown, whose store flush would hit the
