@@ -12,6 +12,7 @@ use anyhow::Context;
 use keel_proto::etcdserverpb::alarm_request::AlarmAction;
 use keel_proto::etcdserverpb::{AlarmRequest, AlarmType, ResponseHeader};
 use keel_proto::keelpb::{self, RaftRequest, RaftResponse, peer_answer, peer_call, raft_request};
+use openraft::Membership;
 use openraft::error::ClientWriteError;
 use prost::Message;
 
@@ -796,8 +797,7 @@ impl Node {
     /// leader and applied up to it.
     ///
     /// Errors: `NotSupportedForLearner` on a member that is not a voter (a learner, as etcd),
-    /// `NoLeader` when no leader
-    /// emerges in time, `Timeout`, `Stopped` on shutdown.
+    /// `NoLeader` when no leader emerges in time, `Timeout`, `Stopped` on shutdown.
     pub async fn read_barrier(&self) -> Result<(), EtcdError> {
         if !self.is_voter() {
             return Err(EtcdError::NotSupportedForLearner);
@@ -810,24 +810,17 @@ impl Node {
     /// be a learner: etcd's learner refuses client RPCs from its first one) or one that
     /// applied its own removal.
     pub fn is_voter(&self) -> bool {
-        self.raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .any(|v| v == self.id)
+        self.in_membership(|m| m.voter_ids().any(|v| v == self.id))
     }
 
     /// Whether this member is a raft learner (Status, `etcd_server_is_learner`, `/readyz`).
     pub fn is_learner(&self) -> bool {
-        self.raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .learner_ids()
-            .any(|l| l == self.id)
+        self.in_membership(|m| m.learner_ids().any(|l| l == self.id))
+    }
+
+    /// `look` at the membership config this member knows now.
+    fn in_membership<R>(&self, look: impl FnOnce(&Membership<NodeId, MemberNode>) -> R) -> R {
+        look(self.raft.metrics().borrow().membership_config.membership())
     }
 
     /// Waits until this member applied log index `index`.

@@ -313,9 +313,7 @@ impl Transfer<'_> {
             _ => Err(EtcdError::TimeoutLeaderTransfer),
         }
     }
-}
 
-impl Transfer<'_> {
     /// Waits until `target`'s matched log reaches this leader's last log index and `target`
     /// answered a raft RPC within `answered_within`: `Ok(true)`; `Ok(false)` if `until`
     /// passed first.
@@ -398,10 +396,10 @@ pub async fn move_leader(cluster: &Cluster, target: NodeId) -> Result<(), EtcdEr
 /// voter it has been connected to longest (etcd's `longestConnected`, by
 /// `Peers::active_since`) among those that answered a raft RPC within two heartbeat
 /// intervals (Keel's addition: the target [`Transfer::run`] would accept) first, so the
-/// cluster keeps a leader while this member drains and exits, instead of losing the writes of the drain and an election timeout. Does nothing on a
-/// follower, or when no other voter exists (etcd: "skipped leadership transfer for single
-/// voting member cluster"). A failed transfer is logged (etcd's "leadership transfer failed")
-/// and the member stops anyway. Bounded as [`move_leader`] (the request timeout).
+/// cluster keeps a leader while this member drains and exits, instead of losing the writes
+/// of the drain and an election timeout. Does nothing on a follower, or when no other voter
+/// exists (etcd: "skipped leadership transfer for single voting member cluster"). A failed
+/// transfer is logged (etcd's "leadership transfer failed") and the member stops anyway. Bounded as [`move_leader`] (the request timeout).
 pub async fn hand_over_on_stop(cluster: &Cluster) {
     let (leading, voters) = {
         let m = cluster.raft.metrics();

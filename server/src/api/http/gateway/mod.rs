@@ -11,7 +11,8 @@
 //!
 //! Each route calls the gRPC service implementation in-process with a `tonic::Request`
 //! carrying the HTTP `Authorization` header as the `token` metadata, so validation, auth,
-//! QoS, the learner gate ([`crate::api::learner_gate`]) and error texts are the gRPC API's. Errors answer etcd's body
+//! QoS, the learner gate ([`crate::api::learner_gate`]) and error texts are the gRPC API's.
+//! Errors answer etcd's body
 //! `{"error":"<message>","message":"<message>","code":<gRPC code>}` with grpc-gateway's
 //! HTTP status for the code ([`error`]). Streams (Watch, LeaseKeepAlive, Observe,
 //! Snapshot) answer newline-delimited `{"result":{…}}` objects ([`stream`]).
@@ -72,17 +73,18 @@ macro_rules! route {
     ($router:ident, $services:ident, $path:expr, $answer:path, $svc:ident, $method:ident,
      $metered:expr) => {{
         let services = $services.clone();
+        // The gRPC method's path, spelled once per route (the learner gate, the metrics).
+        let grpc: Arc<str> = grpc_path(stringify!($svc), stringify!($method)).into();
         $router = $router.route(
             &$path,
             post(move |headers: HeaderMap, body: Bytes| {
-                let services = services.clone();
+                let (services, grpc) = (services.clone(), grpc.clone());
                 async move {
                     $answer(&headers, &body, |r| async move {
-                        let path = grpc_path(stringify!($svc), stringify!($method));
-                        crate::api::learner_gate::check(&services.node, &path)?;
+                        crate::api::learner_gate::check(&services.node, &grpc)?;
                         let call = services.$svc.$method(r);
                         if $metered {
-                            metered(stringify!($svc), stringify!($method), call).await
+                            metered(&grpc, call).await
                         } else {
                             call.await
                         }
@@ -102,15 +104,13 @@ macro_rules! unary {
 }
 
 /// `call` counted in go-grpc-prometheus' `grpc_server_{started,handled}_total` as the gRPC
-/// method it is (etcd's gateway dials its own gRPC port, so its calls are counted there).
-/// `field` and `method` are the [`Services`] field and the trait method (`kv`,
-/// `delete_range`).
+/// method at gRPC path `grpc` it is (etcd's gateway dials its own gRPC port, so its calls
+/// are counted there).
 async fn metered<T>(
-    field: &str,
-    method: &str,
+    grpc: &str,
     call: impl Future<Output = Result<T, Status>>,
 ) -> Result<T, Status> {
-    let tracker = crate::metrics::grpc::Call::start(&grpc_path(field, method));
+    let tracker = crate::metrics::grpc::Call::start(grpc);
     let result = call.await;
     if let Some(tracker) = tracker {
         tracker.finish(result.as_ref().map_or_else(|s| s.code() as i32, |_| 0));
