@@ -445,6 +445,24 @@ echo
 echo "==================== summary ($(($(date +%s) - started)) s) ===================="
 for line in "${timings[@]}"; do echo "time $line"; done
 for line in "${summary[@]}"; do echo "$line"; done
+# CI shows only the tail of this output: each failing test's panic message, briefly, here.
+if [ -s "$workdir/cargo-test.log" ] && grep -q '^---- .* stdout ----$' "$workdir/cargo-test.log"; then
+    echo "---- failing tests: each panic and the last lines of its output (all of it is above) ----"
+    # Per test: its panic line and the 3 after it (the message), then the last 10 lines of
+    # its output (the member's log tail, which the test kit prints on a panic).
+    awk 'function flush(   i, from) {
+             if (name == "") return
+             print name
+             for (i = 1; i <= n; i++) if (lines[i] ~ /panicked at/) { from = i; break }
+             for (i = from; from && i <= n && i < from + 4; i++) print "    " lines[i]
+             for (i = (n > 10 ? n - 9 : 1); i <= n; i++) if (!from || i >= from + 4) print "    " lines[i]
+             name = ""; n = 0
+         }
+         /^---- .* stdout ----$/ { flush(); name = $0; next }
+         /^failures:$/ { flush(); next }
+         name != "" { lines[++n] = $0 }
+         END { flush() }' "$workdir/cargo-test.log" | head -n 90
+fi
 if [ "$failed" -ne 0 ]; then
     echo "RESULT: FAILED"
     exit 1
