@@ -316,6 +316,15 @@ fn a_learner_serves_only_status_and_serializable_reads_and_stops_once_removed() 
     assert_eq!(reply.status, 503, "{}", reply.body);
     assert_eq!(reply.json()["error"], NOT_FOR_LEARNER);
     assert_eq!(reply.json()["code"], 14);
+    // A stream route answers with grpc-gateway's stream error object (etcd 3.4.23 and 3.5.1).
+    let watch = crate::gateway::post(&ep, "/v3/watch", r#"{"create_request":{"key":"YQ=="}}"#);
+    assert_eq!(watch.status, 503, "{}", watch.body);
+    assert_eq!(
+        watch.body,
+        format!(
+            r#"{{"error":{{"grpc_code":14,"http_code":503,"message":"{NOT_FOR_LEARNER}","http_status":"Service Unavailable"}}}}"#
+        )
+    );
     for key in ["via-learner", "first-via-learner"] {
         assert_eq!(
             etcdctl(&all, &["get", key, "--print-value-only"])

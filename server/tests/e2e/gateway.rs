@@ -219,6 +219,15 @@ fn kv_routes_answer_etcds_json() {
     let bad = post(&ep, "/v3/kv/put", "notjson");
     assert_eq!(bad.status, 400);
     assert_eq!(bad.json()["code"], 3);
+    // What follows the first JSON value is not read (Go's json.Decoder, etcd 3.4.23).
+    let trailing = post(
+        &ep,
+        "/v3/kv/put",
+        r#"{"key":"dA==","value":"MQ=="} trailing"#,
+    );
+    assert_eq!(trailing.status, 200, "{}", trailing.body);
+    let stored = ok(&ep, "/v3/kv/range", json!({"key": b64("t")}));
+    assert_eq!(stored["kvs"][0]["value"], b64("1"));
     // Streaming routes answer a body they cannot decode with 500 / code 2, as etcd 3.4.23's.
     for route in ["/v3/watch", "/v3/lease/keepalive"] {
         let bad_stream = post(&ep, route, "{bad");
@@ -264,8 +273,9 @@ fn kv_routes_answer_etcds_json() {
         })
         .unwrap_or_else(|| panic!("no Put OK series:\n{}", metrics.body));
     let count: f64 = puts.rsplit(' ').next().unwrap().parse().unwrap();
-    // foo, foo2 and big; the refused ones count under their codes.
-    assert_eq!(count, 3.0, "{puts}");
+    // foo, foo2, t (the one with trailing text) and big; the refused ones count under their
+    // codes.
+    assert_eq!(count, 4.0, "{puts}");
     // Unknown fields are ignored, as etcd's gateway does.
     ok(&ep, "/v3/kv/range", json!({"key": b64("foo"), "bogus": 1}));
     let get = read_reply(
@@ -414,15 +424,15 @@ fn auth_routes_take_the_authorization_header() {
         wrong.json()["error"],
         "etcdserver: authentication failed, invalid user ID or password"
     );
-    // A stream that fails after it started answers one error line.
+    // A stream that fails before its first message answers the error's status with one
+    // error object, as grpc-gateway's stream forwarding does.
     let kept = post(&ep, "/v3/lease/keepalive", r#"{"ID":"12345"}"#);
-    assert_eq!(kept.status, 200);
+    assert_eq!(kept.status, 400);
     assert_eq!(
         kept.body,
         concat!(
             r#"{"error":{"grpc_code":3,"http_code":400,"#,
             r#""message":"etcdserver: user name is empty","http_status":"Bad Request"}}"#,
-            "\n"
         )
     );
     let auth = ok(

@@ -5,8 +5,9 @@
 //! Unary: HTTP status [`http_status`] of the gRPC code, body
 //! `{"error":"<message>","message":"<message>","code":<code>}` (checked against etcd
 //! 3.4.23: e.g. 404 `{"error":"etcdserver: requested lease not found",…,"code":5}`).
-//! Streams, after the first chunk: `{"error":{"grpc_code":…,"http_code":…,"message":…,
-//! "http_status":…}}` (grpc-gateway v1 `StreamError`).
+//! Streams: `{"error":{"grpc_code":…,"http_code":…,"message":…,"http_status":…}}`
+//! (grpc-gateway v1 `StreamError`), with the code's HTTP status when it comes before the
+//! first message (`super::stream`).
 
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -67,7 +68,19 @@ pub fn response(status: &Status) -> Response {
     super::json(http_status(status.code()), &body)
 }
 
-/// One streamed error line (without the newline) for `status`.
+/// The answer of a stream that failed before its first message: the HTTP status of
+/// `status`' code and its [`stream_line`] as the whole body.
+pub fn stream_response(status: &Status) -> Response {
+    let mut response = Response::new(axum::body::Body::from(stream_line(status)));
+    *response.status_mut() = http_status(status.code());
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// One streamed error object (no newline follows it) for `status`.
 pub fn stream_line(status: &Status) -> Vec<u8> {
     let http = http_status(status.code());
     let error = StreamError {

@@ -258,15 +258,21 @@ pub fn routes(node: Arc<Node>) -> Router {
     Router::new().nest("/v3", r.clone()).nest("/v3beta", r)
 }
 
-/// The request message of `body`: its JSON, or the default message for an empty body
-/// (grpc-gateway treats EOF as an empty message).
+/// The request message of `body`: its first JSON value, or the default message for an
+/// empty body (grpc-gateway treats EOF as an empty message). What follows the first value
+/// is not read, as grpc-gateway's `json.Decoder.Decode` does not read it (etcd 3.4.23
+/// applies `{"key":"YQ==","value":"Yg=="} trailing`).
 ///
 /// Errors: JSON that is not the message: `InvalidArgument` with serde's text.
 fn decode<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, Status> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Req::default());
     }
-    serde_json::from_slice(body).map_err(|e| Status::invalid_argument(e.to_string()))
+    let mut values = serde_json::Deserializer::from_slice(body).into_iter::<Req>();
+    match values.next() {
+        Some(value) => value.map_err(|e| Status::invalid_argument(e.to_string())),
+        None => Ok(Req::default()),
+    }
 }
 
 /// `message` in a `tonic::Request` with the caller's token (the HTTP `Authorization`

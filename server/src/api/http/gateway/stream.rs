@@ -1,7 +1,7 @@
 //! The gateway's streams: Watch and LeaseKeepAlive (bidirectional), Observe and Snapshot
 //! (server streaming), answered as newline-delimited JSON, one `{"result":{…}}` object a
-//! message (grpc-gateway's stream convention, checked on etcd 3.4.23), and an error line
-//! ([`super::error::stream_line`]) when the stream fails.
+//! message (grpc-gateway's stream convention, checked on etcd 3.4.23), and an error object
+//! ([`super::error::stream_line`]) when the stream fails ([`respond`]).
 //!
 //! A bidirectional call reads the HTTP body as a sequence of JSON request messages
 //! (whitespace-separated), encodes them as gRPC frames and hands them to the service as its
@@ -79,7 +79,7 @@ where
         Ok(request) => request,
         Err(status) => return error::response(&status),
     };
-    respond(call(request).await)
+    respond(call(request).await).await
 }
 
 /// A server-streaming call: `body`'s message in, the responses out as NDJSON.
@@ -95,38 +95,56 @@ where
         Ok(request) => request,
         Err(status) => return error::response(&status),
     };
-    respond(call(request).await)
+    respond(call(request).await).await
 }
 
-/// The NDJSON answer for a stream, or the unary error body when the call failed before
-/// streaming (as grpc-gateway answers an error before the first message).
-fn respond<Resp, S>(result: Result<tonic::Response<S>, Status>) -> Response
+/// The NDJSON answer for a stream, as grpc-gateway's `ForwardResponseStream` writes it: the
+/// headers go with the first message, so a stream that fails before its first message (a
+/// learner's refusal, an auth error) answers the error's HTTP status with one error object,
+/// and a later failure ends a `200` body with it. An error object has no newline after it
+/// (grpc-gateway writes the delimiter after messages only; etcd 3.4.23 and 3.5.1 checked
+/// with a learner's `/v3/watch`: 503, `{"error":{"grpc_code":14,…}}`).
+async fn respond<Resp, S>(result: Result<tonic::Response<S>, Status>) -> Response
 where
     Resp: Serialize + Send + 'static,
     S: Stream<Item = Result<Resp, Status>> + Send + 'static,
 {
-    let responses = match result {
-        Ok(resp) => resp.into_inner(),
-        Err(status) => return error::response(&status),
+    let mut responses = match result {
+        Ok(resp) => Box::pin(resp.into_inner()),
+        Err(status) => return error::stream_response(&status),
     };
-    // Stop after the first error line: the service ends the stream there.
-    let lines = responses.scan(false, |failed, item| {
+    let first = match responses.next().await {
+        Some(Ok(message)) => message,
+        Some(Err(status)) => return error::stream_response(&status),
+        None => return ndjson(Body::empty()),
+    };
+    let first = futures::stream::once(std::future::ready(Ok(first)));
+    // Stop after the first error object: the service ends the stream there.
+    let lines = first.chain(responses).scan(false, |failed, item| {
         if *failed {
             return std::future::ready(None);
         }
-        let mut line = match item {
-            Ok(message) => serde_json::to_vec(&Chunk { result: &message }).unwrap_or_default(),
+        let line = match item {
+            Ok(message) => {
+                let mut line = serde_json::to_vec(&Chunk { result: &message }).unwrap_or_default();
+                line.push(b'\n');
+                line
+            }
             Err(status) => {
                 *failed = true;
                 error::stream_line(&status)
             }
         };
-        line.push(b'\n');
         std::future::ready(Some(Ok::<_, std::convert::Infallible>(Bytes::from(line))))
     });
+    ndjson(Body::from_stream(lines))
+}
+
+/// A `200` stream answer with `body`.
+fn ndjson(body: Body) -> Response {
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from_stream(lines))
+        .body(body)
         .unwrap_or_default()
 }
