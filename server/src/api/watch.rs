@@ -17,10 +17,12 @@ use futures::{Stream, StreamExt};
 use keel_proto::etcdserverpb::watch_request::RequestUnion;
 use keel_proto::etcdserverpb::watch_server::Watch;
 use keel_proto::etcdserverpb::{WatchRequest, WatchResponse};
+use keel_proto::rpctypes::RpcError;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::credentials::RequestIdentity;
 use crate::auth::check;
+use crate::auth::error::AuthError;
 use crate::error::EtcdError;
 use crate::node::Node;
 use crate::qos::{Method, RequestInfo};
@@ -48,9 +50,9 @@ impl WatchService {
 pub type WatchResponseStream =
     Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
 
-/// The cancel reason of a create refused by auth, whatever the auth error (no or a bad
-/// token, no READ on the range): etcd's `isWatchPermitted` answers every refusal with
-/// `rpctypes.ErrGRPCPermissionDenied.Error()`, the Go text of the gRPC status.
+/// The cancel reason of a create refused by auth for want of permission (and for any auth
+/// error other than the three of [`Refusal::reason`]): `rpctypes.ErrGRPCPermissionDenied`
+/// as Go prints the gRPC status.
 pub const WATCH_DENIED: &str =
     "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
 
@@ -58,16 +60,38 @@ pub const WATCH_DENIED: &str =
 enum Refusal {
     /// QoS refused it (`etcdserver: too many requests`).
     Qos(EtcdError),
-    /// Auth refused it (no or a bad token, no READ on the range).
-    Auth,
+    /// Auth refused it: etcd's error when it is one of the catalogue, `None` otherwise.
+    Auth(Option<RpcError>),
 }
 
 impl Refusal {
-    /// The cancel reason etcd sends for this refusal.
+    /// The cancel reason etcd sends for this refusal. Auth (etcd 3.6 `isWatchPermitted`,
+    /// PR #14322, also in 3.4.21+ and 3.5.5+): no user, a bad or expired token and an old
+    /// auth revision each have their own reason, the Go text of their gRPC status, so a
+    /// client can tell "authenticate again" (clientv3 does, for an invalid token) from
+    /// "not permitted"; everything else is [`WATCH_DENIED`] (etcd 3.5.1 answered that for
+    /// all of them).
     fn reason(&self) -> String {
         match self {
             Refusal::Qos(e) => e.to_string(),
-            Refusal::Auth => WATCH_DENIED.to_string(),
+            Refusal::Auth(Some(
+                e @ (RpcError::UserEmpty | RpcError::InvalidAuthToken | RpcError::AuthOldRevision),
+            )) => format!("rpc error: code = {:?} desc = {}", e.code(), e.message()),
+            Refusal::Auth(_) => WATCH_DENIED.to_string(),
+        }
+    }
+
+    fn from_auth(e: AuthError) -> Refusal {
+        match e {
+            AuthError::Rpc(e) => Refusal::Auth(Some(e)),
+            _ => Refusal::Auth(None),
+        }
+    }
+
+    fn from_identity(e: EtcdError) -> Refusal {
+        match e {
+            EtcdError::Rpc(e) => Refusal::Auth(Some(e)),
+            _ => Refusal::Auth(None),
         }
     }
 }
@@ -84,7 +108,10 @@ async fn may_create(
     let Some(RequestUnion::CreateRequest(create)) = &request.request_union else {
         return Ok(());
     };
-    let ai = identity.resolve(node).await.map_err(|_| Refusal::Auth)?;
+    let ai = identity
+        .resolve(node)
+        .await
+        .map_err(Refusal::from_identity)?;
     let info = RequestInfo::new(Method::Watch)
         .keys(&create.key, &create.range_end)
         .user(super::admit::user(&ai));
@@ -95,7 +122,7 @@ async fn may_create(
             .map_err(|e| Refusal::Qos(EtcdError::from(e)))?,
     );
     if node.auth.is_enabled() {
-        check::watch_create(&node.auth.read(), &ai, create).map_err(|_| Refusal::Auth)?;
+        check::watch_create(&node.auth.read(), &ai, create).map_err(Refusal::from_auth)?;
     }
     Ok(())
 }

@@ -352,6 +352,18 @@ fn simple_tokens_expire_after_their_ttl_without_use() {
             Code::Unauthenticated,
             "etcdserver: invalid auth token",
         );
+        // A watch create with it is refused with that reason, so clients authenticate again
+        // (etcd 3.6 `isWatchPermitted`, not `permission denied`).
+        let ch = grpc::stream_channel(&ep).await;
+        let (_tx, _responses, refused) =
+            crate::auth_permissions::first_watch_answer(&ch, "k/a", Some(&token))
+                .await
+                .unwrap();
+        assert!(refused.canceled, "{refused:?}");
+        assert_eq!(
+            refused.cancel_reason,
+            "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+        );
     });
 }
 

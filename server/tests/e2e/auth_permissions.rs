@@ -18,7 +18,7 @@ use keel_proto::etcdserverpb::{
     LeaseLeasesRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest, MemberAddRequest,
     MemberListRequest, MemberPromoteRequest, MemberRemoveRequest, MemberUpdateRequest,
     MoveLeaderRequest, PutRequest, RangeRequest, RequestOp, StatusRequest, TxnRequest,
-    WatchCreateRequest, WatchRequest, compare, request_op, watch_request,
+    WatchCreateRequest, WatchRequest, WatchResponse, compare, request_op, watch_request,
 };
 use keel_testkit::grpc;
 use tonic::Status;
@@ -30,9 +30,11 @@ use crate::member;
 const OK: &str = "ok";
 const EMPTY: &str = "etcdserver: user name is empty";
 const DENIED: &str = "etcdserver: permission denied";
-/// A refused watch create's cancel reason (etcd: every auth refusal, as the Go status text).
+/// A refused watch create's cancel reason: the Go text of the gRPC status (etcd 3.6
+/// `isWatchPermitted`, checked on etcd 3.4.23 for no token).
 const WATCH_DENIED: &str =
     "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
+const WATCH_EMPTY: &str = "rpc error: code = InvalidArgument desc = etcdserver: user name is empty";
 /// Past the permission check: the RPC's own answer (an unknown member, a bad URL...).
 const PASSED: &str = "passed";
 
@@ -60,8 +62,8 @@ const TABLE: &[(&str, &str, &str, &str)] = &[
         DENIED,
         OK,
     ),
-    ("watch k/a", WATCH_DENIED, OK, OK),
-    ("watch secret", WATCH_DENIED, WATCH_DENIED, OK),
+    ("watch k/a", WATCH_EMPTY, OK, OK),
+    ("watch secret", WATCH_EMPTY, WATCH_DENIED, OK),
     ("lease-grant", EMPTY, OK, OK),
     ("lease-revoke on-secret", EMPTY, DENIED, OK),
     ("lease-revoke on-k", EMPTY, OK, OK),
@@ -404,16 +406,48 @@ async fn call(ch: &Channel, root: &str, rpc: &str, token: Option<&str>) -> Resul
 /// A refused create leaves the stream open: a second create of a key everyone may read
 /// (`k/a` for `u`) is then answered on the same stream.
 async fn watch_create(ch: &Channel, key: &str, token: Option<&str>) -> Result<(), Status> {
-    let create = |key: &str| WatchRequest {
+    let (tx, mut responses, first) = first_watch_answer(ch, key, token).await?;
+    if !first.canceled {
+        return Ok(());
+    }
+    if token.is_some() {
+        tx.send(create_request("k/a")).await.unwrap();
+        let second = tokio::time::timeout(Duration::from_secs(10), responses.message())
+            .await
+            .expect("the stream stayed open")?
+            .expect("a second response");
+        assert!(second.created && !second.canceled, "{second:?}");
+    }
+    Err(Status::permission_denied(first.cancel_reason))
+}
+
+fn create_request(key: &str) -> WatchRequest {
+    WatchRequest {
         request_union: Some(watch_request::RequestUnion::CreateRequest(
             WatchCreateRequest {
                 key: key.into(),
                 ..Default::default()
             },
         )),
-    };
+    }
+}
+
+/// Opens a watch stream as `token`'s user, sends a create of `key` and returns the stream's
+/// request sender, its responses and its first response (which must say `created`).
+pub(crate) async fn first_watch_answer(
+    ch: &Channel,
+    key: &str,
+    token: Option<&str>,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<WatchRequest>,
+        tonic::Streaming<WatchResponse>,
+        WatchResponse,
+    ),
+    Status,
+> {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(create(key)).await.unwrap();
+    tx.send(create_request(key)).await.unwrap();
     let mut responses = WatchClient::new(ch.clone())
         .watch(authed(
             tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -426,18 +460,7 @@ async fn watch_create(ch: &Channel, key: &str, token: Option<&str>) -> Result<()
         .expect("watch answered")?
         .expect("a created response");
     assert!(first.created, "{first:?}");
-    if !first.canceled {
-        return Ok(());
-    }
-    if token.is_some() {
-        tx.send(create("k/a")).await.unwrap();
-        let second = tokio::time::timeout(Duration::from_secs(10), responses.message())
-            .await
-            .expect("the stream stayed open")?
-            .expect("a second response");
-        assert!(second.created && !second.canceled, "{second:?}");
-    }
-    Err(Status::permission_denied(first.cancel_reason))
+    Ok((tx, responses, first))
 }
 
 /// The table's word for an answer.
