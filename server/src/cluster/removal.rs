@@ -10,7 +10,7 @@
 //!   never reused, so the order proves a removal; a member catching up from the log passes
 //!   through older configs without itself first, which is why having been a member is
 //!   required);
-//! - remotely, when it has heard from no leader for [`ORPHAN_AFTER`] election timeouts (a
+//! - remotely, when it has heard from no leader for [`ORPHAN_AFTER`] election timeout (a
 //!   removed learner, which never campaigns, still names its old leader): a peer that follows
 //!   a leader reports a committed config, newer than this member's, without this member.
 
@@ -24,8 +24,10 @@ use super::members::member_list;
 use crate::raft::types::{LogId, MemberNode, NodeId};
 
 /// How many election timeouts without a message from a leader make a member ask its peers
-/// whether it was removed.
-pub const ORPHAN_AFTER: u32 = 3;
+/// whether it was removed. One: a follower that hears nothing for that long is about to
+/// campaign anyway, and the peers' answer is proof either way (a committed config), so
+/// asking early costs a few RPCs per election and nothing else.
+pub const ORPHAN_AFTER: u32 = 1;
 /// How often the watch looks.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 /// Time left to in-flight responses (e.g. the `MemberRemove` reply of a leader removing
