@@ -1587,7 +1587,10 @@ where
         };
 
         if Some(sender_vote) != my_vote.as_ref() {
-            tracing::warn!(
+            // Keel patch: debug, not warn. A late answer to a finished election or to a
+            // former leader's RPC is ordinary Raft (each leadership transfer logged ~3 per
+            // member at warn).
+            tracing::debug!(
                 "A message will be ignored because vote changed: msg sent by vote: {}; current my vote: {}; when ({})",
                 sender_vote,
                 my_vote.display(),
