@@ -237,6 +237,9 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     // The same holds for a put on this member in flight: it waits until this member applied
     // its entry (read-your-writes), which a follower learns only from the leader.
     node.cluster.calls.begin();
+    // Client streams end (watches, keepalives, observes), so the servers' graceful
+    // shutdown waits only for requests in flight.
+    node.begin_stop();
     let _ = stop_tx.send(true);
     let clients = async {
         while servers.join_next().await.is_some() {}

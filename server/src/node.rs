@@ -122,6 +122,8 @@ pub struct Node {
     db_size: AtomicI64,
     next_request_id: AtomicU64,
     proposer: OnceLock<Proposer>,
+    /// `true` once the member stops serving clients ([`Node::begin_stop`]).
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Node {
@@ -316,6 +318,7 @@ impl Node {
             defrag: Arc::new(tokio::sync::Mutex::new(())),
             next_request_id: AtomicU64::new(1),
             proposer: OnceLock::new(),
+            stopping: tokio::sync::watch::Sender::new(false),
         });
         let weak: Weak<Node> = Arc::downgrade(&node);
         let _ = node
@@ -1254,6 +1257,23 @@ impl Node {
     /// Data directory of this member.
     pub fn data_dir(&self) -> PathBuf {
         self.config.data_dir()
+    }
+
+    /// Marks the member as stopping (SIGTERM, its removal): the client streams that would
+    /// otherwise run until their clients close them (Watch, LeaseKeepAlive, Observe) end,
+    /// so the client servers' graceful shutdown finishes and those clients re-dial another
+    /// member at once. etcd ends its watch streams likewise when it stops (its mvcc watch
+    /// channels close), then stops its gRPC server.
+    pub fn begin_stop(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Resolves once [`Node::begin_stop`] was called (at once if it was).
+    pub fn stopped(&self) -> futures::future::BoxFuture<'static, ()> {
+        let mut stopping = self.stopping.subscribe();
+        Box::pin(async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        })
     }
 
     /// Stops raft and flushes the store. Called on SIGTERM.

@@ -272,7 +272,9 @@ impl Election for ElectionService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let responses =
+            super::until_stopped::until_stopped(ReceiverStream::new(rx), self.node.stopped());
+        Ok(Response::new(Box::pin(responses)))
     }
 
     async fn resign(

@@ -187,7 +187,8 @@ impl Lease for LeaseService {
                 }
             }
         });
-        let replies = ReceiverStream::new(rx);
+        let replies =
+            super::until_stopped::until_stopped(ReceiverStream::new(rx), self.node.stopped());
         if require_leader {
             // etcd cancels every require-leader stream after 3 leaderless election timeouts.
             let lost = self.node.cluster.leader_loss.subscribe();

@@ -29,6 +29,7 @@ mod peer_stream;
 mod qos;
 pub mod range_stream;
 pub mod require_leader;
+mod until_stopped;
 mod watch;
 
 use std::net::SocketAddr;

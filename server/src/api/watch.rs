@@ -188,6 +188,7 @@ impl Watch for WatchService {
             resp.header = Some(node.header(revision));
             Ok(resp)
         });
+        let responses = super::until_stopped::until_stopped(responses, self.node.stopped());
         if require_leader {
             let lost = self.node.cluster.leader_loss.subscribe();
             let responses = super::require_leader::until_leader_lost(responses, lost);

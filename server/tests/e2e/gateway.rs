@@ -228,6 +228,19 @@ fn kv_routes_answer_etcds_json() {
     assert_eq!(trailing.status, 200, "{}", trailing.body);
     let stored = ok(&ep, "/v3/kv/range", json!({"key": b64("t")}));
     assert_eq!(stored["kvs"][0]["value"], b64("1"));
+    // A stream's body is read value by value until one is not a message, as grpc-gateway
+    // does: the watch of a create with trailing text is created (etcd 3.4.23).
+    let created = read_reply(
+        send(
+            &ep,
+            "/v3/watch",
+            r#"{"create_request":{"key":"dA==","start_revision":"1"}} trailing"#,
+            None,
+        ),
+        |r| r.contains("created"),
+    );
+    assert_eq!(created.status, 200, "{}", created.body);
+    assert_eq!(results(&created.body)[0]["result"]["created"], true);
     // Streaming routes answer a body they cannot decode with 500 / code 2, as etcd 3.4.23's.
     for route in ["/v3/watch", "/v3/lease/keepalive"] {
         let bad_stream = post(&ep, route, "{bad");

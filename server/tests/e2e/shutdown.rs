@@ -154,3 +154,81 @@ fn version_flag_prints_the_version_and_exits_zero() {
         output.stdout
     );
 }
+
+/// Client streams do not hold a stopping member up: on SIGTERM an open watch and an open
+/// keepalive stream end with etcd's `etcdserver: server stopped` (`Unavailable`, which
+/// clientv3 resumes on another endpoint), and the member exits. Before, its graceful
+/// shutdown waited for such streams until its 5 s drain bound, and they ended with a broken
+/// connection.
+#[test]
+fn sigterm_ends_open_watch_and_keepalive_streams_with_server_stopped() {
+    use keel_proto::etcdserverpb::{
+        LeaseGrantRequest, LeaseKeepAliveRequest, WatchCreateRequest, WatchRequest, watch_request,
+    };
+    use tokio_stream::wrappers::ReceiverStream;
+
+    let (_guard, mut keel) = member(&[]);
+    let endpoint = keel.endpoint();
+    let rt = grpc::runtime();
+    let (watch_tx, keepalive_tx, mut watch, mut keepalive) = rt.block_on(async {
+        let (watch_tx, rx) = tokio::sync::mpsc::channel(1);
+        watch_tx
+            .send(WatchRequest {
+                request_union: Some(watch_request::RequestUnion::CreateRequest(
+                    WatchCreateRequest {
+                        key: b"w".to_vec(),
+                        ..Default::default()
+                    },
+                )),
+            })
+            .await
+            .unwrap();
+        let mut watch = grpc::watch(&endpoint)
+            .await
+            .watch(ReceiverStream::new(rx))
+            .await
+            .expect("watch")
+            .into_inner();
+        let created = watch.message().await.expect("created").expect("a response");
+        assert!(created.created, "{created:?}");
+
+        let mut lease = grpc::lease(&endpoint, Duration::from_secs(5)).await;
+        let id = lease
+            .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+            .await
+            .expect("grant")
+            .into_inner()
+            .id;
+        let (keepalive_tx, rx) = tokio::sync::mpsc::channel(1);
+        keepalive_tx
+            .send(LeaseKeepAliveRequest { id })
+            .await
+            .unwrap();
+        let mut keepalive = grpc::lease(&endpoint, Duration::from_secs(60))
+            .await
+            .lease_keep_alive(ReceiverStream::new(rx))
+            .await
+            .expect("keepalive")
+            .into_inner();
+        let renewed = keepalive
+            .message()
+            .await
+            .expect("renewed")
+            .expect("a response");
+        assert_eq!(renewed.ttl, 60);
+        (watch_tx, keepalive_tx, watch, keepalive)
+    });
+    let status = keel.terminate();
+    assert!(status.success(), "{status}");
+    rt.block_on(async {
+        for (name, end) in [
+            ("watch", watch.message().await.map(|_| ())),
+            ("keepalive", keepalive.message().await.map(|_| ())),
+        ] {
+            let end = end.expect_err(name);
+            assert_eq!(end.code(), tonic::Code::Unavailable, "{name}: {end:?}");
+            assert_eq!(end.message(), "etcdserver: server stopped", "{name}");
+        }
+    });
+    drop((watch_tx, keepalive_tx));
+}

@@ -30,20 +30,27 @@ struct Chunk<'a, T> {
     result: &'a T,
 }
 
-/// The request messages of `body`: a sequence of JSON objects, or one default message for
-/// an empty body.
+/// The request messages of `body`: its JSON values up to the first that is not a message
+/// (grpc-gateway decodes one at a time and stops sending at the first failure: etcd 3.4.23
+/// creates the watch of `{"create_request":{…}} trailing`), or one default message for an
+/// empty body.
 ///
-/// Errors: JSON that is not the message: `Unknown` with serde's text. grpc-gateway's
-/// streaming handlers fail that way (etcd 3.4.23: `{bad` on `/v3/watch` or
+/// Errors: a first value that is not the message: `Unknown` with serde's text.
+/// grpc-gateway's streaming handlers fail that way (etcd 3.4.23: `{bad` on `/v3/watch` or
 /// `/v3/lease/keepalive` answers 500, `"code":2`), where unary routes answer 400, code 3.
 fn decode_all<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Vec<Req>, Status> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(vec![Req::default()]);
     }
-    serde_json::Deserializer::from_slice(body)
-        .into_iter::<Req>()
-        .collect::<Result<_, _>>()
-        .map_err(|e| Status::unknown(e.to_string()))
+    let mut messages = Vec::new();
+    for value in serde_json::Deserializer::from_slice(body).into_iter::<Req>() {
+        match value {
+            Ok(message) => messages.push(message),
+            Err(e) if messages.is_empty() => return Err(Status::unknown(e.to_string())),
+            Err(_) => break,
+        }
+    }
+    Ok(messages)
 }
 
 /// `messages` as the body of a gRPC request: each one framed (uncompressed flag, 4-byte
