@@ -813,7 +813,8 @@ impl Node {
     /// be a learner: etcd's learner refuses client RPCs from its first one) or one that
     /// applied its own removal.
     pub fn is_voter(&self) -> bool {
-        self.in_membership(|m| m.voter_ids().any(|v| v == self.id))
+        // On every client request (the learner gate): `voter_ids` would build a set.
+        self.in_membership(|m| m.get_joint_config().iter().any(|c| c.contains(&self.id)))
     }
 
     /// Whether this member is a raft learner (Status, `etcd_server_is_learner`, `/readyz`).

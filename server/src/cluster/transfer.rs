@@ -399,7 +399,8 @@ pub async fn move_leader(cluster: &Cluster, target: NodeId) -> Result<(), EtcdEr
 /// cluster keeps a leader while this member drains and exits, instead of losing the writes
 /// of the drain and an election timeout. Does nothing on a follower, or when no other voter
 /// exists (etcd: "skipped leadership transfer for single voting member cluster"). A failed
-/// transfer is logged (etcd's "leadership transfer failed") and the member stops anyway. Bounded as [`move_leader`] (the request timeout).
+/// transfer is logged (etcd's "leadership transfer failed") and the member stops anyway.
+/// Bounded as [`move_leader`] (the request timeout).
 pub async fn hand_over_on_stop(cluster: &Cluster) {
     let (leading, voters) = {
         let m = cluster.raft.metrics();

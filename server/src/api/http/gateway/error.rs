@@ -69,31 +69,34 @@ pub fn response(status: &Status) -> Response {
 }
 
 /// The answer of a stream that failed before its first message: the HTTP status of
-/// `status`' code and its [`stream_line`] as the whole body.
+/// `status`' code and its stream error object ([`stream_line`]) as the whole body.
 pub fn stream_response(status: &Status) -> Response {
-    let mut response = Response::new(axum::body::Body::from(stream_line(status)));
-    *response.status_mut() = http_status(status.code());
-    response.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("application/json"),
-    );
-    response
+    super::json(http_status(status.code()), &StreamErrorLine::of(status))
 }
 
 /// One streamed error object (no newline follows it) for `status`.
 pub fn stream_line(status: &Status) -> Vec<u8> {
-    let http = http_status(status.code());
-    let error = StreamError {
-        grpc_code: status.code() as i32,
-        http_code: http.as_u16(),
-        message: status.message(),
-        http_status: http.canonical_reason().unwrap_or(""),
-    };
-    #[derive(Serialize)]
-    struct Line<'a> {
-        error: StreamError<'a>,
+    serde_json::to_vec(&StreamErrorLine::of(status)).unwrap_or_default()
+}
+
+/// `{"error":{…}}`, the object grpc-gateway writes for a failed stream.
+#[derive(Serialize)]
+struct StreamErrorLine<'a> {
+    error: StreamError<'a>,
+}
+
+impl<'a> StreamErrorLine<'a> {
+    fn of(status: &'a Status) -> StreamErrorLine<'a> {
+        let http = http_status(status.code());
+        StreamErrorLine {
+            error: StreamError {
+                grpc_code: status.code() as i32,
+                http_code: http.as_u16(),
+                message: status.message(),
+                http_status: http.canonical_reason().unwrap_or(""),
+            },
+        }
     }
-    serde_json::to_vec(&Line { error }).unwrap_or_default()
 }
 
 #[cfg(test)]
