@@ -379,9 +379,14 @@ impl Member {
     /// reach the file after the work they report, so a test that saw the work's effect through
     /// the API still waits for the line.
     pub fn wait_for_log(&self, needle: &str, limit: Duration) -> bool {
+        self.wait_for_log_line(|line| line.contains(needle), limit)
+    }
+
+    /// Waits up to `limit` for a line of the member log that `matches`; true once one has.
+    pub fn wait_for_log_line(&self, matches: impl Fn(&str) -> bool, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         loop {
-            if self.log().contains(needle) {
+            if self.log().lines().any(&matches) {
                 return true;
             }
             if Instant::now() >= deadline {

@@ -317,6 +317,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .purge_to(log_id.index)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         self.tail.purged(log_id.index);
+        // etcd's line for the same step (etcdserver `compacted Raft logs`, compact-index).
+        tracing::info!(compact_index = log_id.index, "compacted Raft logs");
         Ok(())
     }
 }

@@ -282,6 +282,21 @@ fn a_member_that_installs_a_snapshot_gets_the_rules_in_it() {
             .unwrap();
         assert_eq!(burst(&endpoints[0], "/filler/", 200).await, (200, 0));
     });
+    // The leader drops log entries only while no replication to member 2 is in flight, and
+    // one is in flight while that member's replication backs off (200 ms at most between
+    // tries): wait for both running members to compact their raft logs past index 100, far
+    // past member 2's last entry (it stopped before the rule and the 200 puts).
+    for m in &cluster.members[..2] {
+        assert!(
+            m.wait_for_log_line(
+                |l| compact_index(l).is_some_and(|i| i >= 100),
+                Duration::from_secs(10)
+            ),
+            "{} did not compact its raft log past index 100\n{}",
+            m.name(),
+            m.log_tail()
+        );
+    }
     cluster.members[2].restart();
     rt.block_on(async {
         let text = wait_version(&endpoints[2], 1).await;
@@ -294,6 +309,13 @@ fn a_member_that_installs_a_snapshot_gets_the_rules_in_it() {
         "the member caught up from the log, not a snapshot\n{}",
         cluster.members[2].log_tail()
     );
+}
+
+/// The index of a member log's `compacted Raft logs` line (etcd's line for the raft log
+/// compaction after a snapshot), if `line` is one.
+fn compact_index(line: &str) -> Option<u64> {
+    let (_, rest) = line.split_once("compacted Raft logs compact_index=")?;
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 /// Puts `prefix<i>` for i < n back to back as the holder of `token`; returns (accepted,
