@@ -225,6 +225,13 @@ impl MvccStore {
         self.view().compact_rev.max(0)
     }
 
+    /// The compact revision as etcd keeps it (`compactMainRev`): -1 until the first
+    /// compaction. Watch compares a start revision with this (a negative start below it is
+    /// canceled as compacted, with this value as `compact_revision`).
+    pub fn compact_main_revision(&self) -> i64 {
+        self.view().compact_rev
+    }
+
     /// The revision up to which compacted records are removed from sled (-1 if unknown).
     /// Reads never depend on it: the index forgets compacted revisions at once.
     pub fn physical_compact_revision(&self) -> i64 {

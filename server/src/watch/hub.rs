@@ -86,8 +86,10 @@ pub struct WatcherSpec {
     pub watch_id: i64,
     /// Watched keys.
     pub range: WatchKeyRange,
-    /// `start_revision` (0 = from the next revision; a negative one is below every compact
-    /// revision, so the watcher is canceled as compacted, as in etcd 3.4).
+    /// `start_revision` (0 = from the next revision). A negative one is compared with the
+    /// compact revision as etcd 3.4 and 3.5 do, where it is -1 until the first compaction:
+    /// below it the watcher is canceled as compacted; -1 on a store never compacted is a
+    /// watcher from the next revision.
     pub start_revision: i64,
     /// Event types filtered out.
     pub filter: EventFilter,

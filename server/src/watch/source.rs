@@ -33,7 +33,8 @@ pub trait HistorySource: Send + Sync + 'static {
     /// The store's current revision.
     fn current_revision(&self) -> i64;
 
-    /// The store's compact revision (0 if never compacted).
+    /// The store's compact revision, -1 if never compacted (etcd's `compactMainRev`, which
+    /// a watcher's start revision is compared with).
     fn compact_revision(&self) -> i64;
 
     /// The events of keys in `range` at revisions `from..=to` (`to` clamped to the current
@@ -70,7 +71,7 @@ impl HistorySource for StoreHistory {
     }
 
     fn compact_revision(&self) -> i64 {
-        self.0.get().compact_revision()
+        self.0.get().compact_main_revision()
     }
 
     fn history(

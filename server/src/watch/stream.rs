@@ -9,8 +9,10 @@
 //!   stream gets the same with `"mvcc: duplicate watch ID provided on the WatchStream"`;
 //!   `watch_id` 0 means "pick one": the smallest unused ID counting up from 0 on this
 //!   stream; a start revision in the future is accepted and waits for it; a negative
-//!   `start_revision` is treated as etcd 3.4 treats it, as a revision below the compact
-//!   revision: the watcher is created, then canceled with `compact_revision` set;
+//!   `start_revision` is treated as etcd 3.4 and 3.5 treat it: compared with the compact
+//!   revision, which is -1 until the first compaction, so the watcher is created, then
+//!   canceled with `compact_revision` set (-1 on a store never compacted), except that -1
+//!   on a store never compacted watches from the next revision;
 //! - cancel: of a watcher of this stream answers `canceled` with its ID; of an unknown ID is
 //!   ignored without a response (etcd);
 //! - progress request: see [`WatchHub::request_progress`];

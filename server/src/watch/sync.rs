@@ -239,6 +239,16 @@ impl WatchHub {
                 if job.next_rev < compact {
                     return Some(Outcome::Compacted(compact));
                 }
+                if job.next_rev < 1 {
+                    // Only -1 on a store never compacted gets here. etcd 3.4 and 3.5 read its
+                    // history from revision bytes that sort after every record (the
+                    // revision's two's complement), find nothing, and go on from the next
+                    // revision: a live watcher without history.
+                    return Some(Outcome::Events(Arc::new(History {
+                        events: Vec::new(),
+                        last_revision: cur,
+                    })));
+                }
                 let key = (job.range.clone(), job.next_rev, job.flags.prev_kv());
                 let read = shared.entry(key).or_insert_with(|| {
                     let prev_kv = job.flags.prev_kv();
