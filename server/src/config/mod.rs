@@ -326,15 +326,15 @@ impl Config {
 /// error, as etcd prints it.
 ///
 /// Errors: `BadUrl` with etcd's text.
-fn check_urls(flag: &'static str, urls: &str) -> Result<(), ConfigError> {
+pub(super) fn check_urls(flag: &'static str, urls: &str) -> Result<(), ConfigError> {
     for url in split_urls(urls) {
         let bad = |reason: String| ConfigError::BadUrl {
             flag,
             value: urls.to_string(),
             reason,
         };
-        match url.split_once("://") {
-            Some((scheme, _)) if ["http", "https", "unix", "unixs"].contains(&scheme) => {}
+        match go_scheme(&url).map(|s| s.to_ascii_lowercase()) {
+            Some(scheme) if ["http", "https", "unix", "unixs"].contains(&scheme.as_str()) => {}
             None if url.split('/').next().unwrap_or("").contains(':') => {
                 return Err(bad(format!(
                     "parse {url:?}: first path segment in URL cannot contain colon"
@@ -348,6 +348,21 @@ fn check_urls(flag: &'static str, urls: &str) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// The scheme Go's `url.Parse` finds in `url` (`getScheme`): letters, then letters, digits,
+/// `+`, `-` or `.`, up to a `:`; `None` when `url` does not start that way (`127.0.0.1:2379`
+/// has none, `a.example:80` has `a.example`).
+fn go_scheme(url: &str) -> Option<&str> {
+    for (i, c) in url.char_indices() {
+        match c {
+            c if c.is_ascii_alphabetic() => {}
+            '0'..='9' | '+' | '-' | '.' if i > 0 => {}
+            ':' if i > 0 => return Some(&url[..i]),
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// Splits a comma-separated URL list.

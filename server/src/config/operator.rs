@@ -7,7 +7,7 @@
 use clap::{ArgAction, Args};
 use serde::Deserialize;
 
-use super::{Config, ConfigError, GoDuration, bind_addr, split_urls};
+use super::{Config, ConfigError, GoDuration, bind_addr, check_urls, split_urls};
 
 /// Operator flags, etcd's names and defaults (`etcd --help`, "Member", "Logging",
 /// "Profiling and Monitoring").
@@ -65,6 +65,21 @@ pub struct OperatorFlags {
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_value_t = true, default_missing_value = "true")]
     pub pre_vote: bool,
+    /// Comma-separated whitelist of origins for CORS (cross-origin resource sharing) on the
+    /// client URLs' HTTP endpoints; `*` (the default) allows every origin, empty none. Each
+    /// origin is a URL `scheme://host:port` without a path (etcd's `types.NewURLs` rules).
+    #[arg(long, default_value = "*")]
+    pub cors: String,
+}
+
+/// The origins `--cors` allows ([`OperatorFlags::cors_origins`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CorsOrigins {
+    /// `*`: every answer carries `Access-Control-Allow-Origin: *`.
+    Any,
+    /// Only a request whose `Origin` header is one of these (compared as written) gets
+    /// the CORS headers, with its own origin; empty: no request does.
+    Listed(std::collections::BTreeSet<String>),
 }
 
 impl Default for OperatorFlags {
@@ -79,6 +94,7 @@ impl OperatorFlags {
     ///
     /// Errors: the URL's resolve error; `FlagValue` for `systemd/journal` (not supported).
     pub fn check(&self) -> Result<(), ConfigError> {
+        self.cors_origins()?;
         for url in split_urls(&self.listen_metrics_urls) {
             bind_addr(&url)?;
         }
@@ -108,6 +124,46 @@ impl OperatorFlags {
             w.push("--pre-vote=false: Keel's raft always refuses votes while it hears from a leader (leader lease); it cannot be turned off");
         }
         w
+    }
+
+    /// `--cors` parsed as etcd parses it (`flags.NewUniqueURLsWithExceptions("*", "")`):
+    /// exactly `*` or the empty string, or a list of URLs, each with an `http`, `https`,
+    /// `unix` or `unixs` scheme, a `host:port` and no path.
+    ///
+    /// Errors: `BadUrl` with etcd's text for the first URL that breaks a rule.
+    pub fn cors_origins(&self) -> Result<CorsOrigins, ConfigError> {
+        match self.cors.as_str() {
+            "*" => return Ok(CorsOrigins::Any),
+            "" => return Ok(CorsOrigins::Listed(Default::default())),
+            _ => {}
+        }
+        check_urls("cors", &self.cors)?;
+        let bad = |reason: String| ConfigError::BadUrl {
+            flag: "cors",
+            value: self.cors.clone(),
+            reason,
+        };
+        let mut origins = std::collections::BTreeSet::new();
+        for url in split_urls(&self.cors) {
+            // No `//`: Go's parse leaves the host empty (`http:x` is opaque).
+            let rest = url.split_once("://").map_or("", |(_, rest)| rest);
+            let authority = rest.split('/').next().unwrap_or("");
+            // Go's net.SplitHostPort: one colon, or a bracketed IPv6 host then a colon.
+            let host_port = match authority.strip_prefix('[') {
+                Some(v6) => v6.split_once(']').is_some_and(|(_, p)| p.starts_with(':')),
+                None => authority.matches(':').count() == 1,
+            };
+            if !host_port {
+                return Err(bad(format!(
+                    "URL address does not have the form \"host:port\": {url}"
+                )));
+            }
+            if authority.len() < rest.len() {
+                return Err(bad(format!("URL must not contain a path: {url}")));
+            }
+            origins.insert(url);
+        }
+        Ok(CorsOrigins::Listed(origins))
     }
 
     /// Whether `--metrics extensive` is set.
@@ -151,7 +207,6 @@ const UNSUPPORTED_ETCD_FLAGS: &[&str] = &[
     "log-rotation-config-json",
     "socket-reuse-port",
     "socket-reuse-address",
-    "cors",
     "host-whitelist",
     "self-signed-cert-validity",
     "client-cert-file",
@@ -237,6 +292,44 @@ mod tests {
         assert_eq!(f.keepalive_timeout().unwrap().as_secs(), 20);
         assert_eq!(f.max_concurrent_streams, u32::MAX);
         assert!(f.strict_reconfig_check && f.pre_vote && !f.enable_pprof);
+        assert_eq!(f.cors_origins().unwrap(), CorsOrigins::Any);
+    }
+
+    #[test]
+    fn cors_parses_as_etcds_url_list() {
+        let parse = |v: &str| {
+            let f = OperatorFlags {
+                cors: v.into(),
+                ..Config::default().operator
+            };
+            f.cors_origins().map_err(|e| e.to_string())
+        };
+        assert_eq!(parse(""), Ok(CorsOrigins::Listed(Default::default())));
+        assert_eq!(
+            parse("http://a.example:80,https://[::1]:8443"),
+            Ok(CorsOrigins::Listed(
+                ["http://a.example:80", "https://[::1]:8443"]
+                    .map(String::from)
+                    .into()
+            ))
+        );
+        // etcd 3.4.23's texts for the same values.
+        assert_eq!(
+            parse("http://a.example"),
+            Err("invalid value \"http://a.example\" for flag -cors: URL address does not have the form \"host:port\": http://a.example".into())
+        );
+        assert_eq!(
+            parse("http://a.example:80/x"),
+            Err("invalid value \"http://a.example:80/x\" for flag -cors: URL must not contain a path: http://a.example:80/x".into())
+        );
+        assert_eq!(
+            parse("*,http://a:1"),
+            Err("invalid value \"*,http://a:1\" for flag -cors: URL scheme must be http, https, unix, or unixs: *".into())
+        );
+        assert_eq!(
+            parse("a.example:80"),
+            Err("invalid value \"a.example:80\" for flag -cors: URL scheme must be http, https, unix, or unixs: a.example:80".into())
+        );
     }
 
     #[test]

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::alarm_request::AlarmAction;
 use keel_proto::etcdserverpb::{AlarmRequest, AlarmType};
+use keel_testkit::Member;
 use keel_testkit::etcdctl::etcdctl;
 use keel_testkit::grpc;
 use keel_testkit::ports::free_port;
 
-use crate::{cluster, member};
+use crate::{cluster, keel_bin, member};
 
 /// A response: status code, lower-cased headers, body.
 struct Reply {
@@ -24,18 +25,29 @@ struct Reply {
 
 /// `method path` on `addr` (`127.0.0.1:port`) over HTTP/1.1, read to the end.
 fn request(addr: &str, method: &str, path: &str) -> Reply {
+    request_with(addr, method, path, "")
+}
+
+/// [`request`] with `extra` header lines (each ending in `\r\n`).
+fn request_with(addr: &str, method: &str, path: &str, extra: &str) -> Reply {
     let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
-    exchange(stream, addr, method, path)
+    exchange(stream, addr, method, path, extra)
 }
 
 /// One HTTP/1.1 request on `stream` (plain or TLS), read until the server closes.
-fn exchange(mut stream: impl Read + Write, addr: &str, method: &str, path: &str) -> Reply {
+fn exchange(
+    mut stream: impl Read + Write,
+    addr: &str,
+    method: &str,
+    path: &str,
+    extra: &str,
+) -> Reply {
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: curl/8\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: curl/8\r\nAccept: */*\r\n{extra}Connection: close\r\n\r\n"
     )
     .unwrap();
     stream.flush().unwrap();
@@ -284,6 +296,68 @@ fn metrics_and_probes_answer_on_the_client_and_metrics_urls() {
 /// A member whose leader and one other member stopped: `/health` answers 503 `RAFT NO
 /// LEADER` (200 with `?serializable=true`), `etcd_server_has_leader` is 0, and `/livez` still
 /// passes.
+/// etcd's three CORS headers, as `Reply::headers` holds them (lower-cased), for `origin`.
+fn cors_headers(origin: &str) -> String {
+    format!(
+        "access-control-allow-methods: post, get, options, put, delete\r\naccess-control-allow-origin: {origin}\r\naccess-control-allow-headers: accept, content-type, authorization"
+    )
+}
+
+/// `--cors` as etcd 3.4.23 answers it: by default every HTTP answer on the client URL
+/// carries the CORS headers with origin `*`, and a preflight (`OPTIONS`, any path) is 200
+/// with an empty body; with a list, only a listed `Origin` gets them, echoed.
+#[test]
+fn cors_headers_follow_the_cors_flag() {
+    let (_guard, keel) = member(&[]);
+    let ep = keel.endpoint();
+    for (method, path, status) in [
+        ("OPTIONS", "/v3/kv/range", 200),
+        ("OPTIONS", "/no/such/path", 200),
+        ("GET", "/health", 200),
+        ("GET", "/no/such/path", 404),
+    ] {
+        let r = request(&ep, method, path);
+        assert_eq!(r.status, status, "{method} {path}: {}", r.headers);
+        assert!(
+            r.headers.contains(&cors_headers("*")),
+            "{method} {path}: {}",
+            r.headers
+        );
+        if method == "OPTIONS" {
+            assert_eq!(r.body, "", "{method} {path}");
+            assert!(!r.headers.contains("\r\nallow:"), "{}", r.headers);
+        }
+    }
+    drop(keel);
+
+    // Under the same guard: taking a second one could wait behind a cluster test's.
+    let keel = Member::start_with(&keel_bin(), &["--cors", "http://a.example:80"]);
+    let ep = keel.endpoint();
+    let listed = request_with(
+        &ep,
+        "OPTIONS",
+        "/v3/kv/put",
+        "Origin: http://a.example:80\r\n",
+    );
+    assert_eq!(listed.status, 200);
+    assert!(
+        listed
+            .headers
+            .contains(&cors_headers("http://a.example:80")),
+        "{}",
+        listed.headers
+    );
+    for extra in ["Origin: http://b.example:80\r\n", ""] {
+        let other = request_with(&ep, "GET", "/health", extra);
+        assert_eq!(other.status, 200);
+        assert!(
+            !other.headers.contains("access-control-"),
+            "{extra:?}: {}",
+            other.headers
+        );
+    }
+}
+
 #[test]
 fn health_reports_raft_no_leader_on_a_member_without_quorum() {
     let (_alone, mut cluster) = cluster(3, &[]);
@@ -455,5 +529,5 @@ fn tls_get(
         };
         return (chosen, none);
     }
-    (chosen, exchange(tls, addr, "GET", path))
+    (chosen, exchange(tls, addr, "GET", path, ""))
 }

@@ -9,6 +9,7 @@
 //! answered by [`fallback`]: gRPC's `UNIMPLEMENTED` to a gRPC client, Go's `404 page not
 //! found` to anyone else. docs/operations.md lists the endpoints.
 
+pub mod cors;
 pub mod gateway;
 pub mod grpc_metrics;
 pub mod health;
@@ -28,17 +29,32 @@ pub use grpc_metrics::GrpcMetricsLayer;
 pub use health::Check;
 pub use version::VersionInfo;
 
+use crate::config::operator::CorsOrigins;
 use crate::node::Node;
 
 type Shared = State<Arc<Node>>;
 
-/// The routes of the client URLs: health, metrics and `/version`.
+/// The routes of the client URLs: health, metrics, `/version` and the gateway, behind
+/// etcd's CORS handling ([`cors`]; `--cors` was checked at start-up).
 pub fn client_routes(node: Arc<Node>) -> Router {
-    with_health(Router::new())
+    let origins = node
+        .config
+        .operator
+        .cors_origins()
+        .unwrap_or(CorsOrigins::Listed(Default::default()));
+    let routes = with_health(Router::new())
         .route("/version", get(version))
         .with_state(node.clone())
         .merge(gateway::routes(node))
-        .fallback(fallback)
+        .fallback(fallback);
+    // Around the whole router (not each route): a preflight answered here must not pass
+    // through a route's method router, which would add its `Allow` header.
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(origins),
+            cors::cors,
+        ))
 }
 
 /// The routes of `--listen-metrics-urls`: `/metrics` and the health endpoints.
