@@ -291,6 +291,18 @@ fn kv_routes_answer_etcds_json() {
     assert_eq!(count, 4.0, "{puts}");
     // Unknown fields are ignored, as etcd's gateway does.
     ok(&ep, "/v3/kv/range", json!({"key": b64("foo"), "bogus": 1}));
+    // As Go's decoder reads JSON (etcd 3.4.23): a null field is unset, a field named twice
+    // keeps its last value, and a null message is the empty one.
+    let null_limit = post(&ep, "/v3/kv/range", r#"{"key":"dA==","limit":null}"#);
+    assert_eq!(null_limit.status, 200, "{}", null_limit.body);
+    assert_eq!(null_limit.json()["kvs"][0]["value"], b64("1"));
+    let twice = post(&ep, "/v3/kv/range", r#"{"key":"eA==","key":"dA=="}"#);
+    assert_eq!(twice.json()["kvs"][0]["key"], b64("t"), "{}", twice.body);
+    let null_body = post(&ep, "/v3/kv/range", "null");
+    assert_eq!(
+        (null_body.status, null_body.json()["error"].as_str()),
+        (400, Some("etcdserver: key is not provided"))
+    );
     let get = read_reply(
         {
             let mut s = TcpStream::connect(&ep).unwrap();

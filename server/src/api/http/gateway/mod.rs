@@ -17,6 +17,7 @@
 //! HTTP status for the code ([`error`]). Streams (Watch, LeaseKeepAlive, Observe,
 //! Snapshot) answer newline-delimited `{"result":{…}}` objects ([`stream`]).
 
+mod body;
 pub mod error;
 pub mod stream;
 
@@ -259,18 +260,18 @@ pub fn routes(node: Arc<Node>) -> Router {
     Router::new().nest("/v3", r.clone()).nest("/v3beta", r)
 }
 
-/// The request message of `body`: its first JSON value, or the default message for an
-/// empty body (grpc-gateway treats EOF as an empty message). What follows the first value
-/// is not read, as grpc-gateway's `json.Decoder.Decode` does not read it (etcd 3.4.23
-/// applies `{"key":"YQ==","value":"Yg=="} trailing`).
+/// The request message of `body`: its first JSON value ([`body`]: nulls unset, the last
+/// of a repeated field), or the default message for an empty body (grpc-gateway treats EOF
+/// as an empty message). What follows the first value is not read, as grpc-gateway's
+/// `json.Decoder.Decode` does not read it (etcd 3.4.23 applies
+/// `{"key":"YQ==","value":"Yg=="} trailing`).
 ///
 /// Errors: JSON that is not the message: `InvalidArgument` with serde's text.
 fn decode<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, Status> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Req::default());
     }
-    let mut values = serde_json::Deserializer::from_slice(body).into_iter::<Req>();
-    match values.next() {
+    match body::messages(body).next() {
         Some(value) => value.map_err(|e| Status::invalid_argument(e.to_string())),
         None => Ok(Req::default()),
     }

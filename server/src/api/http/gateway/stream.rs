@@ -30,7 +30,8 @@ struct Chunk<'a, T> {
     result: &'a T,
 }
 
-/// The request messages of `body`: its JSON values up to the first that is not a message
+/// The request messages of `body`: its JSON values ([`super::body`]) up to the first that
+/// is not a message
 /// (grpc-gateway decodes one at a time and stops sending at the first failure: etcd 3.4.23
 /// creates the watch of `{"create_request":{…}} trailing`), or one default message for an
 /// empty body.
@@ -43,7 +44,7 @@ fn decode_all<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Vec<Req>, 
         return Ok(vec![Req::default()]);
     }
     let mut messages = Vec::new();
-    for value in serde_json::Deserializer::from_slice(body).into_iter::<Req>() {
+    for value in super::body::messages::<Req>(body) {
         match value {
             Ok(message) => messages.push(message),
             Err(e) if messages.is_empty() => return Err(Status::unknown(e.to_string())),
