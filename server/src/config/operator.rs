@@ -314,22 +314,29 @@ mod tests {
             ))
         );
         // etcd 3.4.23's texts for the same values.
-        assert_eq!(
-            parse("http://a.example"),
-            Err("invalid value \"http://a.example\" for flag -cors: URL address does not have the form \"host:port\": http://a.example".into())
-        );
-        assert_eq!(
-            parse("http://a.example:80/x"),
-            Err("invalid value \"http://a.example:80/x\" for flag -cors: URL must not contain a path: http://a.example:80/x".into())
-        );
-        assert_eq!(
-            parse("*,http://a:1"),
-            Err("invalid value \"*,http://a:1\" for flag -cors: URL scheme must be http, https, unix, or unixs: *".into())
-        );
-        assert_eq!(
-            parse("a.example:80"),
-            Err("invalid value \"a.example:80\" for flag -cors: URL scheme must be http, https, unix, or unixs: a.example:80".into())
-        );
+        for (value, reason) in [
+            (
+                "http://a.example",
+                "URL address does not have the form \"host:port\": http://a.example",
+            ),
+            (
+                "http://a.example:80/x",
+                "URL must not contain a path: http://a.example:80/x",
+            ),
+            (
+                "*,http://a:1",
+                "URL scheme must be http, https, unix, or unixs: *",
+            ),
+            (
+                "a.example:80",
+                "URL scheme must be http, https, unix, or unixs: a.example:80",
+            ),
+        ] {
+            assert_eq!(
+                parse(value),
+                Err(format!("invalid value {value:?} for flag -cors: {reason}"))
+            );
+        }
     }
 
     #[test]
