@@ -12,6 +12,7 @@ mod auth;
 mod cluster;
 mod concurrency;
 pub mod credentials;
+pub mod deadline;
 mod downgrade;
 mod election;
 pub mod http;
@@ -117,6 +118,8 @@ where
             require_leader::interceptor(node.cluster.clone()),
         ))
         .layer(learner_gate::LearnerGateLayer::new(node.clone()))
+        // Innermost, so its answer to an expired grpc-timeout is the one sent (api/deadline.rs).
+        .layer(deadline::DeadlineLayer)
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use keel_proto::etcdserverpb::alarm_request::AlarmAction;
-use keel_proto::etcdserverpb::{AlarmRequest, AlarmType};
+use keel_proto::etcdserverpb::{AlarmRequest, AlarmType, PutRequest};
 use keel_testkit::Member;
 use keel_testkit::etcdctl::etcdctl;
 use keel_testkit::grpc;
@@ -296,6 +296,46 @@ fn metrics_and_probes_answer_on_the_client_and_metrics_urls() {
 /// A member whose leader and one other member stopped: `/health` answers 503 `RAFT NO
 /// LEADER` (200 with `?serializable=true`), `etcd_server_has_leader` is 0, and `/livez` still
 /// passes.
+/// A `KV.Put` of `iso/deadline` sent over raw HTTP/2 with `grpc-timeout: timeout`; the
+/// status of the answer (its response headers or trailers).
+fn put_with_grpc_timeout(ep: &str, timeout: &str) -> tonic::Status {
+    use prost::Message;
+    let put = PutRequest {
+        key: b"iso/deadline".to_vec(),
+        value: b"v".to_vec(),
+        ..Default::default()
+    };
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(put.encoded_len() as u32).to_be_bytes());
+    frame.extend_from_slice(&put.encode_to_vec());
+    let (ep, timeout) = (ep.to_string(), timeout.to_string());
+    grpc::block_on_thread(async move {
+        let tcp = tokio::net::TcpStream::connect(&ep).await.unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(connection);
+        let mut client = client.ready().await.unwrap();
+        let request = axum::http::Request::post(format!("http://{ep}/etcdserverpb.KV/Put"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("grpc-timeout", timeout)
+            .body(())
+            .unwrap();
+        let (response, mut body) = client.send_request(request, false).unwrap();
+        body.send_data(frame.into(), true).unwrap();
+        let response = response.await.unwrap();
+        let mut headers = response.headers().clone();
+        if !headers.contains_key("grpc-status") {
+            let mut recv = response.into_body();
+            while let Some(data) = recv.data().await {
+                data.unwrap();
+            }
+            headers = recv.trailers().await.unwrap().unwrap_or_default();
+        }
+        tonic::Status::from_header_map(&headers).expect("a grpc-status")
+    })
+    .unwrap()
+}
+
 /// etcd's three CORS headers, as `Reply::headers` holds them (lower-cased), for `origin`.
 fn cors_headers(origin: &str) -> String {
     format!(
@@ -445,6 +485,14 @@ fn health_reports_raft_no_leader_on_a_member_without_quorum() {
             "{args:?} succeeded without a quorum: {out:#?}"
         );
     }
+    // A client deadline that runs out while the put waits is answered as etcd does
+    // (tonic's own answer would be `Cancelled`, "Timeout expired"). Raw HTTP/2: a gRPC
+    // client would end the call at its deadline itself.
+    let expired = put_with_grpc_timeout(&ep, "300m");
+    assert_eq!(
+        (expired.code(), expired.message()),
+        (tonic::Code::DeadlineExceeded, "context deadline exceeded")
+    );
     for i in 0..3 {
         if i != survivor {
             cluster.members[i].restart();
