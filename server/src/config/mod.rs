@@ -326,7 +326,7 @@ impl Config {
 /// error, as etcd prints it.
 ///
 /// Errors: `BadUrl` with etcd's text.
-pub(super) fn check_urls(flag: &'static str, urls: &str) -> Result<(), ConfigError> {
+fn check_urls(flag: &'static str, urls: &str) -> Result<(), ConfigError> {
     for url in split_urls(urls) {
         let bad = |reason: String| ConfigError::BadUrl {
             flag,
@@ -353,7 +353,7 @@ pub(super) fn check_urls(flag: &'static str, urls: &str) -> Result<(), ConfigErr
 /// The scheme Go's `url.Parse` finds in `url` (`getScheme`): letters, then letters, digits,
 /// `+`, `-` or `.`, up to a `:`; `None` when `url` does not start that way (`127.0.0.1:2379`
 /// has none, `a.example:80` has `a.example`).
-fn go_scheme(url: &str) -> Option<&str> {
+pub(super) fn go_scheme(url: &str) -> Option<&str> {
     for (i, c) in url.char_indices() {
         match c {
             c if c.is_ascii_alphabetic() => {}

@@ -7,7 +7,7 @@
 use clap::{ArgAction, Args};
 use serde::Deserialize;
 
-use super::{Config, ConfigError, GoDuration, bind_addr, check_urls, split_urls};
+use super::{Config, ConfigError, GoDuration, bind_addr, go_scheme, split_urls};
 
 /// Operator flags, etcd's names and defaults (`etcd --help`, "Member", "Logging",
 /// "Profiling and Monitoring").
@@ -126,42 +126,25 @@ impl OperatorFlags {
         w
     }
 
-    /// `--cors` parsed as etcd parses it (`flags.NewUniqueURLsWithExceptions("*", "")`):
-    /// exactly `*` or the empty string, or a list of URLs, each with an `http`, `https`,
-    /// `unix` or `unixs` scheme, a `host:port` and no path.
+    /// `--cors` parsed as etcd parses it (`flags.NewUniqueURLsWithExceptions("*", "*")`, then
+    /// `types.NewURLs` over Go's `url.Parse`): exactly `*`, or a comma-separated list of URLs
+    /// (each trimmed), each with an `http`, `https`, `unix` or `unixs` scheme, a `host:port`
+    /// and no path. Listed origins are kept as Go's `url.String()` prints them (the scheme
+    /// lower-cased, an empty fragment dropped): that is what a request's `Origin` must equal.
     ///
     /// Errors: `BadUrl` with etcd's text for the first URL that breaks a rule.
     pub fn cors_origins(&self) -> Result<CorsOrigins, ConfigError> {
-        match self.cors.as_str() {
-            "*" => return Ok(CorsOrigins::Any),
-            "" => return Ok(CorsOrigins::Listed(Default::default())),
-            _ => {}
+        if self.cors == "*" {
+            return Ok(CorsOrigins::Any);
         }
-        check_urls("cors", &self.cors)?;
-        let bad = |reason: String| ConfigError::BadUrl {
-            flag: "cors",
-            value: self.cors.clone(),
-            reason,
-        };
         let mut origins = std::collections::BTreeSet::new();
-        for url in split_urls(&self.cors) {
-            // No `//`: Go's parse leaves the host empty (`http:x` is opaque).
-            let rest = url.split_once("://").map_or("", |(_, rest)| rest);
-            let authority = rest.split('/').next().unwrap_or("");
-            // Go's net.SplitHostPort: one colon, or a bracketed IPv6 host then a colon.
-            let host_port = match authority.strip_prefix('[') {
-                Some(v6) => v6.split_once(']').is_some_and(|(_, p)| p.starts_with(':')),
-                None => authority.matches(':').count() == 1,
-            };
-            if !host_port {
-                return Err(bad(format!(
-                    "URL address does not have the form \"host:port\": {url}"
-                )));
-            }
-            if authority.len() < rest.len() {
-                return Err(bad(format!("URL must not contain a path: {url}")));
-            }
-            origins.insert(url);
+        for url in self.cors.split(',').map(str::trim) {
+            let origin = cors_origin(url).map_err(|reason| ConfigError::BadUrl {
+                flag: "cors",
+                value: self.cors.clone(),
+                reason,
+            })?;
+            origins.insert(origin);
         }
         Ok(CorsOrigins::Listed(origins))
     }
@@ -180,6 +163,67 @@ impl OperatorFlags {
     pub fn keepalive_timeout(&self) -> Option<std::time::Duration> {
         Some(self.grpc_keepalive_timeout.0).filter(|d| !d.is_zero())
     }
+}
+
+/// One `--cors` URL checked as `types.NewURLs` checks it, in Go's `url.String()` form.
+/// Go's parse errors come first (a colon before any scheme, a bad `%` escape or port in the
+/// host), then etcd's rules (scheme, `host:port`, no path).
+///
+/// Errors: the reason, as etcd prints it after the flag name.
+fn cors_origin(url: &str) -> Result<String, String> {
+    let (main, fragment) = url.split_once('#').unwrap_or((url, ""));
+    let bad_scheme = || format!("URL scheme must be http, https, unix, or unixs: {url}");
+    let Some(scheme) = go_scheme(main) else {
+        if main.split('/').next().unwrap_or("").contains(':') {
+            return Err(format!(
+                "parse {url:?}: first path segment in URL cannot contain colon"
+            ));
+        }
+        return Err(bad_scheme());
+    };
+    let rest = &main[scheme.len() + 1..];
+    let (authority, tail) = match rest.strip_prefix("//") {
+        Some(r) => r.split_at(r.find(['/', '?']).unwrap_or(r.len())),
+        None => ("", rest),
+    };
+    if let Some(i) = authority.find('%') {
+        let escape = authority.get(i..i + 3).unwrap_or(&authority[i..]);
+        if escape.len() < 3 || !escape[1..].bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("parse {url:?}: invalid URL escape {escape:?}"));
+        }
+    }
+    // Go's url.Parse: what follows the host's last colon (after an IPv6 `]`) is digits.
+    let host_end = authority.rfind(']').map_or(0, |i| i + 1);
+    if let Some(colon) = authority[host_end..].rfind(':') {
+        let port = &authority[host_end + colon..];
+        if !port[1..].bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("parse {url:?}: invalid port {port:?} after host"));
+        }
+    }
+    let scheme = scheme.to_ascii_lowercase();
+    if !["http", "https", "unix", "unixs"].contains(&scheme.as_str()) {
+        return Err(bad_scheme());
+    }
+    // net.SplitHostPort: one colon, or a bracketed IPv6 host then a colon.
+    let host_port = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').is_some_and(|(_, p)| p.starts_with(':')),
+        None => authority.matches(':').count() == 1,
+    };
+    if !host_port {
+        return Err(format!(
+            "URL address does not have the form \"host:port\": {url}"
+        ));
+    }
+    let (path, query) = tail.split_at(tail.find('?').unwrap_or(tail.len()));
+    if !path.is_empty() {
+        return Err(format!("URL must not contain a path: {url}"));
+    }
+    let fragment = if fragment.is_empty() {
+        String::new()
+    } else {
+        format!("#{fragment}")
+    };
+    Ok(format!("{scheme}://{authority}{query}{fragment}"))
 }
 
 /// etcd flags that Keel does not implement. A command line that uses one fails with a
@@ -304,13 +348,18 @@ mod tests {
             };
             f.cors_origins().map_err(|e| e.to_string())
         };
-        assert_eq!(parse(""), Ok(CorsOrigins::Listed(Default::default())));
+        // Kept as Go's url.String() prints them: the form a request's Origin must have.
         assert_eq!(
-            parse("http://a.example:80,https://[::1]:8443"),
+            parse("HTTP://a.example:80, https://[::1]:8443,http://b:1#,unix://c:2?x=1#f"),
             Ok(CorsOrigins::Listed(
-                ["http://a.example:80", "https://[::1]:8443"]
-                    .map(String::from)
-                    .into()
+                [
+                    "http://a.example:80",
+                    "https://[::1]:8443",
+                    "http://b:1",
+                    "unix://c:2?x=1#f"
+                ]
+                .map(String::from)
+                .into()
             ))
         );
         // etcd 3.4.23's texts for the same values.
@@ -330,6 +379,23 @@ mod tests {
             (
                 "a.example:80",
                 "URL scheme must be http, https, unix, or unixs: a.example:80",
+            ),
+            ("", "URL scheme must be http, https, unix, or unixs: "),
+            (
+                "http://a:1,",
+                "URL scheme must be http, https, unix, or unixs: ",
+            ),
+            (
+                "http://a:b",
+                "parse \"http://a:b\": invalid port \":b\" after host",
+            ),
+            (
+                "http://%zz:1",
+                "parse \"http://%zz:1\": invalid URL escape \"%zz\"",
+            ),
+            (
+                "127.0.0.1:2379",
+                "parse \"127.0.0.1:2379\": first path segment in URL cannot contain colon",
             ),
         ] {
             assert_eq!(
