@@ -321,9 +321,8 @@ impl Node {
             stopping: tokio::sync::watch::Sender::new(false),
         });
         let weak: Weak<Node> = Arc::downgrade(&node);
-        let _ = node
-            .proposer
-            .set(Proposer::start(Arc::new(move |req, route| {
+        let _ = node.proposer.set(Proposer::start(
+            Arc::new(move |req, route| {
                 let weak = weak.clone();
                 Box::pin(async move {
                     match weak.upgrade() {
@@ -331,7 +330,9 @@ impl Node {
                         None => Err(Refused::Failed(EtcdError::Stopped)),
                     }
                 })
-            })));
+            }),
+            node.request_timeout(),
+        ));
         node.clone().spawn_publish();
         node.spawn_version_monitor();
         if let Some(rules) = qos_file {

@@ -26,11 +26,20 @@
 //! leading is withdrawn and answered `NotLeader` at once, rather than waiting for a slot
 //! behind this member's own forwards. A claim decides, exactly once, whether the batch is
 //! withdrawn or taken into an entry, so a withdrawn batch is never proposed.
+//!
+//! **The request timeout counts from arrival**, as etcd's does: a client request waits for
+//! its answer at most the request timeout from the moment it is queued, including the time
+//! it waits for a slot. One still queued then is withdrawn (never proposed) and answered
+//! etcd's `request timed out`. Otherwise entries that cannot commit (a leader without a
+//! quorum) held every slot for a timeout each, and a request queued behind them waited for
+//! that, then for a timeout of its own: a fresh-user check saw a put hang past its client's
+//! 10 s deadline where etcd answers at 7 s.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
 
 use keel_proto::keelpb::{RaftRequest, RaftResponse, RequestBatch, raft_request, raft_response};
 use prost::Message;
@@ -107,7 +116,8 @@ struct Pending {
     /// When it was queued (`trace::start`: 0 when the timeline is off).
     queued_us: u64,
     reply: Reply,
-    /// A forwarded batch's claim (see [`Claim`]).
+    /// Its caller's claim (see [`Claim`]): a forwarded batch, or a request whose caller
+    /// may time out; `None`: always taken.
     claim: Option<Arc<Claim>>,
 }
 
@@ -118,8 +128,8 @@ impl Pending {
     }
 }
 
-/// Decides, exactly once, whether a forwarded batch is taken into an entry (which then
-/// answers it) or withdrawn by its caller (and never proposed).
+/// Decides, exactly once, whether a queued unit is taken into an entry (which then answers
+/// it) or withdrawn by its caller (and never proposed).
 struct Claim(AtomicU8);
 
 const QUEUED: u8 = 0;
@@ -143,26 +153,45 @@ impl Claim {
 /// The batching front of a member's raft log.
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
+    /// How long a client request may wait for its answer, from arrival (etcd's request
+    /// timeout: 5 s plus two election timeouts).
+    request_timeout: Duration,
 }
 
 impl Proposer {
     /// Starts the batching task; `propose` submits one entry to raft (forwarding it to the
     /// leader, or waiting for one, as its [`Route`] allows) and returns its apply result and
-    /// log index.
-    pub fn start(propose: ProposeFn) -> Proposer {
+    /// log index. A request of [`Proposer::propose`] is answered within `request_timeout`.
+    pub fn start(propose: ProposeFn, request_timeout: Duration) -> Proposer {
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(run(rx, propose));
-        Proposer { tx }
+        Proposer {
+            tx,
+            request_timeout,
+        }
     }
 
     /// Queues `request` for the next batch and waits for its own apply result.
     ///
-    /// Errors: those of the proposal (no leader, stopped, ...), or `Stopped` if the member
-    /// is shutting down.
+    /// Errors: those of the proposal (no leader, stopped, ...); `Stopped` if the member is
+    /// shutting down; `Timeout` once the request timeout passed since the call (module
+    /// docs): a request still queued then is never proposed, one in an entry may still be
+    /// applied (as a write etcd answers `request timed out` may be).
     pub async fn propose(&self, request: RaftRequest) -> Result<RaftResponse, EtcdError> {
-        let (reply, rx) = oneshot::channel();
-        self.queue(vec![request], Reply::One(reply), None).await?;
-        rx.await.unwrap_or(Err(EtcdError::Stopped))
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let (reply, mut rx) = oneshot::channel();
+        let claim = Arc::new(Claim::new());
+        let queued = self.queue(vec![request], Reply::One(reply), Some(claim.clone()));
+        tokio::time::timeout_at(deadline, queued)
+            .await
+            .map_err(|_| EtcdError::Timeout)??;
+        tokio::select! {
+            biased;
+            answer = &mut rx => return answer.unwrap_or(Err(EtcdError::Stopped)),
+            () = tokio::time::sleep_until(deadline) => {}
+        }
+        claim.settle(WITHDRAWN);
+        Err(EtcdError::Timeout)
     }
 
     /// Queues the requests of a batch another member forwarded, to share an entry with
@@ -505,7 +534,7 @@ mod tests {
     #[tokio::test]
     async fn concurrent_requests_share_entries_and_get_their_own_results() {
         let entries = Arc::new(Mutex::new(Vec::new()));
-        let proposer = Arc::new(Proposer::start(fake(entries.clone())));
+        let proposer = Arc::new(Proposer::start(fake(entries.clone()), LONG));
         let mut tasks = Vec::new();
         for i in 0..200u64 {
             let p = proposer.clone();
@@ -542,7 +571,7 @@ mod tests {
     #[tokio::test]
     async fn forwarded_batches_share_entries_whole_and_keep_their_order() {
         let entries = Arc::new(Mutex::new(Vec::new()));
-        let proposer = Arc::new(Proposer::start(fake(entries.clone())));
+        let proposer = Arc::new(Proposer::start(fake(entries.clone()), LONG));
         let mut own = Vec::new();
         for i in 0..200u64 {
             let p = proposer.clone();
@@ -627,7 +656,7 @@ mod tests {
                 Ok((answer, 7))
             })
         });
-        let proposer = Arc::new(Proposer::start(follower));
+        let proposer = Arc::new(Proposer::start(follower, LONG));
         let mut own = Vec::new();
         let mut forwarded = Vec::new();
         for i in 0..100u64 {
@@ -694,7 +723,7 @@ mod tests {
                 Ok((answer, 1))
             })
         });
-        let proposer = Arc::new(Proposer::start(blocked));
+        let proposer = Arc::new(Proposer::start(blocked, LONG));
         let mut own = Vec::new();
         for i in 0..MAX_IN_FLIGHT as u64 {
             let p = proposer.clone();
@@ -736,6 +765,57 @@ mod tests {
             proposed,
             [0, 1, 2, 3, 2000],
             "the withdrawn batch was never proposed"
+        );
+    }
+
+    /// A request timeout no test reaches.
+    const LONG: Duration = Duration::from_secs(60);
+
+    /// Every slot held by entries that never commit (a leader without a quorum): each
+    /// request, those in the entries and one queued behind them, is answered `Timeout` once
+    /// the request timeout passed since its call, and the queued one is never proposed.
+    #[tokio::test]
+    async fn the_request_timeout_counts_from_arrival_and_a_queued_request_is_withdrawn() {
+        let release = Arc::new(Semaphore::new(0));
+        let proposed: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let (gate, log) = (release.clone(), proposed.clone());
+        let blocked: ProposeFn = Arc::new(move |req: RaftRequest, _route: Route| {
+            let (gate, log) = (gate.clone(), log.clone());
+            Box::pin(async move {
+                let (ids, answer) = echo(&req);
+                log.lock().unwrap().extend(&ids);
+                let _ = gate.acquire().await.unwrap();
+                Ok((answer, 1))
+            })
+        });
+        let timeout = Duration::from_millis(300);
+        let proposer = Arc::new(Proposer::start(blocked, timeout));
+        let mut calls = Vec::new();
+        for i in 0..=MAX_IN_FLIGHT as u64 {
+            let p = proposer.clone();
+            calls.push(tokio::spawn(async move {
+                let called = tokio::time::Instant::now();
+                (p.propose(put(i)).await, called.elapsed())
+            }));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for call in calls {
+            let (answer, waited) = tokio::time::timeout(Duration::from_secs(5), call)
+                .await
+                .expect("answered while the entries still hold every slot")
+                .unwrap();
+            assert_eq!(answer.unwrap_err(), EtcdError::Timeout);
+            assert!(
+                waited >= timeout && waited < 2 * timeout,
+                "answered {waited:?} after the call"
+            );
+        }
+        release.add_permits(100);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            *proposed.lock().unwrap(),
+            [0, 1, 2, 3],
+            "the request queued behind the slots was never proposed"
         );
     }
 }
