@@ -711,18 +711,7 @@ mod tests {
     /// once the slots free up it is never proposed; a batch queued later still is.
     #[tokio::test]
     async fn a_queued_forwarded_batch_is_withdrawn_when_this_member_steps_down() {
-        let release = Arc::new(Semaphore::new(0));
-        let proposed: Arc<Mutex<Vec<u64>>> = Arc::default();
-        let (gate, log) = (release.clone(), proposed.clone());
-        let blocked: ProposeFn = Arc::new(move |req: RaftRequest, _route: Route| {
-            let (gate, log) = (gate.clone(), log.clone());
-            Box::pin(async move {
-                let _ = gate.acquire().await.unwrap();
-                let (ids, answer) = echo(&req);
-                log.lock().unwrap().extend(&ids);
-                Ok((answer, 1))
-            })
-        });
+        let (blocked, release, proposed) = gated();
         let proposer = Arc::new(Proposer::start(blocked, LONG));
         let mut own = Vec::new();
         for i in 0..MAX_IN_FLIGHT as u64 {
@@ -771,15 +760,13 @@ mod tests {
     /// A request timeout no test reaches.
     const LONG: Duration = Duration::from_secs(60);
 
-    /// Every slot held by entries that never commit (a leader without a quorum): each
-    /// request, those in the entries and one queued behind them, is answered `Timeout` once
-    /// the request timeout passed since its call, and the queued one is never proposed.
-    #[tokio::test]
-    async fn the_request_timeout_counts_from_arrival_and_a_queued_request_is_withdrawn() {
+    /// A propose function whose entries record their request IDs when proposed, then wait
+    /// for a permit of the returned semaphore before answering (echoes).
+    fn gated() -> (ProposeFn, Arc<Semaphore>, Arc<Mutex<Vec<u64>>>) {
         let release = Arc::new(Semaphore::new(0));
         let proposed: Arc<Mutex<Vec<u64>>> = Arc::default();
         let (gate, log) = (release.clone(), proposed.clone());
-        let blocked: ProposeFn = Arc::new(move |req: RaftRequest, _route: Route| {
+        let propose: ProposeFn = Arc::new(move |req: RaftRequest, _route: Route| {
             let (gate, log) = (gate.clone(), log.clone());
             Box::pin(async move {
                 let (ids, answer) = echo(&req);
@@ -788,6 +775,15 @@ mod tests {
                 Ok((answer, 1))
             })
         });
+        (propose, release, proposed)
+    }
+
+    /// Every slot held by entries that never commit (a leader without a quorum): each
+    /// request, those in the entries and one queued behind them, is answered `Timeout` once
+    /// the request timeout passed since its call, and the queued one is never proposed.
+    #[tokio::test]
+    async fn the_request_timeout_counts_from_arrival_and_a_queued_request_is_withdrawn() {
+        let (blocked, release, proposed) = gated();
         let timeout = Duration::from_millis(300);
         let proposer = Arc::new(Proposer::start(blocked, timeout));
         let mut calls = Vec::new();

@@ -445,7 +445,12 @@ fn lock_abandoned_by_the_client_removes_its_key() {
         let mut request = tonic::Request::new(lock_request("ab", waiter_lease));
         request.set_timeout(Duration::from_millis(800));
         let status = waiter.lock(request).await.expect_err("deadline");
-        assert_eq!(status.code(), Code::Cancelled, "{status:?}");
+        // The member answers etcd's DeadlineExceeded just before the deadline (api/deadline.rs);
+        // tonic's client, ending the call at the deadline itself, may get there first.
+        assert!(
+            matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+            "{status:?}"
+        );
         wait_queue_len(&endpoint, "ab/", 1).await;
     });
 }
