@@ -23,12 +23,7 @@ const ALLOW_HEADERS: HeaderValue = HeaderValue::from_static("accept, content-typ
 
 /// The middleware (`axum::middleware::from_fn_with_state` with the parsed `--cors`).
 pub async fn cors(State(origins): State<Arc<CorsOrigins>>, req: Request, next: Next) -> Response {
-    let grpc = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    if grpc {
+    if super::grpc_metrics::is_grpc(req.headers()) {
         return next.run(req).await;
     }
     let allowed = match &*origins {

@@ -79,7 +79,8 @@ where
     }
 }
 
-fn is_grpc(headers: &HeaderMap) -> bool {
+/// Whether a request is a gRPC call (`content-type: application/grpc…`).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

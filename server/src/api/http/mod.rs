@@ -119,11 +119,7 @@ async fn version(State(node): Shared) -> Response {
 /// No route: `UNIMPLEMENTED` for gRPC (what tonic answers for an unknown service), else
 /// Go's `404 page not found`.
 async fn fallback(headers: HeaderMap) -> Response {
-    let grpc = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    if grpc {
+    if grpc_metrics::is_grpc(&headers) {
         let (parts, ()) = tonic::Status::unimplemented("")
             .into_http::<()>()
             .into_parts();
