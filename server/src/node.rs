@@ -255,6 +255,8 @@ impl Node {
             // the log (`--experimental-snapshot-catchup-entries`, default 5000).
             max_in_snapshot_log_to_keep: config.snapshot_catchup_entries,
             install_snapshot_timeout: timing::INSTALL_SNAPSHOT_TIMEOUT_MS,
+            // etcd's --pre-vote (Keel patch of openraft: third_party/openraft, core/pre_vote.rs).
+            enable_pre_vote: config.operator.pre_vote,
             ..Default::default()
         }
         .validate()?;

@@ -75,6 +75,11 @@ impl Peer for PeerService {
         encode(&self.node.raft.vote(req).await)
     }
 
+    async fn pre_vote(&self, r: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let req = decode(r.get_ref())?;
+        encode(&self.node.raft.pre_vote(req).await)
+    }
+
     async fn install_snapshot(
         &self,
         r: Request<RaftPayload>,

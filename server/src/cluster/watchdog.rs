@@ -21,6 +21,10 @@
 //! which is what the penalty prevents; a second timer inside openraft's own window caused
 //! split votes.
 //!
+//! The backstop campaigns as openraft's timer does (`Trigger::campaign`): with `--pre-vote`,
+//! a pre-vote round first, so a member cut off by a partition does not raise its term from
+//! here either (docs/raft.md, "Pre-vote").
+//!
 //! A member that was not running (SIGSTOP, a paused VM, a stalled runtime) measures its own
 //! stop as silence from the leader. Campaigning at once on resume would raise the term and
 //! depose a healthy leader (found by a fresh-user check: SIGSTOP a follower for 5 s, SIGCONT).
@@ -200,7 +204,7 @@ pub async fn run(cluster: Weak<Cluster>) {
             ?state,
             "no leader heard from: starting an election"
         );
-        let _ = member.raft.trigger().elect().await;
+        let _ = member.raft.trigger().campaign().await;
         contact.touch();
         extra = jitter.between(0, timers.heartbeat_interval);
     }

@@ -59,9 +59,9 @@ pub struct OperatorFlags {
         default_value_t = true, default_missing_value = "true")]
     pub strict_reconfig_check: bool,
     /// Enable the raft pre-vote algorithm to prevent disruption when a partitioned member
-    /// rejoins. Keel's raft (openraft) always protects the leader with its leader lease
-    /// (a vote is refused while a leader is heard); it cannot be turned off
-    /// (docs/compat.md).
+    /// rejoins (Raft thesis §9.6; etcd's `--pre-vote`, default `true` since etcd 3.5): before
+    /// raising its term a member asks the voters whether they would elect it. Independently,
+    /// a member always refuses votes while it hears from a leader (openraft's leader lease).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
         default_value_t = true, default_missing_value = "true")]
     pub pre_vote: bool,
@@ -119,9 +119,6 @@ impl OperatorFlags {
         }
         if !self.strict_reconfig_check {
             w.push("--strict-reconfig-check=false: Keel always rejects reconfigurations that would lose quorum");
-        }
-        if !self.pre_vote {
-            w.push("--pre-vote=false: Keel's raft always refuses votes while it hears from a leader (leader lease); it cannot be turned off");
         }
         w
     }
@@ -427,7 +424,7 @@ mod tests {
         assert!(!f.pre_vote && f.enable_pprof);
         assert_eq!(f.log_format, "json");
         assert!(Config::try_parse_from(["keel", "--metrics", "all"]).is_err());
-        assert_eq!(f.warnings().len(), 2, "pprof and pre-vote");
+        assert_eq!(f.warnings().len(), 1, "pprof; --pre-vote=false is honoured");
         assert!(f.check().is_ok());
         let mut bad = f.clone();
         bad.log_outputs = "stderr,systemd/journal".into();

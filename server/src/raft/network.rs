@@ -86,6 +86,7 @@ pub struct PeerConnection {
 enum Rpc {
     Append,
     Vote,
+    PreVote,
     Snapshot,
 }
 
@@ -124,6 +125,28 @@ impl PeerConnection {
         Resp: DeserializeOwned,
         E: Error + DeserializeOwned,
     {
+        let (result, sent, started) = self.send_unary(rpc, payload, option).await?;
+        self.finish(result, sent, started)
+    }
+
+    /// Sends one unary RPC; returns its raw outcome, the bytes sent and when it started (for
+    /// [`finish`](Self::finish)). Fails only when no client can be made for the URL.
+    async fn send_unary<E>(
+        &mut self,
+        rpc: Rpc,
+        payload: RaftPayload,
+        option: &RPCOption,
+    ) -> Result<
+        (
+            Result<RaftPayload, tonic::Status>,
+            usize,
+            std::time::Instant,
+        ),
+        RPCError<NodeId, MemberNode, E>,
+    >
+    where
+        E: Error + DeserializeOwned,
+    {
         let mut client = self
             .peers
             .client(&self.url)
@@ -135,9 +158,10 @@ impl PeerConnection {
         let result = match rpc {
             Rpc::Append => client.append_entries(request).await,
             Rpc::Vote => client.vote(request).await,
+            Rpc::PreVote => client.pre_vote(request).await,
             Rpc::Snapshot => client.install_snapshot(request).await,
         };
-        self.finish(result.map(tonic::Response::into_inner), sent, started)
+        Ok((result.map(tonic::Response::into_inner), sent, started))
     }
 
     /// An AppendEntries on the peer's stream ([`AppendStreams`](super::append_stream::AppendStreams)), or as a unary RPC to a peer
@@ -242,6 +266,25 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         self.call(Rpc::Vote, &rpc, &option).await
     }
 
+    /// `keelpb.Peer/PreVote` (Raft thesis §9.6). A 0.1.0 member does not serve it
+    /// (Unimplemented) and counts as granting: it would answer the real vote as before.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, MemberNode, RaftError<NodeId>>> {
+        let data = bincode::serialize(&rpc).map_err(|e| NetworkError::new(&e))?;
+        let (result, sent, started) = self
+            .send_unary(Rpc::PreVote, RaftPayload { data }, &option)
+            .await?;
+        if let Err(status) = &result
+            && status.code() == tonic::Code::Unimplemented
+        {
+            return Ok(VoteResponse::new(rpc.vote, None, true));
+        }
+        self.finish(result, sent, started)
+    }
+
     fn backoff(&self) -> Backoff {
         backoff()
     }
@@ -256,6 +299,44 @@ mod tests {
         let delays: Vec<Duration> = backoff().take(7).collect();
         let ms: Vec<u128> = delays.iter().map(|d| d.as_millis()).collect();
         assert_eq!(ms, vec![50, 100, 200, 200, 200, 200, 200]);
+    }
+
+    /// A 0.1.0 member serves no `keelpb.Peer/PreVote`: its Unimplemented counts as a grant,
+    /// so a mixed cluster elects as before pre-vote (docs/upgrades.md).
+    #[tokio::test]
+    async fn a_member_without_pre_vote_counts_as_granting_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_routes(tonic::service::Routes::default())
+                .serve_with_incoming(incoming),
+        );
+        let mut conn = PeerNetwork::new(Arc::new(Peers::default()))
+            .new_client(
+                9,
+                &MemberNode {
+                    name: "old".into(),
+                    peer_urls: vec![format!("http://{addr}")],
+                },
+            )
+            .await;
+        let option = RPCOption::new(Duration::from_secs(2));
+        let next = openraft::Vote::new(3, 1u64);
+        let resp = conn
+            .pre_vote(VoteRequest::new(next, None), option.clone())
+            .await
+            .expect("granted");
+        assert!(resp.vote_granted);
+        assert_eq!(resp.vote, next);
+        // The real vote has no such fallback: Unimplemented there is an error.
+        let err = conn
+            .vote(VoteRequest::new(next, None), option)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RPCError::Network(_)), "got {err:?}");
+        server.abort();
     }
 
     #[tokio::test]

@@ -228,6 +228,19 @@ pub struct Config {
            default_missing_value = "true"
     )]
     pub enable_elect: bool,
+
+    /// Keel patch: whether an election the timer starts is preceded by a pre-vote round
+    /// (Raft thesis §9.6). The node asks the voters whether they would vote for it at the next
+    /// term, changing no state; only if a quorum would does it raise its term and campaign. A
+    /// member cut off from the cluster therefore keeps its term and does not depose the leader
+    /// when it rejoins. Elections started by `Trigger::elect` (leadership transfer) skip it.
+    #[clap(long,
+           default_value_t = true,
+           action = clap::ArgAction::Set,
+           num_args = 0..=1,
+           default_missing_value = "true"
+    )]
+    pub enable_pre_vote: bool,
 }
 
 /// Updatable config for a raft runtime.

@@ -8,6 +8,7 @@ pub(crate) mod balancer;
 pub(crate) mod command_state;
 pub(crate) mod log_io;
 pub(crate) mod notify;
+pub(crate) mod pre_vote;
 mod raft_core;
 pub(crate) mod raft_msg;
 mod replication_state;

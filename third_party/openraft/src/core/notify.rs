@@ -22,6 +22,10 @@ where C: RaftTypeConfig
         sender_vote: Vote<C::NodeId>,
     },
 
+    /// Keel patch: `target` would grant pre-vote round `round` (`core::pre_vote`). Refusals,
+    /// timeouts and errors are not reported: a round only counts grants.
+    PreVoteGranted { target: C::NodeId, round: u64 },
+
     /// Seen a higher `vote`.
     HigherVote {
         /// The ID of the target node from which the new term was observed.
@@ -82,6 +86,9 @@ where C: RaftTypeConfig
                 sender_vote: vote,
             } => {
                 format!("VoteResponse: from: {}: {}, res-vote: {}", target, resp.summary(), vote)
+            }
+            Self::PreVoteGranted { target, round } => {
+                format!("PreVoteGranted: from: {}, round: {}", target, round)
             }
             Self::HigherVote {
                 ref target,

@@ -27,6 +27,7 @@ use crate::core::balancer::Balancer;
 use crate::core::command_state::CommandState;
 use crate::core::log_io::LogIo;
 use crate::core::notify::Notify;
+use crate::core::pre_vote::PreVote;
 use crate::core::raft_msg::external_command::ExternalCommand;
 use crate::core::raft_msg::AppendEntriesTx;
 use crate::core::raft_msg::ClientReadTx;
@@ -194,6 +195,9 @@ where
     /// Keel patch: when the election timer was last checked, to notice a node that was not
     /// running (see `handle_tick_election`).
     pub(crate) last_election_tick: Option<InstantOf<C>>,
+
+    /// Keel patch: this node's pre-vote rounds (`core::pre_vote`).
+    pub(crate) pre_vote: PreVote<C>,
 
     #[allow(dead_code)]
     pub(crate) tx_api: mpsc::UnboundedSender<RaftMsg<C>>,
@@ -1036,6 +1040,34 @@ where
         Ok(at_most)
     }
 
+    /// Keel patch: sends pre-vote round `round` to every other voter; each grant comes back as
+    /// `Notify::PreVoteGranted`. A refusal, an error or no answer within `election_timeout_min`
+    /// is only logged at debug: a member cut off by a partition tries every election timeout.
+    async fn spawn_parallel_pre_vote_requests(&mut self, vote_req: &VoteRequest<C::NodeId>, round: u64) {
+        let ttl = Duration::from_millis(self.config.election_timeout_min);
+        let membership = self.engine.state.membership_state.effective().clone();
+        for target in membership.voter_ids().filter(|t| *t != self.id) {
+            // Safe unwrap(): target is in the membership.
+            let node = membership.get_node(&target).unwrap();
+            let mut client = self.network.new_client(target.clone(), node).await;
+            let tx = self.tx_notify.clone();
+            let req = vote_req.clone();
+            #[allow(clippy::let_underscore_future)]
+            let _ = C::AsyncRuntime::spawn(async move {
+                match C::AsyncRuntime::timeout(ttl, client.pre_vote(req, RPCOption::new(ttl))).await {
+                    Ok(Ok(resp)) if resp.vote_granted => {
+                        let _ = tx.send(Notify::PreVoteGranted { target, round });
+                    }
+                    Ok(Ok(resp)) => {
+                        tracing::debug!(target = display(&target), round, resp = display(&resp), "pre-vote refused");
+                    }
+                    Ok(Err(err)) => tracing::debug!(target = display(&target), round, error = %err, "pre-vote failed"),
+                    Err(_) => tracing::debug!(target = display(&target), round, "pre-vote timed out"),
+                }
+            });
+        }
+    }
+
     /// Spawn parallel vote requests to all cluster members.
     #[tracing::instrument(level = "trace", skip_all, fields(vote=vote_req.summary()))]
     async fn spawn_parallel_vote_requests(&mut self, vote_req: &VoteRequest<C::NodeId>) {
@@ -1147,6 +1179,11 @@ where
 
                 self.handle_vote_request(rpc, tx);
             }
+            RaftMsg::PreVote { rpc, tx } => {
+                // A pre-vote changes no state, so nothing waits for a flush: answer at once.
+                let resp = self.engine.handle_pre_vote_req(&rpc);
+                let _ = tx.send(Ok(resp));
+            }
             RaftMsg::BeginReceivingSnapshot { tx } => {
                 self.engine.handle_begin_receiving_snapshot(tx);
             }
@@ -1196,6 +1233,13 @@ where
                             tracing::debug!("ExternalCommand: triggered election");
                         } else {
                             // Node is switched to learner.
+                        }
+                    }
+                    ExternalCommand::Campaign => {
+                        if self.engine.leader.is_some() {
+                            tracing::info!("ExternalCommand: already a Leader, ignore campaign trigger");
+                        } else if self.engine.state.membership_state.effective().is_voter(&self.id) {
+                            self.campaign(C::now());
                         }
                     }
                     ExternalCommand::Heartbeat => {
@@ -1250,6 +1294,17 @@ where
 
                 if self.does_vote_match(&sender_vote, "VoteResponse") {
                     self.engine.handle_vote_resp(target, resp);
+                }
+            }
+
+            Notify::PreVoteGranted { target, round } => {
+                let vote = self.engine.state.vote_ref().clone();
+                let quorum = self.engine.state.membership_state.effective().membership().to_quorum_set();
+                let won = self.pre_vote.grant(round, &vote, target, |ids| quorum.is_quorum(ids.iter()));
+                let is_voter = self.engine.state.membership_state.effective().is_voter(&self.id);
+                if won && self.engine.leader.is_none() && is_voter {
+                    tracing::info!(round, "pre-vote: a quorum would vote for this node at the next term: campaigning");
+                    self.engine.elect();
                 }
             }
 
@@ -1540,7 +1595,32 @@ where
             Duration::from_millis(self.config.new_rand_election_timeout::<C::AsyncRuntime>());
 
         tracing::info!("do trigger election");
-        self.engine.elect();
+        self.campaign(now);
+    }
+
+    /// Keel patch: starts an election, after a pre-vote round (Raft thesis §9.6) when
+    /// `Config::enable_pre_vote` is set and other voters exist; the election then starts when a
+    /// quorum would grant (`Notify::PreVoteGranted`). While a round for the current vote is
+    /// under way (begun less than an election timeout ago), does nothing.
+    fn campaign(&mut self, now: InstantOf<C>) {
+        let alone = self.engine.state.membership_state.effective().voter_ids().count() == 1;
+        if !self.config.enable_pre_vote || alone {
+            self.engine.elect();
+            return;
+        }
+        let vote = self.engine.state.vote_ref().clone();
+        if self.pre_vote.in_progress(&vote, now, self.engine.config.timer_config.election_timeout) {
+            tracing::debug!("pre-vote: a round for this vote is under way");
+            return;
+        }
+        let next = Vote::new(vote.leader_id().term + 1, self.id.clone());
+        let last_log_id = self.engine.state.last_log_id().cloned();
+        let round = self.pre_vote.begin(vote, self.id.clone(), now);
+        tracing::info!(round, next_vote = display(&next), "pre-vote: asking the voters before raising the term");
+        self.engine.output.push_command(Command::SendPreVote {
+            vote_req: VoteRequest::new(next, last_log_id),
+            round,
+        });
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -1755,6 +1835,9 @@ where
             }
             Command::SendVote { vote_req } => {
                 self.spawn_parallel_vote_requests(&vote_req).await;
+            }
+            Command::SendPreVote { vote_req, round } => {
+                self.spawn_parallel_pre_vote_requests(&vote_req, round).await;
             }
             Command::ReplicateCommitted { committed } => {
                 for node in self.replications.values() {

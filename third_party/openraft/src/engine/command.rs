@@ -91,6 +91,10 @@ where C: RaftTypeConfig
     /// Send vote to all other members
     SendVote { vote_req: VoteRequest<C::NodeId> },
 
+    /// Keel patch: send a PreVote for `vote_req` (the next term) to all other voters, as pre-vote
+    /// round `round` (Raft thesis §9.6). Nothing is saved: a pre-vote changes no state.
+    SendPreVote { vote_req: VoteRequest<C::NodeId>, round: u64 },
+
     /// Purge log from the beginning to `upto`, inclusive.
     PurgeLog { upto: LogId<C::NodeId> },
 
@@ -144,6 +148,7 @@ where
             (Command::RebuildReplicationStreams { targets },   Command::RebuildReplicationStreams { targets: b }, )                            => targets == b,
             (Command::SaveVote { vote },                       Command::SaveVote { vote: b })                                                  => vote == b,
             (Command::SendVote { vote_req },                   Command::SendVote { vote_req: b }, )                                            => vote_req == b,
+            (Command::SendPreVote { vote_req, round },         Command::SendPreVote { vote_req: b, round: b_round }, )                         => vote_req == b && round == b_round,
             (Command::PurgeLog { upto },                       Command::PurgeLog { upto: b })                                                  => upto == b,
             (Command::DeleteConflictLog { since },             Command::DeleteConflictLog { since: b }, )                                      => since == b,
             (Command::AbandonClientWrites { upto },            Command::AbandonClientWrites { upto: b })                                       => upto == b,
@@ -175,6 +180,7 @@ where C: RaftTypeConfig
             Command::ReplicateCommitted { .. }        => CommandKind::Network,
             Command::Replicate { .. }                 => CommandKind::Network,
             Command::SendVote { .. }                  => CommandKind::Network,
+            Command::SendPreVote { .. }               => CommandKind::Network,
 
             Command::StateMachine { .. }              => CommandKind::StateMachine,
             // Apply is firstly handled by RaftCore, then forwarded to state machine worker.
@@ -198,6 +204,7 @@ where C: RaftTypeConfig
             Command::RebuildReplicationStreams { .. } => None,
             Command::SaveVote { .. }                  => None,
             Command::SendVote { .. }                  => None,
+            Command::SendPreVote { .. }               => None,
             Command::PurgeLog { .. }                  => None,
             Command::DeleteConflictLog { .. }         => None,
             Command::AbandonClientWrites { .. }       => None,

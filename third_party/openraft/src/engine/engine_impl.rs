@@ -40,6 +40,7 @@ use crate::raft::SnapshotResponse;
 use crate::raft::VoteRequest;
 use crate::raft::VoteResponse;
 use crate::raft_state::LogStateReader;
+use crate::type_config::alias::InstantOf;
 use crate::raft_state::RaftState;
 use crate::summary::MessageSummary;
 use crate::type_config::alias::ResponderOf;
@@ -284,10 +285,48 @@ where C: RaftTypeConfig
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
+    /// Keel patch: whether this node heard from a leader within the leader lease, so it refuses
+    /// votes (and pre-votes). A waiver for exactly the current vote, still running, lifts the
+    /// lease (leadership transfer).
+    fn leader_lease_runs(&self, now: InstantOf<C>) -> bool {
+        let lease = self.config.timer_config.leader_lease;
+        let vote = self.state.vote_ref();
+        let waived = self.lease_waiver.as_ref().is_some_and(|(v, until)| v == vote && now <= *until);
+        if !vote.is_committed() || waived {
+            return false;
+        }
+        // Make default vote-last-modified a low enough value, that expires leader lease.
+        let vote_utime = self.state.vote_last_modified().unwrap_or_else(|| now - lease - Duration::from_millis(1));
+        now <= vote_utime + lease
+    }
+
+    /// Keel patch: answer a PreVote (Raft thesis §9.6) without changing any state: granted when
+    /// this node does not lead, hears no leader (its leader lease has run out) and the
+    /// candidate's log is at least as up to date as its own. The candidate's term is not
+    /// compared: a node that stayed at a lower term while others moved on must still be able to
+    /// win the pre-vote if its log is the most up to date; the real vote then compares terms.
+    pub(crate) fn handle_pre_vote_req(&self, req: &VoteRequest<C::NodeId>) -> VoteResponse<C::NodeId> {
+        let now = C::now();
+        let granted = if self.leader.is_some() {
+            false
+        } else if self.leader_lease_runs(now) {
+            false
+        } else {
+            req.last_log_id.as_ref() >= self.state.last_log_id()
+        };
+        tracing::info!(
+            req = display(req.summary()),
+            my_vote = display(self.state.vote_ref().summary()),
+            my_last_log_id = display(self.state.last_log_id().summary()),
+            granted,
+            "Engine::handle_pre_vote_req"
+        );
+        VoteResponse::new(self.state.vote_ref(), self.state.last_log_id().cloned(), granted)
+    }
+
     pub(crate) fn handle_vote_req(&mut self, req: VoteRequest<C::NodeId>) -> VoteResponse<C::NodeId> {
         let now = C::now();
         let lease = self.config.timer_config.leader_lease;
-        let vote = self.state.vote_ref();
 
         // Make default vote-last-modified a low enough value, that expires leader lease.
         let vote_utime = self.state.vote_last_modified().unwrap_or_else(|| now - lease - Duration::from_millis(1));
@@ -307,22 +346,17 @@ where C: RaftTypeConfig
             vote_utime + lease - now
         );
 
-        // Keel patch: a waiver for exactly this vote, still running, lifts the lease.
-        let waived = self.lease_waiver.as_ref().is_some_and(|(v, until)| v == vote && now <= *until);
-
-        if vote.is_committed() && !waived {
+        if self.leader_lease_runs(now) {
             // Current leader lease has not yet expired, reject voting request
-            if now <= vote_utime + lease {
-                tracing::info!(
-                    "reject vote-request: leader lease has not yet expire; now; {:?}, vote is updatd at: {:?}, leader lease({:?}) will expire after {:?}",
-                    now,
-                    vote_utime,
-                    lease,
-                    vote_utime + lease - now
-                );
+            tracing::info!(
+                "reject vote-request: leader lease has not yet expire; now; {:?}, vote is updatd at: {:?}, leader lease({:?}) will expire after {:?}",
+                now,
+                vote_utime,
+                lease,
+                vote_utime + lease - now
+            );
 
-                return VoteResponse::new(self.state.vote_ref(), self.state.last_log_id().cloned(), false);
-            }
+            return VoteResponse::new(self.state.vote_ref(), self.state.last_log_id().cloned(), false);
         }
 
         // The first step is to check log. If the candidate has less log, nothing needs to be done.

@@ -79,6 +79,21 @@ where C: RaftTypeConfig
         option: RPCOption,
     ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>>;
 
+    /// Keel patch: send a PreVote RPC to the target (Raft thesis §9.6): would it vote for
+    /// `rpc.vote` (the sender's next term), given `rpc.last_log_id`? The target answers with
+    /// `Raft::pre_vote` and changes no state.
+    ///
+    /// The default grants without asking, so a network that cannot carry the RPC (or a target
+    /// too old to serve it) campaigns as it did without pre-vote.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<C::NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<C::NodeId>, RPCError<C::NodeId, C::Node, RaftError<C::NodeId>>> {
+        let _ = option;
+        Ok(VoteResponse::new(rpc.vote, None, true))
+    }
+
     /// Send a complete Snapshot to the target.
     ///
     /// This method is responsible to fragment the snapshot and send it to the target node.

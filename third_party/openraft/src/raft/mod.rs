@@ -289,6 +289,7 @@ where C: RaftTypeConfig
             leader_data: None,
             log_io: Default::default(),
             last_election_tick: Some(C::now()),
+            pre_vote: Default::default(),
 
             tx_api: tx_api.clone(),
             rx_api,
@@ -440,6 +441,19 @@ where C: RaftTypeConfig
 
         let (tx, rx) = C::AsyncRuntime::oneshot();
         self.inner.call_core(RaftMsg::RequestVote { rpc, tx }, rx).await
+    }
+
+    /// Keel patch: answer a PreVote RPC (Raft thesis §9.6): would this node vote for
+    /// `rpc.vote`, the sender's next term, with the sender's `rpc.last_log_id`? Granted when this
+    /// node is not a leader, hears no leader (its leader lease has run out), and the sender's
+    /// log is at least as up to date as its own. Nothing is changed or persisted.
+    #[tracing::instrument(level = "debug", skip(self, rpc))]
+    pub async fn pre_vote(
+        &self,
+        rpc: VoteRequest<C::NodeId>,
+    ) -> Result<VoteResponse<C::NodeId>, RaftError<C::NodeId>> {
+        let (tx, rx) = C::AsyncRuntime::oneshot();
+        self.inner.call_core(RaftMsg::PreVote { rpc, tx }, rx).await
     }
 
     /// Get the latest snapshot from the state machine.

@@ -48,6 +48,16 @@ where C: RaftTypeConfig
         self.raft_inner.send_external_command(ExternalCommand::Elect, "trigger_elect").await
     }
 
+    /// Keel patch: start an election the way the election timer does, and return at once:
+    /// with `Config::enable_pre_vote`, a pre-vote round first (Raft thesis §9.6), and the
+    /// election only if a quorum would vote for this node. A no-op on a leader, a learner,
+    /// or while a pre-vote round of the current term is under way.
+    ///
+    /// Returns error when RaftCore has [`Fatal`] error, e.g. shut down or having storage error.
+    pub async fn campaign(&self) -> Result<(), Fatal<C::NodeId>> {
+        self.raft_inner.send_external_command(ExternalCommand::Campaign, "trigger_campaign").await
+    }
+
     /// Trigger a heartbeat at once and return at once.
     ///
     /// Returns error when RaftCore has [`Fatal`] error, e.g. shut down or having storage error.

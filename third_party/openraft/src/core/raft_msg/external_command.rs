@@ -16,6 +16,10 @@ pub(crate) enum ExternalCommand<C: RaftTypeConfig> {
     /// Initiate an election at once.
     Elect,
 
+    /// Keel patch: start an election as the election timer does: a pre-vote round first when
+    /// `Config::enable_pre_vote` is set.
+    Campaign,
+
     /// Send a heartbeat message, only if the node is leader, or it will be ignored.
     Heartbeat,
 
@@ -53,6 +57,9 @@ where C: RaftTypeConfig
         match self {
             ExternalCommand::Elect => {
                 write!(f, "Elect")
+            }
+            ExternalCommand::Campaign => {
+                write!(f, "Campaign")
             }
             ExternalCommand::Heartbeat => {
                 write!(f, "Heartbeat")
