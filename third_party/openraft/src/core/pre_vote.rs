@@ -7,12 +7,19 @@
 //! never raises its term, and when it rejoins it does not depose the leader with a higher one.
 //!
 //! Invariants:
-//! - a round belongs to the vote the node held when it began; once that vote changes (a new
-//!   leader, a vote granted to another candidate, this node's own election) the round's answers
-//!   are ignored;
+//! - a round belongs to the vote the node held when it began, and to the node's silence: once
+//!   that vote changes (a new leader, a vote granted to another candidate, this node's own
+//!   election) or is refreshed (a message from the leader came after all, as etcd's
+//!   pre-candidate becomes a follower again on the leader's heartbeat), the round is over and
+//!   later answers are ignored;
 //! - one round at a time: a new one may begin an election timeout after the last began, or at
 //!   once when the vote changed;
-//! - a round ends at its first quorum, so it starts at most one election.
+//! - a round ends at its first quorum, so it starts at most one election;
+//! - while a round runs that began after the node last heard from its leader (its vote was
+//!   last modified or refreshed before the round began), the node is a pre-candidate and
+//!   names no leader (`RaftCore::current_leader`), as etcd's `becomePreCandidate` clears
+//!   `lead`: require-leader requests, `/health` and the `leader` of Status then see no leader,
+//!   exactly as they did when such a node became a candidate.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -55,6 +62,12 @@ impl<C: RaftTypeConfig> PreVote<C> {
         self.current.as_ref().is_some_and(|r| &r.vote == vote && now < r.started + timeout)
     }
 
+    /// Whether the node, holding `vote` last modified or refreshed at `vote_utime`, is a
+    /// pre-candidate: a round for that vote began and no message from a leader came since.
+    pub(crate) fn is_pre_candidate(&self, vote: &Vote<C::NodeId>, vote_utime: Option<InstantOf<C>>) -> bool {
+        self.current.as_ref().is_some_and(|r| &r.vote == vote && vote_utime.is_none_or(|u| u <= r.started))
+    }
+
     /// Begins a new round for `vote`, replacing any other, with `me` as its first grant; returns
     /// the round's number.
     pub(crate) fn begin(&mut self, vote: Vote<C::NodeId>, me: C::NodeId, now: InstantOf<C>) -> u64 {
@@ -68,20 +81,25 @@ impl<C: RaftTypeConfig> PreVote<C> {
         self.last_number
     }
 
-    /// Records that `target` would grant round `number`, while the node's vote is `vote`.
-    /// Returns `true`, and ends the round, when the grants now form a quorum (`is_quorum`).
-    /// An answer to an earlier round, or to a round whose vote has changed since, is ignored.
+    /// Records that `target` would grant round `number`, while the node's vote is `vote`, last
+    /// modified or refreshed at `vote_utime`. Returns `true`, and ends the round, when the
+    /// grants now form a quorum (`is_quorum`). An answer to an earlier round, or to a round
+    /// whose vote has changed or been refreshed since it began, is ignored.
     pub(crate) fn grant(
         &mut self,
         number: u64,
         vote: &Vote<C::NodeId>,
+        vote_utime: Option<InstantOf<C>>,
         target: C::NodeId,
         is_quorum: impl Fn(&BTreeSet<C::NodeId>) -> bool,
     ) -> bool {
+        if !self.is_pre_candidate(vote, vote_utime) {
+            return false;
+        }
         let Some(round) = self.current.as_mut() else {
             return false;
         };
-        if round.number != number || &round.vote != vote {
+        if round.number != number {
             return false;
         }
         round.granted.insert(target);

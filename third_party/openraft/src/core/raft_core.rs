@@ -315,7 +315,10 @@ where
 
         let my_id = self.id.clone();
         let my_vote = self.engine.state.vote_ref().clone();
-        let ttl = Duration::from_millis(self.config.heartbeat_interval);
+        // Keel patch: an election timeout, not the heartbeat interval, to answer: a peer round
+        // trip longer than the heartbeat interval made every read-index round fail
+        // (see `Replication::send`).
+        let ttl = Duration::from_millis(self.config.election_timeout_min);
         let eff_mem = self.engine.state.membership_state.effective().clone();
         let core_tx = self.tx_notify.clone();
 
@@ -691,6 +694,11 @@ where
         let vote = self.engine.state.vote_ref();
 
         if !vote.is_committed() {
+            return None;
+        }
+
+        // Keel patch: a pre-candidate names no leader (`core::pre_vote`).
+        if self.pre_vote.is_pre_candidate(vote, self.engine.state.vote_last_modified()) {
             return None;
         }
 
@@ -1300,7 +1308,8 @@ where
             Notify::PreVoteGranted { target, round } => {
                 let vote = self.engine.state.vote_ref().clone();
                 let quorum = self.engine.state.membership_state.effective().membership().to_quorum_set();
-                let won = self.pre_vote.grant(round, &vote, target, |ids| quorum.is_quorum(ids.iter()));
+                let utime = self.engine.state.vote_last_modified();
+                let won = self.pre_vote.grant(round, &vote, utime, target, |ids| quorum.is_quorum(ids.iter()));
                 let is_voter = self.engine.state.membership_state.effective().is_voter(&self.id);
                 if won && self.engine.leader.is_none() && is_voter {
                     tracing::info!(round, "pre-vote: a quorum would vote for this node at the next term: campaigning");

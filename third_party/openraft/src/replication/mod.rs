@@ -378,11 +378,11 @@ where
         // timeout cancels the RPC and replication starts again from `matching`, so with the
         // heartbeat interval as its timeout a follower behind by large entries was sent the
         // same entries again and again and never caught up. Raft's own patience with a busy
-        // member is an election timeout; heartbeats keep the heartbeat interval.
-        let timeout = match sent {
-            Sent::Logs { .. } => Duration::from_millis(self.config.election_timeout_min),
-            Sent::Heartbeat { .. } => Duration::from_millis(self.config.heartbeat_interval),
-        };
+        // member is an election timeout. Heartbeats too: with the heartbeat interval as their
+        // timeout, a peer round trip longer than it (a WAN link, a loaded host) timed every
+        // heartbeat out, so the leader never saw a quorum acknowledge it and refused writes,
+        // while the followers, still receiving the heartbeats, never elected another one.
+        let timeout = Duration::from_millis(self.config.election_timeout_min);
         let leader = self.session_id.vote_ref().leader_id().voted_for().unwrap();
         self.pipeline.send(sent, payload, timeout, leader, self.target.clone());
     }

@@ -1,7 +1,7 @@
-//! Pre-vote (Raft thesis §9.6; etcd's `--pre-vote`, on by default) on real members behind the
-//! chaos harness's link proxies (port range 26000-27999, as the other chaos tests).
+//! Leadership under peer-link faults, on real members behind the chaos harness's link proxies
+//! (port range 26000-27999, as the other chaos tests).
 //!
-//! A follower is cut off from both other members for five election timeouts, then the links
+//! **Pre-vote** (Raft thesis §9.6; etcd's `--pre-vote`, on by default). A follower is cut off from both other members for five election timeouts, then the links
 //! heal:
 //! - with pre-vote (the default) it never raises its term: nobody answers its pre-votes. When
 //!   it rejoins, the leader and the term are the ones from before the partition;
@@ -11,12 +11,20 @@
 //! - cut off one way only (the others' messages do not reach it, its own go out and are
 //!   answered), its pre-votes reach members that hear the leader and are refused: again no
 //!   higher term and no election.
+//!
+//! **Slow links.** A peer round trip longer than `--heartbeat-interval` (every link delayed
+//! 80 ms each way, heartbeat 100 ms) slows writes and linearizable reads, and stops nothing:
+//! etcd serves on such links, and Keel once timed out every heartbeat and read-index round
+//! after the heartbeat interval, so its leader never saw a quorum and refused every request.
 
 use std::time::Duration;
 
 use keel_chaos::run::cluster::{Cluster, ClusterSpec};
 use keel_chaos::run::ports::PortRange;
 use keel_chaos::run::proxy::LinkMode;
+use keel_chaos::run::rpc;
+use keel_proto::etcdserverpb::kv_client::KvClient;
+use keel_proto::etcdserverpb::{PutRequest, RangeRequest};
 
 const HEARTBEAT_MS: u64 = 100;
 const ELECTION_MS: u64 = 1000;
@@ -64,10 +72,8 @@ enum Cut {
     Inbound,
 }
 
-/// Starts 3 members with `--pre-vote=<pre_vote>`, cuts one follower off (`cut`) for 5
-/// election timeouts, heals, and reports the terms and leaders.
-async fn partition_a_follower(pre_vote: bool, cut: Cut) -> Outcome {
-    let dir = tempfile::tempdir().expect("temp dir");
+/// Starts 3 members (heartbeat 100 ms, election timeout 1000 ms) in `dir` with `extra_args`.
+async fn start(dir: &tempfile::TempDir, extra_args: Vec<String>) -> Cluster {
     let spec = ClusterSpec {
         nodes: 3,
         binary: keel_testkit::keel_binary!(),
@@ -78,13 +84,20 @@ async fn partition_a_follower(pre_vote: bool, cut: Cut) -> Outcome {
         }),
         heartbeat_ms: HEARTBEAT_MS,
         election_ms: ELECTION_MS,
-        extra_args: vec![format!("--pre-vote={pre_vote}")],
+        extra_args,
         env: Vec::new(),
         tls: None,
     };
-    let cluster = Cluster::start(spec, Duration::from_secs(30))
+    Cluster::start(spec, Duration::from_secs(30))
         .await
-        .expect("cluster starts");
+        .expect("cluster starts")
+}
+
+/// Starts 3 members with `--pre-vote=<pre_vote>`, cuts one follower off (`cut`) for 5
+/// election timeouts, heals, and reports the terms and leaders.
+async fn partition_a_follower(pre_vote: bool, cut: Cut) -> Outcome {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cluster = start(&dir, vec![format!("--pre-vote={pre_vote}")]).await;
     let (leader_before, term_before) = settled_leader(&cluster).await;
     let follower = (leader_before + 1) % cluster.len();
     for other in (0..cluster.len()).filter(|&o| o != follower) {
@@ -148,4 +161,59 @@ async fn without_pre_vote_the_rejoining_follower_deposes_the_leader() {
 async fn a_follower_that_stops_hearing_the_leader_is_refused_its_pre_votes() {
     let o = partition_a_follower(true, Cut::Inbound).await;
     assert_no_election(&o);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_trip_longer_than_the_heartbeat_interval_slows_requests_but_stops_none() {
+    const ONE_WAY: Duration = Duration::from_millis(80);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cluster = start(&dir, Vec::new()).await;
+    let (leader, term) = settled_leader(&cluster).await;
+    for from in 0..cluster.len() {
+        for to in (0..cluster.len()).filter(|&to| to != from) {
+            cluster.set_link(from, to, LinkMode::Delay(ONE_WAY));
+        }
+    }
+    // Through the leader and through a follower (forwarded, and its linearizable reads ask
+    // the leader for a read index): each put needs a replication round trip (160 ms or more).
+    for member in [leader, (leader + 1) % cluster.len()] {
+        let url = &cluster.members[member].client_url;
+        let channel = rpc::connect(url, Duration::from_secs(5))
+            .await
+            .expect("connect");
+        let mut kv = KvClient::new(channel);
+        for i in 0..5 {
+            let key = format!("slow-{member}-{i}").into_bytes();
+            let put = kv.put(PutRequest {
+                key: key.clone(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            });
+            let put = tokio::time::timeout(Duration::from_secs(10), put)
+                .await
+                .unwrap_or_else(|_| panic!("put {i} through member {member} hung"))
+                .unwrap_or_else(|e| panic!("put {i} through member {member}: {e}"))
+                .into_inner();
+            let range = kv.range(RangeRequest {
+                key,
+                ..Default::default()
+            });
+            let range = tokio::time::timeout(Duration::from_secs(10), range)
+                .await
+                .unwrap_or_else(|_| panic!("read {i} through member {member} hung"))
+                .unwrap_or_else(|e| panic!("read {i} through member {member}: {e}"))
+                .into_inner();
+            let revision = put.header.expect("put header").revision;
+            assert_eq!(range.kvs.len(), 1, "the put {i} is read back");
+            assert_eq!(range.kvs[0].mod_revision, revision);
+        }
+    }
+    cluster.heal_links();
+    let (leader_after, term_after) = settled_leader(&cluster).await;
+    cluster.shutdown().await;
+    assert_eq!(
+        (leader_after, term_after),
+        (leader, term),
+        "slow links caused an election"
+    );
 }
