@@ -259,7 +259,32 @@ fn metrics_and_probes_answer_on_the_client_and_metrics_urls() {
         get(&ep, "/readyz/non_learner?verbose").body,
         "[+]non_learner ok\nok\n"
     );
-    assert_eq!(request(&ep, "POST", "/health").status, 405);
+    // Methods as etcd's handlers take them: GET only, Go's http.Error 405 otherwise (HEAD
+    // included); /metrics answers any method.
+    for (addr, method, path) in [
+        (ep.as_str(), "POST", "/health"),
+        (ep.as_str(), "HEAD", "/health"),
+        (ep.as_str(), "PUT", "/version"),
+        (ep.as_str(), "DELETE", "/readyz/non_learner"),
+        (metrics_addr.as_str(), "OPTIONS", "/livez"),
+        (metrics_addr.as_str(), "HEAD", "/health"),
+    ] {
+        let r = request(addr, method, path);
+        assert_eq!(r.status, 405, "{method} {path} on {addr}");
+        assert!(
+            r.headers.lines().any(|l| l.trim_end() == "allow: get"),
+            "{}",
+            r.headers
+        );
+        if method != "HEAD" {
+            assert_eq!(r.body, "Method Not Allowed\n", "{method} {path}");
+        }
+    }
+    for addr in [&ep, &metrics_addr] {
+        let r = request(addr, "POST", "/metrics");
+        assert_eq!(r.status, 200, "POST /metrics on {addr}");
+        assert!(r.body.contains("etcd_server_has_leader 1"), "POST /metrics");
+    }
     let missing = get(&ep, "/nope");
     assert_eq!(
         (missing.status, missing.body.as_str()),

@@ -8,6 +8,11 @@
 //! `/<package.Service>/` prefix and these routes by path. A request that matches nothing is
 //! answered by [`fallback`]: gRPC's `UNIMPLEMENTED` to a gRPC client, Go's `404 page not
 //! found` to anyone else. docs/operations.md lists the endpoints.
+//!
+//! Methods as etcd's handlers take them: `/metrics` answers any method (Prometheus' handler
+//! does not look); `/version`, `/health`, `/livez`, `/readyz` and the probes' subpaths answer
+//! GET only, anything else (HEAD included, which axum's `get` would serve) with Go's
+//! `http.Error` 405 and `Allow: GET` ([`get_only`]).
 
 pub mod cors;
 pub mod gateway;
@@ -21,9 +26,10 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
+use axum::handler::Handler;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::{MethodFilter, MethodRouter, any, on};
 
 pub use grpc_metrics::GrpcMetricsLayer;
 pub use health::Check;
@@ -43,7 +49,7 @@ pub fn client_routes(node: Arc<Node>) -> Router {
         .cors_origins()
         .unwrap_or(CorsOrigins::Listed(Default::default()));
     let routes = with_health(Router::new())
-        .route("/version", get(version))
+        .route("/version", get_only(version))
         .with_state(node.clone())
         .merge(gateway::routes(node))
         .fallback(fallback);
@@ -73,18 +79,18 @@ fn with_health(mut router: Router<Arc<Node>>) -> Router<Arc<Node>> {
     router = router
         .route(
             "/metrics",
-            get(|State(node): Shared| async move { metrics::scrape(&node) }),
+            any(|State(node): Shared| async move { metrics::scrape(&node) }),
         )
         .route(
             "/health",
-            get(|State(node): Shared, RawQuery(q): RawQuery| async move {
+            get_only(|State(node): Shared, RawQuery(q): RawQuery| async move {
                 health::health(&node, q.as_deref()).await
             }),
         );
     for (root, checks) in LIVEZ_READYZ {
         router = router.route(
             root,
-            get(
+            get_only(
                 move |State(node): Shared, RawQuery(q): RawQuery| async move {
                     health::probe(&node, checks, q.as_deref()).await
                 },
@@ -94,7 +100,7 @@ fn with_health(mut router: Router<Arc<Node>>) -> Router<Arc<Node>> {
             let one: &'static [Check] = std::slice::from_ref(check);
             router = router.route(
                 &format!("{root}/{}", check.name()),
-                get(
+                get_only(
                     move |State(node): Shared, RawQuery(q): RawQuery| async move {
                         let verbose =
                             health::query_has(q.as_deref(), "verbose").then_some("verbose");
@@ -105,6 +111,31 @@ fn with_health(mut router: Router<Arc<Node>>) -> Router<Arc<Node>> {
         }
     }
     router
+}
+
+/// A route that serves `handler` for GET and answers every other method as etcd's handlers
+/// do (`if r.Method != http.MethodGet`): 405, `Allow: GET`, Go's `http.Error` text.
+fn get_only<H, T>(handler: H) -> MethodRouter<Arc<Node>>
+where
+    H: Handler<T, Arc<Node>>,
+    T: 'static,
+{
+    // axum serves HEAD with a GET route unless HEAD has a route of its own.
+    on(MethodFilter::GET, handler)
+        .head(method_not_allowed)
+        .fallback(method_not_allowed)
+}
+
+/// Go's `http.Error(w, "Method Not Allowed", 405)` after `Allow: GET`.
+async fn method_not_allowed() -> Response {
+    let mut response = health::text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Method Not Allowed\n".to_string(),
+    );
+    response
+        .headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static("GET"));
+    response
 }
 
 /// `/version`: etcd's JSON plus Keel's versions ([`VersionInfo`]).
