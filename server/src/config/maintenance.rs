@@ -18,7 +18,7 @@ pub struct MaintenanceFlags {
     /// Before serving, compare this member's HashKV with every peer's at the same revision
     /// and refuse to start on a mismatch with equal compact revisions (etcd
     /// `--experimental-initial-corrupt-check`; Keel turns it on by default, etcd off).
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, value_parser = super::go_bool,
         default_value_t = true, default_missing_value = "true")]
     pub experimental_initial_corrupt_check: bool,
     /// How often the leader compares the followers' HashKV with its own and raises CORRUPT
@@ -28,7 +28,7 @@ pub struct MaintenanceFlags {
     pub experimental_corrupt_check_time: GoDuration,
     /// Enable the leader's check of the members' hashes at their compaction revisions (etcd
     /// 3.5 `--experimental-compact-hash-check-enabled`, off by default).
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, value_parser = super::go_bool,
         default_value_t = false, default_missing_value = "true")]
     pub experimental_compact_hash_check_enabled: bool,
     /// How often the leader runs the compact-hash check (a Go duration; etcd

@@ -365,6 +365,18 @@ pub(super) fn go_scheme(url: &str) -> Option<&str> {
     None
 }
 
+/// A boolean flag value as etcd's flags take it (Go's `strconv.ParseBool`): `1`, `t`, `T`,
+/// `TRUE`, `true`, `True` and `0`, `f`, `F`, `FALSE`, `false`, `False`.
+///
+/// Errors: any other text, with Go's words (`parse error`).
+pub fn go_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(format!("invalid boolean value {value:?}: parse error")),
+    }
+}
+
 /// Splits a comma-separated URL list.
 pub fn split_urls(urls: &str) -> Vec<String> {
     urls.split(',')

@@ -35,7 +35,7 @@ pub struct OperatorFlags {
     pub log_format: String,
     /// Enable runtime profiling data via HTTP server (Go's pprof). Not supported by Keel:
     /// accepted with a warning (docs/compat.md).
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, value_parser = super::go_bool,
         default_value_t = false, default_missing_value = "true")]
     pub enable_pprof: bool,
     /// Minimum duration interval that a client should wait before pinging the server
@@ -55,14 +55,14 @@ pub struct OperatorFlags {
     pub max_concurrent_streams: u32,
     /// Reject reconfiguration requests that would cause quorum loss. Keel always checks:
     /// `false` is accepted with a warning (docs/compat.md).
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, value_parser = super::go_bool,
         default_value_t = true, default_missing_value = "true")]
     pub strict_reconfig_check: bool,
     /// Enable the raft pre-vote algorithm to prevent disruption when a partitioned member
     /// rejoins (Raft thesis §9.6; etcd's `--pre-vote`, default `true` since etcd 3.5): before
     /// raising its term a member asks the voters whether they would elect it. Independently,
     /// a member always refuses votes while it hears from a leader (openraft's leader lease).
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, value_parser = super::go_bool,
         default_value_t = true, default_missing_value = "true")]
     pub pre_vote: bool,
     /// Comma-separated whitelist of origins for CORS (cross-origin resource sharing) on the
@@ -437,6 +437,47 @@ mod tests {
         bad.log_outputs = "stderr".into();
         bad.listen_metrics_urls = "http://127.0.0.1".into();
         assert!(bad.check().is_err(), "a URL without a port");
+    }
+
+    /// Boolean flags take every spelling of Go's `strconv.ParseBool`, as etcd's do.
+    #[test]
+    fn boolean_flags_take_gos_spellings() {
+        for (value, want) in [
+            ("1", true),
+            ("t", true),
+            ("T", true),
+            ("TRUE", true),
+            ("True", true),
+            ("0", false),
+            ("f", false),
+            ("F", false),
+            ("FALSE", false),
+            ("False", false),
+        ] {
+            let c = Config::parse_from([
+                "keel".to_string(),
+                format!("--pre-vote={value}"),
+                format!("--client-cert-auth={value}"),
+                format!("--force-new-cluster={value}"),
+                format!("--experimental-initial-corrupt-check={value}"),
+            ]);
+            assert_eq!(c.operator.pre_vote, want, "--pre-vote={value}");
+            assert_eq!(c.security.client_cert_auth, want, "--client-cert-auth={value}");
+            assert_eq!(c.recovery.force_new_cluster, want);
+            assert_eq!(c.maintenance.experimental_initial_corrupt_check, want);
+        }
+        // Bare, a flag is true; etcd takes no separate value (`--pre-vote false`).
+        assert!(
+            Config::parse_from(["keel", "--strict-reconfig-check"])
+                .operator
+                .strict_reconfig_check
+        );
+        for bad in ["--pre-vote=yes", "--pre-vote=", "--enable-pprof=on"] {
+            let err = Config::try_parse_from(["keel", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("parse error"), "{bad}: {err}");
+        }
     }
 
     #[test]

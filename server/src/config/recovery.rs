@@ -17,7 +17,7 @@ pub struct RecoveryFlags {
     /// Force to create a new one member cluster: at start, this member becomes the only
     /// voter, keeping its data, member ID and cluster ID (etcd `--force-new-cluster`;
     /// docs/operations.md "Disaster recovery").
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, value_parser = super::go_bool,
         default_value_t = false, default_missing_value = "true")]
     pub force_new_cluster: bool,
     /// Maximum number of snapshot files to retain (0 is unlimited). Keel keeps only the

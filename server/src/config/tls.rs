@@ -25,7 +25,7 @@ pub struct SecurityFlags {
     #[arg(long)]
     pub key_file: Option<PathBuf>,
     /// Enable client cert authentication.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, value_parser = super::go_bool,
         default_value_t = false, default_missing_value = "true")]
     pub client_cert_auth: bool,
     /// Path to the client certificate revocation list file.
@@ -35,7 +35,7 @@ pub struct SecurityFlags {
     #[arg(long)]
     pub trusted_ca_file: Option<PathBuf>,
     /// Client TLS using generated certificates.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, value_parser = super::go_bool,
         default_value_t = false, default_missing_value = "true")]
     pub auto_tls: bool,
     /// Path to the peer server TLS cert file.
@@ -45,7 +45,7 @@ pub struct SecurityFlags {
     #[arg(long)]
     pub peer_key_file: Option<PathBuf>,
     /// Enable peer client cert authentication.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, value_parser = super::go_bool,
         default_value_t = false, default_missing_value = "true")]
     pub peer_client_cert_auth: bool,
     /// Path to the peer server TLS trusted CA file.
@@ -56,7 +56,7 @@ pub struct SecurityFlags {
     pub peer_cert_allowed_cn: String,
     /// Peer TLS using self-generated certificates if --peer-key-file and --peer-cert-file
     /// are not provided.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true, value_parser = super::go_bool,
         default_value_t = false, default_missing_value = "true")]
     pub peer_auto_tls: bool,
     /// Path to the peer certificate revocation list file.
