@@ -163,6 +163,18 @@ async fn a_follower_that_stops_hearing_the_leader_is_refused_its_pre_votes() {
     assert_no_election(&o);
 }
 
+/// The answer of the call `what`, which must succeed within 10 s.
+async fn answered<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    what: &str,
+) -> T {
+    tokio::time::timeout(Duration::from_secs(10), call)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+        .into_inner()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_round_trip_longer_than_the_heartbeat_interval_slows_requests_but_stops_none() {
     const ONE_WAY: Duration = Duration::from_millis(80);
@@ -189,20 +201,12 @@ async fn a_round_trip_longer_than_the_heartbeat_interval_slows_requests_but_stop
                 value: b"v".to_vec(),
                 ..Default::default()
             });
-            let put = tokio::time::timeout(Duration::from_secs(10), put)
-                .await
-                .unwrap_or_else(|_| panic!("put {i} through member {member} hung"))
-                .unwrap_or_else(|e| panic!("put {i} through member {member}: {e}"))
-                .into_inner();
+            let put = answered(put, &format!("put {i} through member {member}")).await;
             let range = kv.range(RangeRequest {
                 key,
                 ..Default::default()
             });
-            let range = tokio::time::timeout(Duration::from_secs(10), range)
-                .await
-                .unwrap_or_else(|_| panic!("read {i} through member {member} hung"))
-                .unwrap_or_else(|e| panic!("read {i} through member {member}: {e}"))
-                .into_inner();
+            let range = answered(range, &format!("read {i} through member {member}")).await;
             let revision = put.header.expect("put header").revision;
             assert_eq!(range.kvs.len(), 1, "the put {i} is read back");
             assert_eq!(range.kvs[0].mod_revision, revision);

@@ -462,7 +462,10 @@ mod tests {
                 format!("--experimental-initial-corrupt-check={value}"),
             ]);
             assert_eq!(c.operator.pre_vote, want, "--pre-vote={value}");
-            assert_eq!(c.security.client_cert_auth, want, "--client-cert-auth={value}");
+            assert_eq!(
+                c.security.client_cert_auth, want,
+                "--client-cert-auth={value}"
+            );
             assert_eq!(c.recovery.force_new_cluster, want);
             assert_eq!(c.maintenance.experimental_initial_corrupt_check, want);
         }
