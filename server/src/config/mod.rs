@@ -12,6 +12,7 @@
 pub mod auth_token;
 mod duration;
 mod error;
+pub mod go_flags;
 mod maintenance;
 pub mod operator;
 mod qos;
@@ -26,6 +27,7 @@ use serde::Deserialize;
 
 pub use duration::{GoDuration, GoDurationError};
 pub use error::ConfigError;
+pub use go_flags::{go_bool, go_style_args};
 pub use maintenance::MaintenanceFlags;
 pub use operator::OperatorFlags;
 pub use recovery::RecoveryFlags;
@@ -208,10 +210,10 @@ impl Config {
     /// Errors: an unreadable or invalid YAML file (message names the file), or a check of
     /// [`Config::normalize`].
     pub fn load() -> Result<Config, ConfigError> {
-        let cli = match Config::try_parse() {
+        let args = go_style_args(std::env::args());
+        let cli = match Config::try_parse_from(&args) {
             Ok(cli) => cli,
             Err(e) if e.kind() == clap::error::ErrorKind::UnknownArgument => {
-                let args: Vec<String> = std::env::args().collect();
                 match operator::unsupported_etcd_flag(&args) {
                     Some(flag) => return Err(ConfigError::UnsupportedEtcdFlag(flag)),
                     None => e.exit(),
@@ -363,18 +365,6 @@ pub(super) fn go_scheme(url: &str) -> Option<&str> {
         }
     }
     None
-}
-
-/// A boolean flag value as etcd's flags take it (Go's `strconv.ParseBool`): `1`, `t`, `T`,
-/// `TRUE`, `true`, `True` and `0`, `f`, `F`, `FALSE`, `false`, `False`.
-///
-/// Errors: any other text, with Go's words (`parse error`).
-pub fn go_bool(value: &str) -> Result<bool, String> {
-    match value {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(format!("invalid boolean value {value:?}: parse error")),
-    }
 }
 
 /// Splits a comma-separated URL list.

@@ -225,7 +225,7 @@ fn cors_origin(url: &str) -> Result<String, String> {
 
 /// etcd flags that Keel does not implement. A command line that uses one fails with a
 /// message naming it, instead of clap's generic "unexpected argument".
-const UNSUPPORTED_ETCD_FLAGS: &[&str] = &[
+pub(crate) const UNSUPPORTED_ETCD_FLAGS: &[&str] = &[
     "discovery",
     "discovery-srv",
     "discovery-srv-name",
