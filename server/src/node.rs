@@ -387,12 +387,12 @@ impl Node {
                 if stored && !behind {
                     return;
                 }
-                // Bounded: a proposal made during a brief leadership right after start may
-                // wait for a commit that never comes; the loop then checks what applied.
-                let proposal = node.propose(raft_request::Request::MemberAttributes(attrs.clone()));
-                match tokio::time::timeout(node.request_timeout(), proposal)
+                // Bounded by the proposer's request timeout: a proposal made during a brief
+                // leadership right after start may wait for a commit that never comes; the
+                // loop then checks what applied.
+                match node
+                    .propose(raft_request::Request::MemberAttributes(attrs.clone()))
                     .await
-                    .unwrap_or(Err(EtcdError::Timeout))
                 {
                     Ok(_) => {
                         if !stored {
@@ -785,11 +785,11 @@ impl Node {
                 let set = keelpb::ClusterVersionSet {
                     version: v.to_string(),
                 };
-                let proposal = node.propose(raft_request::Request::ClusterVersionSet(set));
-                // Bounded, as publishing: a lost leadership must not stall the monitor.
-                match tokio::time::timeout(node.request_timeout(), proposal)
+                // Bounded by the proposer's request timeout, as publishing: a lost
+                // leadership must not stall the monitor.
+                match node
+                    .propose(raft_request::Request::ClusterVersionSet(set))
                     .await
-                    .unwrap_or(Err(EtcdError::Timeout))
                 {
                     Ok(_) => tracing::info!(cluster_version = %v, "proposed the cluster version"),
                     Err(e) => tracing::debug!("proposing cluster version {v}: {e}"),

@@ -12,7 +12,7 @@
 pub mod auth_token;
 mod duration;
 mod error;
-pub mod go_flags;
+mod go_flags;
 mod maintenance;
 pub mod operator;
 mod qos;
