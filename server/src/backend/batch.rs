@@ -36,9 +36,18 @@ impl Batch {
         self.ops.push((key.into(), None));
     }
 
+    /// An empty batch with room for `writes` staged writes without growing.
+    pub fn with_capacity(writes: usize) -> Batch {
+        Batch {
+            ops: Vec::with_capacity(writes),
+        }
+    }
+
     /// Appends every write of `later` after this batch's own.
     pub fn append(&mut self, mut later: Batch) {
-        if self.ops.is_empty() {
+        // Taking `later`'s vector saves a copy, unless this one already has room for it
+        // (a pending batch made `with_capacity`).
+        if self.ops.is_empty() && self.ops.capacity() < later.ops.len() {
             self.ops = later.ops;
         } else {
             self.ops.append(&mut later.ops);

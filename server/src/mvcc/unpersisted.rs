@@ -185,8 +185,12 @@ impl Unpersisted {
     /// hold, leaving nothing pending.
     pub fn take(&mut self) -> (Batch, u64, usize) {
         self.since = None;
+        // The next interval likely stages as many writes as this one: reserving them now
+        // spares the pending batch its doublings, each a copy into fresh, page-faulted
+        // memory (a 256-client put profile had 0.9 % of the members' CPU there).
+        let next = Batch::with_capacity(self.batch.len());
         (
-            std::mem::take(&mut self.batch),
+            std::mem::replace(&mut self.batch, next),
             std::mem::take(&mut self.bytes),
             std::mem::take(&mut self.overlay_groups),
         )

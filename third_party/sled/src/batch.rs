@@ -1,11 +1,9 @@
 #![allow(unused_results)]
 
-#[cfg(not(feature = "testing"))]
-use std::collections::HashMap as Map;
-
-// we avoid HashMap while testing because
-// it makes tests non-deterministic
-#[cfg(feature = "testing")]
+// Keel patch (docs/third_party.md): always a BTreeMap, as upstream's `testing` builds have it.
+// A batch is then applied in key order: consecutive inserts land in the same leaf while it
+// is hot in cache, and building the map never rehashes (a HashMap of a 10,000-write batch
+// grew through every power of two, each growth a fresh, page-faulted allocation).
 use std::collections::BTreeMap as Map;
 
 use super::*;
