@@ -160,4 +160,27 @@ mod tests {
         b.commit(&tree).unwrap();
         assert!(tree.is_empty());
     }
+
+    #[test]
+    fn a_batch_made_with_capacity_keeps_its_room_when_groups_join() {
+        let mut pending = Batch::with_capacity(64);
+        let room = pending.ops.capacity();
+        assert!(room >= 64);
+        for g in 0..8u8 {
+            let mut group = Batch::default();
+            group.insert([g, 1].as_slice(), b"v".as_slice());
+            group.insert([g, 2].as_slice(), b"v".as_slice());
+            pending.append(group);
+        }
+        assert_eq!(pending.len(), 16);
+        assert_eq!(pending.ops.capacity(), room, "no reallocation");
+        // A group larger than the room is taken whole instead.
+        let mut big = Batch::default();
+        for i in 0..100u8 {
+            big.insert([i].as_slice(), b"v".as_slice());
+        }
+        let mut empty = Batch::with_capacity(4);
+        empty.append(big);
+        assert_eq!(empty.len(), 100);
+    }
 }
