@@ -639,7 +639,20 @@ impl Index {
 
     /// Appends revision `rev` to `key`, adding the key if the index does not hold it.
     pub fn push(&mut self, key: &[u8], rev: RevInfo) {
+        self.push_with(key, |_| rev);
+    }
+
+    /// Appends the revision `make` builds from `key`'s newest revision (`None`: the index
+    /// does not hold the key) and returns it: a put's create revision and version come from
+    /// the key's previous revision, and this finds the key once for both (a lookup followed
+    /// by [`Index::push`] descended the index twice per put).
+    pub fn push_with(
+        &mut self,
+        key: &[u8],
+        make: impl FnOnce(Option<&RevInfo>) -> RevInfo,
+    ) -> RevInfo {
         let Some(c) = self.chunk_for(key) else {
+            let rev = make(None);
             let mut block = Block::default();
             block.push(key, KeyHistory::new(rev));
             let mut chunk = Chunk::default();
@@ -647,15 +660,20 @@ impl Index {
             self.keys += 1;
             self.live += usize::from(!rev.tombstone);
             self.push_chunk(chunk);
-            return;
+            return rev;
         };
         let chunk = Arc::make_mut(&mut self.chunks[c]);
         let b = chunk.block_for(key);
         let block = Arc::make_mut(&mut chunk.blocks[b]);
         let before = block.stats;
-        match block.search(key) {
-            Ok(i) => block.push_rev(i, rev),
+        let rev = match block.search(key) {
+            Ok(i) => {
+                let rev = make(Some(block.history(i).latest()));
+                block.push_rev(i, rev);
+                rev
+            }
             Err(i) => {
+                let rev = make(None);
                 block.insert(i, key, KeyHistory::new(rev));
                 if i == 0 {
                     // A new first key (only of the first block of the first chunk: any other
@@ -665,8 +683,9 @@ impl Index {
                         self.firsts.replace(c, key);
                     }
                 }
+                rev
             }
-        }
+        };
         let after = block.stats;
         chunk.stats.replace(before, after);
         self.keys = self.keys + after.keys - before.keys;
@@ -686,6 +705,7 @@ impl Index {
                 self.chunks.insert(c + 1, Arc::new(right));
             }
         }
+        rev
     }
 
     /// Compacts every key at `at_rev` (see [`KeyHistory::compact`]), appending the removed
@@ -900,6 +920,39 @@ mod tests {
         let n = (0..5000).find(|n| (n * 7919) % 5000 == 4321).unwrap();
         assert_eq!(index.get(&key(4321)).unwrap().latest().main, 2 + n as i64);
         assert!(index.get(b"nope").is_none());
+    }
+
+    #[test]
+    fn push_with_sees_the_keys_newest_revision_and_stores_what_it_builds() {
+        let mut index = big();
+        let mut seen = Vec::new();
+        // A key the index holds, a key it does not (in the middle, so it lands in a block
+        // that exists), and a key before every other one (a new first key).
+        for (k, main) in [
+            (key(4321), 9000),
+            (b"key004321x".to_vec(), 9001),
+            (b"a".to_vec(), 9002),
+        ] {
+            let built = index.push_with(&k, |latest| {
+                seen.push(latest.map(|l| (l.main, l.version)));
+                let version = latest.map_or(1, |l| l.version + 1);
+                RevInfo::put(Revision::new(main, 0), main, version, 0)
+            });
+            assert_eq!(index.get(&k).unwrap().latest(), &built);
+        }
+        let n = (0..5000).find(|n| (n * 7919) % 5000 == 4321).unwrap();
+        assert_eq!(seen, vec![Some((2 + n as i64, 1)), None, None]);
+        assert_eq!(index.get(&key(4321)).unwrap().latest().version, 2);
+        assert_eq!((index.keys(), index.live()), (5002, 5002));
+        index.check_invariants();
+        // An empty index: the first key is built from nothing.
+        let mut empty = Index::new();
+        let built = empty.push_with(b"k", |latest| {
+            assert!(latest.is_none());
+            put(5)
+        });
+        assert_eq!(built, put(5));
+        assert_eq!(empty.get(b"k").unwrap().latest(), &put(5));
     }
 
     #[test]

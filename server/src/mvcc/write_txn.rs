@@ -287,10 +287,11 @@ impl<'a> WriteTxn<'a> {
     /// Writes a put record; returns its main revision.
     fn put_kv(&mut self, key: &[u8], value: Vec<u8>, lease: i64) -> i64 {
         let rev = self.next_revision();
-        let (create, version) = match self.index().get(key).map(|h| *h.latest()) {
-            Some(l) if !l.tombstone => (l.create, l.version + 1),
-            _ => (rev.main, 1),
-        };
+        let info = self.index_mut().push_with(key, |latest| match latest {
+            Some(l) if !l.tombstone => RevInfo::put(rev, l.create, l.version + 1, lease),
+            _ => RevInfo::put(rev, rev.main, 1, lease),
+        });
+        let (create, version) = (info.create, info.version);
         let kv = KeyValue {
             key: key.to_vec(),
             create_revision: create,
@@ -301,8 +302,6 @@ impl<'a> WriteTxn<'a> {
         };
         self.batch
             .insert(record_key(rev, false), codec::encode_put(&kv));
-        self.index_mut()
-            .push(key, RevInfo::put(rev, create, version, lease));
         self.events.push(Event {
             r#type: EventType::Put as i32,
             kv: Some(kv),
