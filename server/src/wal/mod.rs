@@ -146,6 +146,9 @@ struct Shared {
     /// The WAL directory, opened for fsync and holding the exclusive lock.
     dir_file: File,
     stats: Stats,
+    /// Signalled when a write opened a new segment, so `--max-wals` need not wait for its
+    /// next check (see [`Wal::rolled_over`]).
+    rolled: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -234,6 +237,7 @@ impl Wal {
             dir: dir.to_path_buf(),
             dir_file,
             stats: Stats::default(),
+            rolled: tokio::sync::Notify::new(),
         });
         if !victims.is_empty() {
             remove_segments(&shared, victims);
@@ -296,17 +300,30 @@ impl Wal {
                 max: MAX_VALUE_BYTES,
             });
         }
-        let result = {
+        let (result, rolled) = {
             let mut w = self.shared.lock_writer();
             w.check_usable()?;
             match entries.first() {
                 None => return Ok(w.written_lsn),
                 Some(&(first, _)) => w.index.check_append(first)?,
             }
-            w.append(entries)
+            let segments = w.segments.len();
+            let result = w.append(entries);
+            (result, w.segments.len() > segments)
         };
         self.after_write(&result, entries.len());
+        if rolled {
+            self.shared.rolled.notify_one();
+        }
         result
+    }
+
+    /// Resolves once an append opened a new segment since the last call resolved (a rollover
+    /// that happened while nobody waited counts). For `--max-wals` (`raft/retention.rs`),
+    /// which checks the segment count at once instead of at its next tick. Meant for one
+    /// waiter.
+    pub async fn rolled_over(&self) {
+        self.shared.rolled.notified().await;
     }
 
     /// Records `value` as the latest value of metadata `key` (the raft glue uses 1 = vote,

@@ -394,3 +394,30 @@ fn without_preallocation_files_grow_with_the_data() {
     let wal = Wal::open(dir.path(), o).unwrap();
     assert_eq!(wal.last_index(), Some(5));
 }
+
+/// `rolled_over` resolves for an append that opened a segment (also one made before the
+/// wait started), and not for appends that fit in the current segment.
+#[tokio::test]
+async fn rolled_over_resolves_after_an_append_that_opens_a_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), opts(4096)).unwrap();
+    let not_yet = |wal: &Wal| {
+        let wait = wal.rolled_over();
+        futures::FutureExt::now_or_never(wait).is_none()
+    };
+    // Two small entries fit in the first segment.
+    wal.append(&[(1, &data(1, 100)), (2, &data(2, 100))])
+        .unwrap();
+    assert_eq!(wal.segments().len(), 1);
+    assert!(not_yet(&wal), "no rollover yet");
+    // Entries of 1 KiB: the fourth no longer fits and opens the second segment.
+    let mut index = 3;
+    while wal.segments().len() == 1 {
+        wal.append(&[(index, &data(index, 1024))]).unwrap();
+        index += 1;
+        assert!(index < 20, "a 4 KiB segment rolls over within 16 KiB");
+    }
+    // The rollover happened before anyone waited: the wait resolves at once, once.
+    assert!(!not_yet(&wal), "the rollover is remembered");
+    assert!(not_yet(&wal), "and consumed");
+}
