@@ -17,7 +17,7 @@ const PEER_CLOSE_GRACE: std::time::Duration = std::time::Duration::from_millis(5
 /// arenas spent ~12% of a member's CPU under a 64-client put load (docs/benchmarks.md).
 /// Built with `no_thp` (workspace `Cargo.toml`): mimalloc otherwise asks for transparent huge
 /// pages on its arenas, and every arena range it purged and touched again faulted in a whole
-/// 2 MiB page, zeroed (up to a third of the persist thread's CPU under 256-client puts).
+/// 2 MiB page, zeroed (up to half of the persist thread's CPU under 256-client puts).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -146,9 +146,8 @@ struct Shared {
     /// The WAL directory, opened for fsync and holding the exclusive lock.
     dir_file: File,
     stats: Stats,
-    /// Signalled when a write opened a new segment, so `--max-wals` need not wait for its
-    /// next check (see [`Wal::rolled_over`]).
-    rolled: tokio::sync::Notify,
+    /// The writer's rollover signal (see [`Wal::rolled_over`]), reachable without its lock.
+    rolled: Arc<tokio::sync::Notify>,
 }
 
 impl Shared {
@@ -230,6 +229,7 @@ impl Wal {
             Some(to) => writer.take_segments_purged_to(to),
             None => Vec::new(),
         };
+        let rolled = Arc::clone(&writer.rolled);
         let shared = Arc::new(Shared {
             writer: Mutex::new(writer),
             work: Condvar::new(),
@@ -237,7 +237,7 @@ impl Wal {
             dir: dir.to_path_buf(),
             dir_file,
             stats: Stats::default(),
-            rolled: tokio::sync::Notify::new(),
+            rolled,
         });
         if !victims.is_empty() {
             remove_segments(&shared, victims);
@@ -300,28 +300,24 @@ impl Wal {
                 max: MAX_VALUE_BYTES,
             });
         }
-        let (result, rolled) = {
+        let result = {
             let mut w = self.shared.lock_writer();
             w.check_usable()?;
             match entries.first() {
                 None => return Ok(w.written_lsn),
                 Some(&(first, _)) => w.index.check_append(first)?,
             }
-            let segments = w.segments.len();
-            let result = w.append(entries);
-            (result, w.segments.len() > segments)
+            w.append(entries)
         };
         self.after_write(&result, entries.len());
-        if rolled {
-            self.shared.rolled.notify_one();
-        }
         result
     }
 
-    /// Resolves once an append opened a new segment since the last call resolved (a rollover
-    /// that happened while nobody waited counts). For `--max-wals` (`raft/retention.rs`),
-    /// which checks the segment count at once instead of at its next tick. Meant for one
-    /// waiter.
+    /// Resolves once a write (an append, a metadata, truncate or purge record) opened a new
+    /// segment since the
+    /// last call resolved (a rollover that happened while nobody waited counts). For
+    /// `--max-wals` (`raft/retention.rs`), which checks the segment count at once instead of
+    /// at its next tick. Meant for one waiter.
     pub async fn rolled_over(&self) {
         self.shared.rolled.notified().await;
     }

@@ -63,6 +63,8 @@ pub(crate) struct Writer {
     pub spares: Vec<PathBuf>,
     /// Purges waiting for their record to be durable before segments are removed: (lsn, index).
     pub pending_purges: Vec<(Lsn, u64)>,
+    /// Signalled by every rollover, whichever write caused it ([`crate::wal::Wal::rolled_over`]).
+    pub rolled: Arc<tokio::sync::Notify>,
     buf: Vec<u8>,
     /// (segment seq, end offset) of the last user write, so tests can map records to bytes.
     #[cfg(test)]
@@ -97,6 +99,7 @@ impl Writer {
             failed_no_space: false,
             spares,
             pending_purges: Vec::new(),
+            rolled: Arc::default(),
             buf: Vec::new(),
             #[cfg(test)]
             last_write_end: (0, 0),
@@ -174,7 +177,9 @@ impl Writer {
     /// Seals the current segment and starts the next one. See the module docs.
     pub(crate) fn rollover(&mut self) -> Result<(), WalError> {
         self.write_in_current(&[Record::Seal])?;
-        self.start_segment()
+        self.start_segment()?;
+        self.rolled.notify_one();
+        Ok(())
     }
 
     /// Starts the next segment (the current one must be sealed already): creates or recycles the

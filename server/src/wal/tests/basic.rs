@@ -395,10 +395,10 @@ fn without_preallocation_files_grow_with_the_data() {
     assert_eq!(wal.last_index(), Some(5));
 }
 
-/// `rolled_over` resolves for an append that opened a segment (also one made before the
-/// wait started), and not for appends that fit in the current segment.
+/// `rolled_over` resolves for a write that opened a segment (also one made before the wait
+/// started), and not for writes that fit in the current segment.
 #[tokio::test]
-async fn rolled_over_resolves_after_an_append_that_opens_a_segment() {
+async fn rolled_over_resolves_after_a_write_that_opens_a_segment() {
     let dir = tempfile::tempdir().unwrap();
     let wal = Wal::open(dir.path(), opts(4096)).unwrap();
     let not_yet = |wal: &Wal| {
@@ -420,4 +420,13 @@ async fn rolled_over_resolves_after_an_append_that_opens_a_segment() {
     // The rollover happened before anyone waited: the wait resolves at once, once.
     assert!(!not_yet(&wal), "the rollover is remembered");
     assert!(not_yet(&wal), "and consumed");
+    // A metadata record that opens a segment signals it too.
+    let segments = wal.segments().len();
+    let mut writes = 0;
+    while wal.segments().len() == segments {
+        wal.set_meta(2, &data(writes, 1024)).unwrap();
+        writes += 1;
+        assert!(writes < 20, "a 4 KiB segment rolls over within 16 KiB");
+    }
+    assert!(!not_yet(&wal), "a rollover by set_meta is signalled");
 }
