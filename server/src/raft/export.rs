@@ -6,7 +6,8 @@
 //!
 //! - captured on the apply task, in microseconds to milliseconds: the metadata, `R`, and a copy
 //!   of every key outside the `k` record space (MVCC meta, consistent index, membership,
-//!   member attributes, and what lease/auth keep: small tables);
+//!   member attributes, and what lease/auth keep: small tables), read by two range scans on
+//!   either side of the records, never walking them (apply waits for the capture);
 //! - written on a blocking thread while apply goes on: the captured keys, then every record
 //!   with main revision `<= R` read from the live tree. Records above `R`, written by entries
 //!   applied meanwhile, are outside the bound.
@@ -83,9 +84,11 @@ impl ExportJob {
         hook: Option<ExportHook>,
     ) -> io::Result<ExportJob> {
         let guard = lock.clone().read_owned().await;
+        // The keys below and above the record space, without walking the records: they are
+        // most of the tree, and apply waits while this runs.
         let captured = tree
-            .iter()
-            .filter(|kv| !matches!(kv, Ok((k, _)) if k.first() == Some(&RECORD_PREFIX)))
+            .range(..[RECORD_PREFIX].as_slice())
+            .chain(tree.range([RECORD_PREFIX + 1].as_slice()..))
             .collect::<Result<Vec<_>, _>>()
             .map_err(io::Error::other)?;
         Ok(ExportJob {
@@ -132,5 +135,76 @@ impl ExportJob {
         snapshot::write_records(&self.path, &self.meta, all)?;
         snapshot::remove_others(&self.snap_dir, &self.path)?;
         Ok((self.meta, self.path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mvcc::revision::{Revision, record_key};
+
+    fn meta() -> Meta {
+        SnapshotMeta {
+            last_log_id: Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(2, 1),
+                7,
+            )),
+            last_membership: Default::default(),
+            snapshot_id: "2-7-1".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_export_holds_the_tables_on_both_sides_of_the_records_and_records_up_to_its_revision()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        let tree = db.open_tree("t").unwrap();
+        // Tables sort below and above the record space ('k'), right up to its edges.
+        let tables: Vec<Vec<u8>> = vec![
+            b"a/user/root".to_vec(),
+            b"j\xff\xff".to_vec(),
+            b"l\x00\x00".to_vec(),
+            b"m/rev".to_vec(),
+            b"x/alarm/1".to_vec(),
+            vec![0xff],
+        ];
+        for t in &tables {
+            tree.insert(t.as_slice(), b"t".as_slice()).unwrap();
+        }
+        for main in 1..=5i64 {
+            let rev = Revision { main, sub: 0 };
+            tree.insert(record_key(rev, main == 4), vec![main as u8])
+                .unwrap();
+        }
+        let lock = ExportLock::default();
+        let job = ExportJob::capture(&lock, &tree, meta(), 3, dir.path(), None)
+            .await
+            .unwrap();
+        // Records written after the capture, above its revision, stay out of the file.
+        tree.insert(
+            record_key(Revision { main: 6, sub: 0 }, false),
+            b"6".as_slice(),
+        )
+        .unwrap();
+        let (written_meta, path) = tokio::task::spawn_blocking(move || job.write())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(written_meta, meta());
+
+        let mut keys = Vec::new();
+        let mut file = std::fs::File::open(&path).unwrap();
+        snapshot::verify(&mut file).unwrap();
+        snapshot::read_records(&mut file, |k, _| {
+            keys.push(k);
+            Ok(())
+        })
+        .unwrap();
+        let mut want = tables.clone();
+        want.extend((1..=3).map(|main| record_key(Revision { main, sub: 0 }, false)));
+        want.sort();
+        keys.sort();
+        assert_eq!(keys, want);
     }
 }

@@ -137,10 +137,12 @@ impl StateMachine {
             ),
         };
         let revision = self.applier.revision();
+        let started = std::time::Instant::now();
         // The capture and the export read sled: every applied group must be in it.
         tokio::task::block_in_place(|| self.applier.persist())
             .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
-        ExportJob::capture(
+        let persisted = started.elapsed();
+        let job = ExportJob::capture(
             &self.export_lock,
             &self.applier.tree(),
             meta,
@@ -149,7 +151,16 @@ impl StateMachine {
             self.export_hook.clone(),
         )
         .await
-        .map_err(|e| StorageIOError::write_snapshot(None, &e).into())
+        .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        // Apply waited for all of this (etcd logs its snapshot's `took` alike).
+        tracing::info!(
+            last_log_index = last.map_or(0, |l| l.index),
+            revision,
+            persist_ms = persisted.as_secs_f64() * 1e3,
+            capture_ms = (started.elapsed() - persisted).as_secs_f64() * 1e3,
+            "captured a snapshot"
+        );
+        Ok(job)
     }
 
     /// Replaces the store with the snapshot in `file` (already complete and synced).
@@ -283,11 +294,18 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             .into());
         };
         let job = job?;
+        let started = std::time::Instant::now();
         let written = tokio::task::spawn_blocking(move || job.write())
             .await
             .map_err(|e| io::Error::other(e.to_string()))
             .and_then(|r| r);
         let (meta, path) = written.map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        tracing::info!(
+            snapshot_id = %meta.snapshot_id,
+            bytes = std::fs::metadata(&path).map_or(0, |m| m.len()),
+            took_ms = started.elapsed().as_secs_f64() * 1e3,
+            "saved a snapshot"
+        );
         let file = std::fs::File::open(&path)
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         Ok(Snapshot {
