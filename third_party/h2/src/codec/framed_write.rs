@@ -69,7 +69,13 @@ const DEFAULT_BUFFER_CAPACITY: usize = 16 * 1_024;
 /// Chain payloads bigger than this when vectored I/O is enabled. The remote
 /// will never advertise a max frame size less than this (well, the spec says
 /// the max frame size can't be less than 16kb, so not even close).
-const CHAIN_THRESHOLD: usize = 256;
+///
+/// Keel patch (docs/third_party.md): 4 KiB, not 256 bytes. A chained DATA frame ends
+/// the buffer (nothing is buffered behind it until it is written), so with 256 every
+/// gRPC response whose message exceeded 256 bytes went out in two writes: headers and
+/// data, then the trailers alone. Copying up to 4 KiB keeps a response, and the
+/// responses of other streams, in one write.
+const CHAIN_THRESHOLD: usize = 4 * 1_024;
 
 /// Chain payloads bigger than this when vectored I/O is **not** enabled.
 /// A larger value in this scenario will reduce the number of small and
