@@ -111,6 +111,7 @@ where
         .http2_keepalive_interval(ops.keepalive_interval())
         .http2_keepalive_timeout(ops.keepalive_timeout())
         .max_concurrent_streams(ops.max_concurrent_streams)
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
         // Outermost first: the metrics also count what require-leader and the learner gate
         // refuse.
         .layer(http::GrpcMetricsLayer)
@@ -125,6 +126,14 @@ where
         .await?;
     Ok(())
 }
+
+/// How many streams of one client connection may be reset by the client before the server
+/// took them up, at once, before the connection is closed with GOAWAY `ENHANCE_YOUR_CALM`
+/// (h2's guard against rapid-reset floods, CVE-2023-44487). h2's default, 20, closed the
+/// connection of a client that cancels requests quickly, and every call in flight on it
+/// failed with `Unavailable`; etcd (Go) has no such limit. Found by a fresh-user check; e2e
+/// `client_cancels::streams_the_client_resets_before_the_server_takes_them_up_do_not_close_the_connection`.
+pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 4096;
 
 /// Serves `/metrics` and the health endpoints ([`http::metrics_routes`]) on `listener`
 /// (a `--listen-metrics-urls` URL; TLS with `tls`, the client side's configuration, for

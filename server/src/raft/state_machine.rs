@@ -156,8 +156,8 @@ impl StateMachine {
         tracing::info!(
             last_log_index = last.map_or(0, |l| l.index),
             revision,
-            persist_ms = persisted.as_secs_f64() * 1e3,
-            capture_ms = (started.elapsed() - persisted).as_secs_f64() * 1e3,
+            persist_ms = %format_args!("{:.3}", persisted.as_secs_f64() * 1e3),
+            capture_ms = %format_args!("{:.3}", (started.elapsed() - persisted).as_secs_f64() * 1e3),
             "captured a snapshot"
         );
         Ok(job)
@@ -303,7 +303,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         tracing::info!(
             snapshot_id = %meta.snapshot_id,
             bytes = std::fs::metadata(&path).map_or(0, |m| m.len()),
-            took_ms = started.elapsed().as_secs_f64() * 1e3,
+            took_ms = %format_args!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
             "saved a snapshot"
         );
         let file = std::fs::File::open(&path)

@@ -11,6 +11,7 @@
 mod auth;
 mod auth_permissions;
 mod autocompact;
+mod client_cancels;
 mod cluster_basic;
 mod cluster_failover;
 mod cluster_five;
