@@ -300,14 +300,14 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             .map_err(|e| io::Error::other(e.to_string()))
             .and_then(|r| r);
         let (meta, path) = written.map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        let file = std::fs::File::open(&path)
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         tracing::info!(
             snapshot_id = %meta.snapshot_id,
-            bytes = std::fs::metadata(&path).map_or(0, |m| m.len()),
+            bytes = file.metadata().map_or(0, |m| m.len()),
             took_ms = %format_args!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
             "saved a snapshot"
         );
-        let file = std::fs::File::open(&path)
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(tokio::fs::File::from_std(file)),

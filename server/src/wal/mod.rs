@@ -314,10 +314,9 @@ impl Wal {
     }
 
     /// Resolves once a write (an append, a metadata, truncate or purge record) opened a new
-    /// segment since the
-    /// last call resolved (a rollover that happened while nobody waited counts). For
-    /// `--max-wals` (`raft/retention.rs`), which checks the segment count at once instead of
-    /// at its next tick. Meant for one waiter.
+    /// segment since the last call resolved (a rollover that happened while nobody waited
+    /// counts). For `--max-wals` (`raft/retention.rs`), which checks the segment count at once
+    /// instead of at its next tick. Meant for one waiter.
     pub async fn rolled_over(&self) {
         self.shared.rolled.notified().await;
     }

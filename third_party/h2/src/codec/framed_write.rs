@@ -72,9 +72,9 @@ const DEFAULT_BUFFER_CAPACITY: usize = 16 * 1_024;
 ///
 /// Keel patch (docs/third_party.md): 4 KiB, not 256 bytes. A chained DATA frame ends
 /// the buffer (nothing is buffered behind it until it is written), so with 256 every
-/// gRPC response whose message exceeded 256 bytes went out in two writes: headers and
-/// data, then the trailers alone. Copying up to 4 KiB keeps a response, and the
-/// responses of other streams, in one write.
+/// gRPC response whose DATA payload (5-byte prefix + message) reached 256 bytes went out
+/// in two writes: headers and data, then the trailers alone. Copying up to 4 KiB keeps a
+/// response, and the responses of other streams, in one write.
 const CHAIN_THRESHOLD: usize = 4 * 1_024;
 
 /// Chain payloads bigger than this when vectored I/O is **not** enabled.
