@@ -216,8 +216,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             "raft log: the committed log id would move back from {before:?} to {committed:?}"
         );
         let bytes = bincode::serialize(&committed).map_err(|e| StorageIOError::write_logs(&e))?;
+        // Lazy: no fdatasync of its own (it rides on the next append's), so a commit advance
+        // does not cost the leader a sync round between two appends.
         self.wal
-            .set_meta(META_COMMITTED, &bytes)
+            .set_meta_lazy(META_COMMITTED, &bytes)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         if let Some(c) = committed {
             trace::mark(Stage::Commit, c.index, c.index, 0);

@@ -338,6 +338,33 @@ impl Wal {
         result
     }
 
+    /// [`Wal::set_meta`] for a value nobody waits on: the record is written (and readable) at
+    /// once, but it does not start a sync round of its own; it becomes durable with the next
+    /// round another write or a waiter starts, or when the WAL is dropped. For the committed
+    /// log id, which openraft only uses as a hint (`RaftLogStorage::save_committed` may even
+    /// skip persisting it): written with `set_meta`, each commit advance cost the leader an
+    /// fdatasync of its own (docs/wal.md, "Lazy metadata").
+    ///
+    /// Errors: as [`Wal::set_meta`].
+    pub fn set_meta_lazy(&self, key: u8, value: &[u8]) -> Result<Lsn, WalError> {
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(WalError::TooLarge {
+                len: value.len(),
+                max: MAX_VALUE_BYTES,
+            });
+        }
+        let result = self.shared.lock_writer().set_meta_lazy(key, value);
+        match &result {
+            Ok(_) => self.shared.stats.writes.fetch_add(1, Ordering::Relaxed),
+            // The sync thread must fail the waiters.
+            Err(_) => {
+                self.shared.work.notify_one();
+                0
+            }
+        };
+        result
+    }
+
     /// Drops entries with index >= `index` (raft log conflict truncation, Raft paper §5.3).
     /// Takes effect for reads at once; durable with the returned Lsn. If no entry is at or
     /// above `index`, nothing is written and the current Lsn is returned.
@@ -396,12 +423,22 @@ impl Wal {
         if self.shared.durability.register(lsn, f) {
             self.shared.lock_writer().kick = true;
             self.shared.work.notify_one();
+        } else {
+            self.want(lsn);
         }
     }
 
     /// Blocks until every write up to `lsn` is durable. Errors: [`WalError::Failed`].
     pub fn wait_durable(&self, lsn: Lsn) -> Result<(), WalError> {
+        self.want(lsn);
         self.shared.durability.wait(lsn)
+    }
+
+    /// Makes sure a sync round will cover `lsn` (a lazy write starts none of its own).
+    fn want(&self, lsn: Lsn) {
+        if self.shared.lock_writer().want(lsn) {
+            self.shared.work.notify_one();
+        }
     }
 
     /// Blocks until every write made so far is durable.

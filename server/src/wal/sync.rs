@@ -1,6 +1,7 @@
 //! Group commit: one sync thread makes writes durable for many appenders at once.
 //!
-//! Loop: wait until some write is not yet durable; under the writer mutex, note the highest
+//! Loop: wait until some write somebody needs durable is not yet durable (a lazy metadata write
+//! alone does not count, `Wal::set_meta_lazy`); under the writer mutex, note the highest
 //! written Lsn and the segments that may hold unsynced bytes; release the mutex; fdatasync those
 //! segments (oldest first) and give not-yet-named segments their final name (rename + directory
 //! fsync), in order; then mark everything up to the noted Lsn durable, fire the callbacks, wake
@@ -173,7 +174,9 @@ fn next_round(shared: &Shared) -> Option<Round> {
             }
             continue;
         }
-        if w.written_lsn > w.synced_lsn {
+        // A lazy write alone starts no round; at shutdown everything written is synced.
+        let due = w.wanted_lsn.max(if w.shutdown { w.written_lsn } else { 0 });
+        if due > w.synced_lsn {
             w.kick = false;
             let from = w.sync_from_seq;
             return Some(Round {

@@ -48,6 +48,10 @@ pub(crate) struct Writer {
     /// Lsn of the last write handed out; `synced_lsn` is the last one made durable.
     pub written_lsn: Lsn,
     pub synced_lsn: Lsn,
+    /// Highest Lsn somebody needs durable: every write but a lazy metadata write
+    /// ([`crate::wal::Wal::set_meta_lazy`]), and any Lsn waited for. The sync thread starts a
+    /// round only while this is above `synced_lsn`; the round then covers `written_lsn`.
+    pub wanted_lsn: Lsn,
     /// Lowest segment sequence number that may hold bytes not yet fdatasync'ed.
     pub sync_from_seq: u64,
     /// Highest segment sequence number whose final name is durable.
@@ -91,6 +95,7 @@ impl Writer {
             data_start: HEADER_LEN,
             written_lsn: 0,
             synced_lsn: 0,
+            wanted_lsn: 0,
             sync_from_seq: current,
             named_seq: current,
             kick: false,
@@ -250,6 +255,23 @@ impl Writer {
         Ok(self.next_lsn())
     }
 
+    /// [`Writer::set_meta`] without asking for a sync: the write is durable with the next
+    /// round some other write or waiter starts.
+    pub(crate) fn set_meta_lazy(&mut self, key: u8, value: &[u8]) -> Result<Lsn, WalError> {
+        self.write(&[Record::Meta { key, value }])?;
+        self.index.set_meta(key, value);
+        self.written_lsn += 1;
+        Ok(self.written_lsn)
+    }
+
+    /// Asks the sync thread to make everything up to `lsn` durable; true when that is news
+    /// (the caller then wakes the sync thread).
+    pub(crate) fn want(&mut self, lsn: Lsn) -> bool {
+        let news = lsn > self.wanted_lsn.max(self.synced_lsn);
+        self.wanted_lsn = self.wanted_lsn.max(lsn);
+        news
+    }
+
     pub(crate) fn truncate_from(&mut self, from: u64) -> Result<Lsn, WalError> {
         self.write(&[Record::Truncate { from }])?;
         self.index.truncate_from(from);
@@ -266,6 +288,7 @@ impl Writer {
 
     fn next_lsn(&mut self) -> Lsn {
         self.written_lsn += 1;
+        self.wanted_lsn = self.written_lsn;
         self.written_lsn
     }
 

@@ -260,3 +260,58 @@ fn failure_reports_the_first_error_and_whether_the_disk_was_full() {
     );
     assert!(!wal.failure().unwrap().no_space);
 }
+
+#[test]
+fn a_lazy_meta_write_starts_no_sync_round_and_rides_on_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+    wal.wait_durable(wal.append(&[(1, b"entry 1")]).unwrap())
+        .unwrap();
+    let rounds = wal.stats().sync_rounds;
+    let lazy = wal.set_meta_lazy(2, b"committed 1").unwrap();
+    assert_eq!(
+        wal.meta(2).as_deref(),
+        Some(&b"committed 1"[..]),
+        "readable at once"
+    );
+    // Nothing asks for it: the sync thread stays asleep (it would start within microseconds).
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        wal.stats().sync_rounds,
+        rounds,
+        "a lazy write started a round"
+    );
+    assert!(
+        wal.lsns().1 < lazy,
+        "a lazy write became durable on its own"
+    );
+    // The next append's round covers it too.
+    let next = wal.append(&[(2, b"entry 2")]).unwrap();
+    assert!(next > lazy);
+    wal.wait_durable(next).unwrap();
+    assert_eq!(wal.stats().sync_rounds, rounds + 1);
+    assert!(wal.lsns().1 >= lazy);
+}
+
+#[test]
+fn waiting_for_a_lazy_meta_write_makes_it_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = Arc::new(Wal::open(dir.path(), WalOptions::default()).unwrap());
+    let first = wal.set_meta_lazy(2, b"committed 1").unwrap();
+    let (tx, rx) = mpsc::channel();
+    wal.on_durable(first, Box::new(move |res| tx.send(res.is_ok()).unwrap()));
+    assert!(
+        rx.recv_timeout(TIMEOUT).unwrap(),
+        "on_durable of a lazy write fired Ok"
+    );
+    assert!(wal.lsns().1 >= first);
+    let second = wal.set_meta_lazy(2, b"committed 2").unwrap();
+    let waiter = Arc::clone(&wal);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(waiter.wait_durable(second).is_ok()).unwrap());
+    assert!(
+        rx.recv_timeout(TIMEOUT).unwrap(),
+        "wait_durable of a lazy write returned Ok"
+    );
+    assert!(wal.lsns().1 >= second);
+}

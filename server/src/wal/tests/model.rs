@@ -110,9 +110,11 @@ enum Op {
         len: usize,
         gap: u64,
     },
+    /// `set_meta`, or `set_meta_lazy` when `lazy` (no sync round of its own).
     Meta {
         key: u8,
         len: usize,
+        lazy: bool,
     },
     /// truncate_from(last + 1 - back)
     Truncate {
@@ -129,7 +131,7 @@ enum Op {
 fn op(with_reopen: bool) -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (1usize..4, 0usize..200, 0u64..3).prop_map(|(count, len, gap)| Op::Append { count, len, gap }),
-        2 => (0..META_KEYS, 0usize..40).prop_map(|(key, len)| Op::Meta { key, len }),
+        2 => (0..META_KEYS, 0usize..40, any::<bool>()).prop_map(|(key, len, lazy)| Op::Meta { key, len, lazy }),
         1 => (0u64..6).prop_map(|back| Op::Truncate { back }),
         1 => (0u64..10).prop_map(|ahead| Op::Purge { ahead }),
         1 => Just(Op::Sync),
@@ -163,9 +165,12 @@ fn run(wal: &Wal, model: &mut Model, op: &Op, salt: u64) -> Vec<Written> {
                 });
             }
         }
-        Op::Meta { key, len } => {
+        Op::Meta { key, len, lazy } => {
             let value = data(salt.wrapping_mul(13) + u64::from(key), len);
-            wal.set_meta(key, &value).unwrap();
+            match lazy {
+                true => wal.set_meta_lazy(key, &value).unwrap(),
+                false => wal.set_meta(key, &value).unwrap(),
+            };
             model.meta.insert(key, value);
             out.push(Written {
                 state: model.clone(),
