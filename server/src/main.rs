@@ -54,6 +54,21 @@ fn main() -> ExitCode {
     if std::env::var_os("KEEL_LIFO_SLOT").is_none() {
         builder.disable_lifo_slot();
     }
+    // Members of a local cluster share this machine's cores instead of each running one
+    // worker per core (docs/operations.md, "Worker threads"); `TOKIO_WORKER_THREADS` wins.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = std::env::var_os("TOKIO_WORKER_THREADS")
+        .is_none()
+        .then(|| config.runtime_worker_threads(cores))
+        .flatten();
+    if let Some(n) = workers {
+        builder.worker_threads(n);
+        tracing::info!(
+            worker_threads = n,
+            cores,
+            "members of the initial cluster share this machine: fewer runtime worker threads"
+        );
+    }
     let runtime = match builder.build() {
         Ok(r) => r,
         Err(e) => {

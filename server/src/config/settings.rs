@@ -57,6 +57,29 @@ impl Config {
         }
     }
 
+    /// Tokio worker threads for this member when members of `--initial-cluster` share this
+    /// machine: `cores / local members`, at least 1, when this member's peer URLs
+    /// (`--initial-advertise-peer-urls`) and those of at least one other member are all on
+    /// loopback addresses. `None` otherwise: tokio's default, one thread per core (etcd's
+    /// `GOMAXPROCS`), or `TOKIO_WORKER_THREADS` when set.
+    ///
+    /// Why: three members on two cores each ran two workers plus their own I/O threads, and
+    /// the six workers took turns on two cores; one worker per member used 7-20 % less CPU
+    /// per put and per read (docs/benchmarks.md, "One worker per member on a shared box").
+    pub fn runtime_worker_threads(&self, cores: usize) -> Option<usize> {
+        let all_loopback =
+            |urls: &[String]| !urls.is_empty() && urls.iter().all(|u| is_loopback_url(u));
+        if !all_loopback(&split_urls(&self.initial_advertise_peer_urls)) {
+            return None;
+        }
+        let members = crate::membership::parse_initial_cluster(&self.initial_cluster).ok()?;
+        let local = members
+            .iter()
+            .filter(|m| all_loopback(&m.peer_urls))
+            .count();
+        (local > 1).then(|| (cores / local).max(1))
+    }
+
     /// The cluster layer's timers and timeouts.
     pub fn timing(&self) -> Timing {
         Timing {
@@ -65,6 +88,22 @@ impl Config {
             request_timeout: self.request_timeout(),
         }
     }
+}
+
+/// Whether `url`'s host is a loopback address (`localhost`, `127.0.0.0/8`, `::1`).
+fn is_loopback_url(url: &str) -> bool {
+    let Some(host) = url
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(str::to_string))
+    else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 impl WatchConfig {
@@ -141,6 +180,51 @@ mod tests {
         );
         assert!(f.new_cluster);
         assert_eq!(f.token, "etcd-cluster");
+    }
+
+    #[test]
+    fn members_on_one_box_divide_its_cores_between_their_runtimes() {
+        let member = |name: &str, me: &str, cluster: &str| {
+            Config::parse_from([
+                "keel",
+                "--name",
+                name,
+                "--initial-advertise-peer-urls",
+                me,
+                "--initial-cluster",
+                cluster,
+            ])
+        };
+        let local3 = "a=http://127.0.0.1:2380,b=http://localhost:2381,c=http://[::1]:2382";
+        let a = member("a", "http://127.0.0.1:2380", local3);
+        assert_eq!(a.runtime_worker_threads(2), Some(1), "3 members, 2 cores");
+        assert_eq!(a.runtime_worker_threads(8), Some(2), "3 members, 8 cores");
+        assert_eq!(a.runtime_worker_threads(1), Some(1));
+        // A member on its own machine (the README's single member included) keeps tokio's
+        // default, one worker per core.
+        assert_eq!(Config::default().runtime_worker_threads(2), None);
+        let remote = "a=http://10.0.0.1:2380,b=http://10.0.0.2:2380,c=http://10.0.0.3:2380";
+        assert_eq!(
+            member("a", "http://10.0.0.1:2380", remote).runtime_worker_threads(2),
+            None
+        );
+        // Two of three members on this box (the third elsewhere): two share its cores.
+        let mixed = "a=http://127.0.0.1:2380,b=http://127.0.0.1:2381,c=http://10.0.0.3:2380";
+        assert_eq!(
+            member("a", "http://127.0.0.1:2380", mixed).runtime_worker_threads(4),
+            Some(2)
+        );
+        // This member is not on loopback: nothing says the others share its machine.
+        assert_eq!(
+            member("c", "http://10.0.0.3:2380", mixed).runtime_worker_threads(4),
+            None
+        );
+        // A member with one loopback and one other peer URL is not counted as local.
+        let half = "a=http://127.0.0.1:2380,b=http://127.0.0.1:2381,b=http://10.0.0.2:2380";
+        assert_eq!(
+            member("a", "http://127.0.0.1:2380", half).runtime_worker_threads(2),
+            None
+        );
     }
 
     #[test]
