@@ -19,6 +19,7 @@ pub mod error;
 pub mod etcd_db;
 pub mod failpoint;
 pub mod fence;
+pub mod heavy;
 pub mod lease;
 pub mod logging;
 pub mod membership;

@@ -22,6 +22,7 @@ use crate::alarm::quota;
 use crate::auth::AuthInfo;
 use crate::auth::check::{self, Rpc};
 use crate::error::EtcdError;
+use crate::heavy;
 use crate::mvcc;
 use crate::node::Node;
 use crate::qos::Method;
@@ -58,12 +59,32 @@ impl KvService {
         }
         let no_leases = |_: i64| None;
         check::txn(&self.node.auth.read(), ai, req, &no_leases)?;
-        let mut resp = self.node.store.get().txn_read_only(req)?;
+        let store = self.node.store.get();
+        let mut resp = if txn_reads(&store, req) > heavy::LONG_RANGE_KEYS {
+            heavy::run(|| store.txn_read_only(req))?
+        } else {
+            store.txn_read_only(req)?
+        };
         still_current(&self.node, ai)?;
         let revision = resp.header.as_ref().map_or(0, |h| h.revision);
         resp.header = Some(self.node.header(revision));
         Ok(resp)
     }
+}
+
+/// Keys the ranges of read-only txn `req` read ([`mvcc::MvccStore::range_reads`]), over both
+/// branches and nested txns (one branch runs: an upper bound).
+fn txn_reads(store: &mvcc::MvccStore, req: &TxnRequest) -> usize {
+    use keel_proto::etcdserverpb::request_op::Request as Op;
+    req.success
+        .iter()
+        .chain(&req.failure)
+        .map(|op| match &op.request {
+            Some(Op::RequestRange(r)) => store.range_reads(r),
+            Some(Op::RequestTxn(t)) => txn_reads(store, t),
+            _ => 0,
+        })
+        .sum()
 }
 
 fn unexpected() -> Status {
@@ -97,7 +118,12 @@ impl Kv for KvService {
         // revision moved meanwhile (etcd `doSerialize`).
         check::range(&self.node.auth.read(), &ai, &req)?;
         let store = self.node.store.get();
-        let mut resp = store.range(&req)?;
+        // A big range holds this thread for long: the member's other tasks move off it.
+        let mut resp = if store.range_reads(&req) > heavy::LONG_RANGE_KEYS {
+            heavy::run(|| store.range(&req))?
+        } else {
+            store.range(&req)?
+        };
         still_current(&self.node, &ai)?;
         let revision = resp
             .header

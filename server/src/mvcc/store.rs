@@ -5,6 +5,7 @@ use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
+use keel_proto::etcdserverpb::range_request::SortTarget;
 use keel_proto::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
 use keel_proto::mvccpb::{Event, KeyValue};
 
@@ -12,7 +13,7 @@ use super::MvccError;
 use super::codec::{self, FORMAT_VERSION};
 use super::compactor::{CompactHash, Compactor, INLINE_REMOVALS, Job};
 use super::hash::{self, HashKv};
-use super::index::Index;
+use super::index::{Index, KeyRange};
 use super::key_index::RevInfo;
 use super::range::{ReadView, ValueSource};
 use super::rebuild;
@@ -311,6 +312,28 @@ impl MvccStore {
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, EtcdError> {
         let view = self.view();
         self.read_view(&view).range(req)
+    }
+
+    /// How many keys [`MvccStore::range`] reads for `req`, from the index's cached counts at
+    /// the current revision (no value is read): the keys in the range, capped by `limit`
+    /// unless the results are sorted by value (then every value is read); 0 for `count_only`.
+    /// A hint of how long the range takes (the API reads big ranges through
+    /// [`crate::heavy::run`]).
+    pub fn range_reads(&self, req: &RangeRequest) -> usize {
+        if req.count_only {
+            return 0;
+        }
+        let view = self.view();
+        let keys = view
+            .index
+            .count(&KeyRange::from_request(&req.key, &req.range_end), view.rev);
+        // Sorting by value reads every value first (with any `sort_order`: etcd sorts a
+        // non-KEY target ascending even with NONE).
+        let by_value = req.sort_target == SortTarget::Value as i32;
+        match usize::try_from(req.limit) {
+            Ok(limit) if limit > 0 && !by_value => keys.min(limit),
+            _ => keys,
+        }
     }
 
     /// Evaluates read-only txn `req` ([`super::is_txn_read_only`]) at the current view: the

@@ -163,3 +163,50 @@ fn count_follows_deletes_and_overwrites_of_a_100k_key_range() {
     let r = store.range(&span(before)).unwrap();
     assert_eq!((r.count, r.more, r.kvs.len()), (5_000, true, 1));
 }
+
+/// `range_reads`, the API's hint of how long a range takes: the keys a range reads, from the
+/// index's counts.
+#[test]
+fn range_reads_counts_the_keys_a_range_reads() {
+    use keel_proto::etcdserverpb::range_request::{SortOrder, SortTarget};
+    let store = loaded();
+    assert_eq!(store.range_reads(&whole(0, false, false, 0)), KEYS);
+    assert_eq!(store.range_reads(&whole(10, false, false, 0)), 10);
+    assert_eq!(store.range_reads(&whole(10, true, false, 0)), 10);
+    assert_eq!(
+        store.range_reads(&whole(0, false, true, 0)),
+        0,
+        "count_only"
+    );
+    let by_value = |order: SortOrder| RangeRequest {
+        sort_target: SortTarget::Value as i32,
+        sort_order: order as i32,
+        ..whole(10, false, false, 0)
+    };
+    // Sorting by value reads every value before the limit cuts (also with order NONE).
+    assert_eq!(store.range_reads(&by_value(SortOrder::Descend)), KEYS);
+    assert_eq!(store.range_reads(&by_value(SortOrder::None)), KEYS);
+    let one = |k: Vec<u8>| RangeRequest {
+        key: k,
+        ..Default::default()
+    };
+    assert_eq!(store.range_reads(&one(key(7))), 1);
+    assert_eq!(store.range_reads(&one(b"absent".to_vec())), 0);
+    let span = RangeRequest {
+        key: key(100),
+        range_end: key(300),
+        ..Default::default()
+    };
+    assert_eq!(store.range_reads(&span), 200);
+    // Deleted keys are not read.
+    let mut w = store.write();
+    w.delete_range(&DeleteRangeRequest {
+        key: key(100),
+        range_end: key(150),
+        ..Default::default()
+    })
+    .unwrap();
+    w.stage();
+    store.flush().unwrap();
+    assert_eq!(store.range_reads(&span), 150);
+}

@@ -30,6 +30,8 @@ mod force_new_cluster_test;
 #[cfg(test)]
 mod leader_calls_test;
 #[cfg(test)]
+mod long_apply_test;
+#[cfg(test)]
 mod recovery_test;
 #[cfg(test)]
 mod snapshot_race_test;

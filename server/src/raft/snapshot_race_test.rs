@@ -44,7 +44,7 @@ impl Member {
         }
     }
 
-    fn entry(&mut self, request: raft_request::Request) -> Entry {
+    pub fn entry(&mut self, request: raft_request::Request) -> Entry {
         let index = self.next_index;
         self.next_index += 1;
         Entry {

@@ -329,6 +329,34 @@ pub(super) fn is_compaction(entry: &Entry) -> bool {
     matches!(&entry.payload, openraft::EntryPayload::Normal(r) if has(r.0.request.as_ref()))
 }
 
+/// Whether applying `entry` may take long ([`crate::heavy`]): it deletes a key range (alone or
+/// in a txn, nested too), compacts, or revokes leases (with every key attached).
+pub(super) fn may_run_long(entry: &Entry) -> bool {
+    use keel_proto::etcdserverpb::TxnRequest;
+    use keel_proto::etcdserverpb::request_op::Request as Op;
+    use keel_proto::keelpb::raft_request::Request as Rq;
+    fn txn(t: &TxnRequest) -> bool {
+        t.success
+            .iter()
+            .chain(&t.failure)
+            .any(|op| match &op.request {
+                Some(Op::RequestDeleteRange(d)) => !d.range_end.is_empty(),
+                Some(Op::RequestTxn(inner)) => txn(inner),
+                _ => false,
+            })
+    }
+    fn has(req: Option<&Rq>) -> bool {
+        match req {
+            Some(Rq::DeleteRange(d)) => !d.range_end.is_empty(),
+            Some(Rq::Txn(t)) => txn(t),
+            Some(Rq::Compaction(_) | Rq::LeaseRevoke(_) | Rq::LeaseExpire(_)) => true,
+            Some(Rq::Batch(b)) => b.requests.iter().any(|r| has(r.request.as_ref())),
+            _ => false,
+        }
+    }
+    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if has(r.0.request.as_ref()))
+}
+
 impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = SnapshotBuilder;
 
@@ -359,16 +387,29 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // compacts goes to sled at once, with everything pending before it).
         let mut exclusive = None;
         let mut indexes: Option<(u64, u64)> = None;
+        let mut long = false;
         for entry in entries {
             if exclusive.is_none() && is_compaction(&entry) {
                 exclusive = Some(self.export_lock.clone().write_owned().await);
             }
             let i = entry.log_id.index;
             indexes = Some(indexes.map_or((i, i), |(first, _)| (first, i)));
-            responses.push(self.applier.stage(&entry)?);
+            // A range delete or a compaction can hold this thread for seconds: the member's
+            // other tasks (heartbeats, the election watchdog) move off it meanwhile.
+            responses.push(if may_run_long(&entry) {
+                long = true;
+                crate::heavy::run(|| self.applier.stage(&entry))?
+            } else {
+                self.applier.stage(&entry)?
+            });
         }
-        // One apply group for everything openraft handed over (see mvcc/staged.rs).
-        self.applier.flush()?;
+        // One apply group for everything openraft handed over (see mvcc/staged.rs); its
+        // events reach the watchers and its writes the backend here, as many as it staged.
+        if long {
+            crate::heavy::run(|| self.applier.flush())?;
+        } else {
+            self.applier.flush()?;
+        }
         if let Some((first, last)) = indexes {
             super::trace::mark(super::trace::Stage::Apply, first, last, 0);
         }
