@@ -400,6 +400,16 @@ fn crash_mid_snapshot_install_finishes_the_install_on_restart() {
             grpc::put(&mut kv, &format!("s{k:03}"), "x").await;
         }
     });
+    // The lagger gets a snapshot only once the leader dropped the entries it misses. The
+    // leader purges its log after a snapshot unless a replication request covering those
+    // entries is in flight (openraft retries to the dead lagger); wait for the purge, or the
+    // lagger may come back in time to be sent the entries.
+    let purged = c.members[leader].wait_for_raft_log_compaction(100, Duration::from_secs(20));
+    assert!(
+        purged,
+        "the leader kept its log while the lagger was down\n{}",
+        c.log_tails()
+    );
     c.members[lagger].set_failpoints(Some("snapshot_install_mid=return"));
     c.members[lagger].spawn();
     let status = c.members[lagger]

@@ -396,6 +396,18 @@ impl Member {
         }
     }
 
+    /// Waits up to `limit` for the member to compact its raft log to index `at_least` or
+    /// beyond (its `compacted Raft logs compact_index=N` line, etcd's line for the step); true
+    /// once it has. A leader compacts only while no replication to a follower needs the
+    /// entries, so a test that wants a stopped follower to be sent a snapshot waits for this
+    /// before restarting it.
+    pub fn wait_for_raft_log_compaction(&self, at_least: u64, limit: Duration) -> bool {
+        self.wait_for_log_line(
+            |line| compact_index(line).is_some_and(|index| index >= at_least),
+            limit,
+        )
+    }
+
     /// The last lines of the member log, framed for a panic message.
     pub fn log_tail(&self) -> String {
         let log = self.log();
@@ -463,4 +475,10 @@ fn open_append(path: &Path) -> File {
         .append(true)
         .open(path)
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+}
+
+/// The index of a `compacted Raft logs` log line, if `line` is one.
+fn compact_index(line: &str) -> Option<u64> {
+    let (_, rest) = line.split_once("compacted Raft logs compact_index=")?;
+    rest.split_whitespace().next()?.parse().ok()
 }

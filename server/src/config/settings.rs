@@ -64,7 +64,7 @@ impl Config {
     /// `GOMAXPROCS`), or `TOKIO_WORKER_THREADS` when set.
     ///
     /// Why: three members on two cores each ran two workers plus their own I/O threads, and
-    /// the six workers took turns on two cores; one worker per member used 7-20 % less CPU
+    /// the six workers took turns on two cores; one worker per member used 5-20 % less CPU
     /// per put and per read (docs/benchmarks.md, "One worker per member on a shared box").
     pub fn runtime_worker_threads(&self, cores: usize) -> Option<usize> {
         let all_loopback =

@@ -327,12 +327,7 @@ impl Wal {
     ///
     /// Errors: [`WalError::TooLarge`]; [`WalError::Io`] / [`WalError::Failed`].
     pub fn set_meta(&self, key: u8, value: &[u8]) -> Result<Lsn, WalError> {
-        if value.len() > MAX_VALUE_BYTES {
-            return Err(WalError::TooLarge {
-                len: value.len(),
-                max: MAX_VALUE_BYTES,
-            });
-        }
+        check_meta_len(value)?;
         let result = self.shared.lock_writer().set_meta(key, value);
         self.after_write(&result, 0);
         result
@@ -347,21 +342,14 @@ impl Wal {
     ///
     /// Errors: as [`Wal::set_meta`].
     pub fn set_meta_lazy(&self, key: u8, value: &[u8]) -> Result<Lsn, WalError> {
-        if value.len() > MAX_VALUE_BYTES {
-            return Err(WalError::TooLarge {
-                len: value.len(),
-                max: MAX_VALUE_BYTES,
-            });
-        }
+        check_meta_len(value)?;
         let result = self.shared.lock_writer().set_meta_lazy(key, value);
-        match &result {
-            Ok(_) => self.shared.stats.writes.fetch_add(1, Ordering::Relaxed),
+        if result.is_ok() {
+            self.shared.stats.writes.fetch_add(1, Ordering::Relaxed);
+        } else {
             // The sync thread must fail the waiters.
-            Err(_) => {
-                self.shared.work.notify_one();
-                0
-            }
-        };
+            self.shared.work.notify_one();
+        }
         result
     }
 
@@ -689,6 +677,17 @@ fn remove_segments(shared: &Shared, victims: Vec<Arc<Segment>>) {
         tracing::warn!(error = %e, "fsync of the WAL directory after purge failed");
     }
     shared.lock_writer().spares.extend(recycled);
+}
+
+/// [`WalError::TooLarge`] for a metadata value over [`MAX_VALUE_BYTES`].
+fn check_meta_len(value: &[u8]) -> Result<(), WalError> {
+    match value.len() {
+        len if len > MAX_VALUE_BYTES => Err(WalError::TooLarge {
+            len,
+            max: MAX_VALUE_BYTES,
+        }),
+        _ => Ok(()),
+    }
 }
 
 impl Drop for Wal {

@@ -250,9 +250,9 @@ impl Writer {
     }
 
     pub(crate) fn set_meta(&mut self, key: u8, value: &[u8]) -> Result<Lsn, WalError> {
-        self.write(&[Record::Meta { key, value }])?;
-        self.index.set_meta(key, value);
-        Ok(self.next_lsn())
+        let lsn = self.set_meta_lazy(key, value)?;
+        self.wanted_lsn = lsn;
+        Ok(lsn)
     }
 
     /// [`Writer::set_meta`] without asking for a sync: the write is durable with the next

@@ -288,10 +288,7 @@ fn a_member_that_installs_a_snapshot_gets_the_rules_in_it() {
     // past member 2's last entry (it stopped before the rule and the 200 puts).
     for m in &cluster.members[..2] {
         assert!(
-            m.wait_for_log_line(
-                |l| compact_index(l).is_some_and(|i| i >= 100),
-                Duration::from_secs(10)
-            ),
+            m.wait_for_raft_log_compaction(100, Duration::from_secs(10)),
             "{} did not compact its raft log past index 100\n{}",
             m.name(),
             m.log_tail()
@@ -309,13 +306,6 @@ fn a_member_that_installs_a_snapshot_gets_the_rules_in_it() {
         "the member caught up from the log, not a snapshot\n{}",
         cluster.members[2].log_tail()
     );
-}
-
-/// The index of a member log's `compacted Raft logs` line (etcd's line for the raft log
-/// compaction after a snapshot), if `line` is one.
-fn compact_index(line: &str) -> Option<u64> {
-    let (_, rest) = line.split_once("compacted Raft logs compact_index=")?;
-    rest.split_whitespace().next()?.parse().ok()
 }
 
 /// Puts `prefix<i>` for i < n back to back as the holder of `token`; returns (accepted,
