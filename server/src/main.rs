@@ -57,17 +57,27 @@ fn main() -> ExitCode {
     // Members of a local cluster share this machine's cores instead of each running one
     // worker per core (docs/operations.md, "Worker threads"); `TOKIO_WORKER_THREADS` wins.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let workers = std::env::var_os("TOKIO_WORKER_THREADS")
-        .is_none()
-        .then(|| config.runtime_worker_threads(cores))
-        .flatten();
-    if let Some(n) = workers {
-        builder.worker_threads(n);
-        tracing::info!(
-            worker_threads = n,
-            cores,
-            "members of the initial cluster share this machine: fewer runtime worker threads"
-        );
+    match std::env::var_os("TOKIO_WORKER_THREADS") {
+        // Checked here: tokio panics on a value it cannot use.
+        Some(v) => match v.to_str().and_then(|s| s.trim().parse::<usize>().ok()) {
+            Some(n) if n > 0 => {
+                builder.worker_threads(n);
+            }
+            _ => {
+                eprintln!("keel: TOKIO_WORKER_THREADS must be a positive integer, got {v:?}");
+                return ExitCode::from(2);
+            }
+        },
+        None => {
+            if let Some(n) = config.runtime_worker_threads(cores) {
+                builder.worker_threads(n);
+                tracing::info!(
+                    worker_threads = n,
+                    cores,
+                    "members of the initial cluster share this machine: fewer runtime worker threads"
+                );
+            }
+        }
     }
     let runtime = match builder.build() {
         Ok(r) => r,

@@ -264,7 +264,8 @@ impl Node {
         let load = qos.load().clone();
         let retained_wal = wal.clone();
         let log_store =
-            LogStore::with_commit_hook(wal.clone(), Arc::new(move |i| load.set_committed(i)));
+            LogStore::with_commit_hook(wal.clone(), Arc::new(move |i| load.set_committed(i)))
+                .restarting_as_follower(id);
         let raft = Raft::new(id, Arc::new(raft_config), network, log_store, sm).await?;
 
         if !raft.is_initialized().await? {

@@ -53,6 +53,9 @@ pub struct LogStore {
     /// The newest entries in memory, shared by every clone (the readers included).
     tail: Arc<LogTail>,
     on_commit: Option<CommitHook>,
+    /// This member's id when a restart must start it as a follower
+    /// ([`LogStore::restarting_as_follower`]).
+    follower_on_restart: Option<NodeId>,
 }
 
 /// Called with the committed log index each time openraft advances it (QoS overload
@@ -67,6 +70,7 @@ impl LogStore {
             wal,
             tail: Arc::default(),
             on_commit: None,
+            follower_on_restart: None,
         }
     }
 
@@ -76,7 +80,24 @@ impl LogStore {
             wal,
             tail: Arc::default(),
             on_commit: Some(on_commit),
+            follower_on_restart: None,
         }
+    }
+
+    /// Makes member `id` start as a follower after a restart even when it was the leader
+    /// (Raft paper §5.2: servers start up as followers; etcd does the same): a saved vote
+    /// that is committed and for `id` is read back uncommitted, so the member leads again only
+    /// after winning an election, in a higher term.
+    ///
+    /// Why: openraft 0.9 restores such a member as the leader of the same term at once
+    /// (`Engine::startup`). Keel's leader sends entries to its followers before its own
+    /// fdatasync ends (docs/raft.md), so after a power loss it may have lost entries that its
+    /// followers hold; leading on in the same term, it would append different entries under
+    /// the same log ids, and the followers would keep theirs (the Log Matching property,
+    /// §5.3, assumes one entry per index and term).
+    pub fn restarting_as_follower(mut self, id: NodeId) -> LogStore {
+        self.follower_on_restart = Some(id);
+        self
     }
 
     fn meta<T: serde::de::DeserializeOwned>(&self, key: u8) -> Result<Option<T>, StorageError> {
@@ -204,7 +225,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.meta(META_VOTE)
+        // openraft reads the vote once, at start (`StorageHelper::get_initial_state`).
+        let vote: Option<Vote<NodeId>> = self.meta(META_VOTE)?;
+        Ok(match (vote, self.follower_on_restart) {
+            (Some(v), Some(me)) if v.is_committed() && v.leader_id().voted_for() == Some(me) => {
+                tracing::info!(
+                    term = v.leader_id().get_term(),
+                    "was the leader before the restart: starting as a follower"
+                );
+                Some(Vote::new(v.leader_id().get_term(), me))
+            }
+            (v, _) => v,
+        })
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
@@ -554,5 +586,60 @@ mod tests {
         let (_dir, mut s) = store();
         s.save_committed(Some(log_id(2, 7))).await.unwrap();
         let _ = s.save_committed(Some(log_id(2, 6))).await;
+    }
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use std::sync::Arc;
+
+    use openraft::Vote;
+    use openraft::storage::RaftLogStorage;
+
+    use super::LogStore;
+    use crate::wal::{Wal, WalOptions};
+
+    /// The vote `saved` through one store, read back by a fresh store on the same WAL directory
+    /// (a restart) that starts member 1 as a follower when `as_follower`.
+    async fn restart_with(saved: Vote<u64>, as_follower: bool) -> Option<Vote<u64>> {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+            let mut s = LogStore::new(Arc::new(wal));
+            s.save_vote(&saved).await.unwrap();
+        }
+        let wal = Wal::open(dir.path(), WalOptions::default()).unwrap();
+        let mut s = LogStore::new(Arc::new(wal));
+        if as_follower {
+            s = s.restarting_as_follower(1);
+        }
+        s.read_vote().await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_restarted_leader_reads_its_vote_back_uncommitted() {
+        let led = Vote::new_committed(7, 1);
+        let demoted = restart_with(led, true).await.unwrap();
+        assert_eq!(
+            demoted,
+            Vote::new(7, 1),
+            "same term and candidate, not committed"
+        );
+        assert!(!demoted.is_committed());
+        // Without the option (openraft's storage suite), the vote reads back as saved.
+        assert_eq!(restart_with(led, false).await, Some(led));
+    }
+
+    #[tokio::test]
+    async fn other_votes_read_back_as_saved() {
+        let followed = Vote::new_committed(7, 2);
+        assert_eq!(restart_with(followed, true).await, Some(followed));
+        let voted = Vote::new(8, 1);
+        assert_eq!(restart_with(voted, true).await, Some(voted));
+        let voted_for_other = Vote::new(8, 3);
+        assert_eq!(
+            restart_with(voted_for_other, true).await,
+            Some(voted_for_other)
+        );
     }
 }

@@ -97,6 +97,27 @@ fn an_unsupported_etcd_flag_is_named_and_nothing_starts() {
     assert!(!data.exists(), "no data dir after a refused start");
 }
 
+/// A `TOKIO_WORKER_THREADS` the runtime cannot use stops the start with a message naming it
+/// (exit 2, no data dir) instead of tokio's panic.
+#[test]
+fn an_unusable_tokio_worker_threads_is_named_and_nothing_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    for value in ["abc", "0", ""] {
+        let mut cmd = std::process::Command::new(keel_bin());
+        cmd.arg("--data-dir")
+            .arg(&data)
+            .env("TOKIO_WORKER_THREADS", value);
+        let out = run_bounded(&mut cmd, "", Duration::from_secs(20));
+        assert_eq!(out.code, Some(2), "{value:?}: {out:?}");
+        assert_eq!(
+            out.stderr.trim_end(),
+            format!("keel: TOKIO_WORKER_THREADS must be a positive integer, got {value:?}")
+        );
+    }
+    assert!(!data.exists(), "no data dir after a refused start");
+}
+
 /// Runs keel with `extra` flags on free loopback ports (an `https://` client URL if
 /// `https`) and returns (exit code, last stderr line, whether the data dir exists).
 fn failed_start(extra: &[&str], initial: Option<&str>, https: bool) -> (Option<i32>, String, bool) {
