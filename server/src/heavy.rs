@@ -28,6 +28,12 @@ pub fn run<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// [`run`] when `long`, else `f` right here (no hand-off): for work whose length is known
+/// beforehand (a range's key count, an entry's kind).
+pub fn run_if<T>(long: bool, f: impl FnOnce() -> T) -> T {
+    if long { run(f) } else { f() }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

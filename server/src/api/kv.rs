@@ -60,11 +60,8 @@ impl KvService {
         let no_leases = |_: i64| None;
         check::txn(&self.node.auth.read(), ai, req, &no_leases)?;
         let store = self.node.store.get();
-        let mut resp = if txn_reads(&store, req) > heavy::LONG_RANGE_KEYS {
-            heavy::run(|| store.txn_read_only(req))?
-        } else {
-            store.txn_read_only(req)?
-        };
+        let long = txn_reads(&store, req) > heavy::LONG_RANGE_KEYS;
+        let mut resp = heavy::run_if(long, || store.txn_read_only(req))?;
         still_current(&self.node, ai)?;
         let revision = resp.header.as_ref().map_or(0, |h| h.revision);
         resp.header = Some(self.node.header(revision));
@@ -76,12 +73,9 @@ impl KvService {
 /// branches and nested txns (one branch runs: an upper bound).
 fn txn_reads(store: &mvcc::MvccStore, req: &TxnRequest) -> usize {
     use keel_proto::etcdserverpb::request_op::Request as Op;
-    req.success
-        .iter()
-        .chain(&req.failure)
-        .map(|op| match &op.request {
-            Some(Op::RequestRange(r)) => store.range_reads(r),
-            Some(Op::RequestTxn(t)) => txn_reads(store, t),
+    mvcc::txn_ops(req)
+        .map(|op| match op {
+            Op::RequestRange(r) => store.range_reads(r),
             _ => 0,
         })
         .sum()
@@ -119,11 +113,8 @@ impl Kv for KvService {
         check::range(&self.node.auth.read(), &ai, &req)?;
         let store = self.node.store.get();
         // A big range holds this thread for long: the member's other tasks move off it.
-        let mut resp = if store.range_reads(&req) > heavy::LONG_RANGE_KEYS {
-            heavy::run(|| store.range(&req))?
-        } else {
-            store.range(&req)?
-        };
+        let long = store.range_reads(&req) > heavy::LONG_RANGE_KEYS;
+        let mut resp = heavy::run_if(long, || store.range(&req))?;
         still_current(&self.node, &ai)?;
         let revision = resp
             .header

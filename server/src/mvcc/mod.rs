@@ -63,7 +63,7 @@ pub(crate) use history::Collector;
 pub use revision::Revision;
 pub use shared::SharedStore;
 pub use store::{IndexStats, MvccStore};
-pub use txn::{is_txn_read_only, is_txn_serializable};
+pub use txn::{is_txn_read_only, is_txn_serializable, txn_ops};
 pub use unpersisted::PersistPolicy;
 pub use write_txn::{Committed, WriteTxn};
 

@@ -13,7 +13,7 @@ use prost::Message;
 
 use super::test_support::txn_of as txn;
 use super::tests_scenarios::fixture;
-use super::{MvccStore, is_txn_read_only, is_txn_serializable};
+use super::{MvccStore, is_txn_read_only, is_txn_serializable, txn_ops};
 
 const KEYS: &[&str] = &["a", "a/1", "a/2", "b", "c", "d"];
 
@@ -297,4 +297,34 @@ fn read_only_path_refuses_a_write() {
         "{err:?}"
     );
     assert_eq!(f.store.current_revision(), 1);
+}
+
+/// `txn_ops` walks both branches, success first, nested txns in place and depth first, and
+/// skips ops with no request.
+#[test]
+fn txn_ops_walks_every_request_of_both_branches_and_nested_txns() {
+    let op = |r: Request| RequestOp { request: Some(r) };
+    let range = |k: &str| {
+        op(Request::RequestRange(RangeRequest {
+            key: k.into(),
+            ..Default::default()
+        }))
+    };
+    let nested = txn(vec![range("n1")], vec![range("n2"), RequestOp { request: None }]);
+    let outer = txn(
+        vec![range("s1"), op(Request::RequestTxn(nested)), range("s2")],
+        vec![op(Request::RequestDeleteRange(DeleteRangeRequest {
+            key: b"f1".to_vec(),
+            ..Default::default()
+        }))],
+    );
+    let keys: Vec<&[u8]> = txn_ops(&outer)
+        .map(|r| match r {
+            Request::RequestRange(r) => r.key.as_slice(),
+            Request::RequestDeleteRange(d) => d.key.as_slice(),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(keys, [&b"s1"[..], b"n1", b"n2", b"s2", b"f1"]);
+    assert_eq!(txn_ops(&txn(vec![], vec![])).count(), 0);
 }

@@ -105,6 +105,27 @@ pub(super) fn read_only(view: &ReadView<'_>, req: &TxnRequest) -> Result<TxnResp
     Ok(resp)
 }
 
+/// Every request of `req`'s ops, both branches (success first), with a nested txn's requests
+/// in place of the nested txn, depth first; ops with no request are skipped.
+pub fn txn_ops(req: &TxnRequest) -> impl Iterator<Item = &Request> {
+    let mut stack = vec![req.success.iter().chain(&req.failure)];
+    std::iter::from_fn(move || {
+        loop {
+            let op = stack.last_mut()?.next();
+            match op.map(|op| op.request.as_ref()) {
+                None => {
+                    stack.pop();
+                }
+                Some(Some(Request::RequestTxn(t))) => {
+                    stack.push(t.success.iter().chain(&t.failure))
+                }
+                Some(Some(r)) => return Some(r),
+                Some(None) => {}
+            }
+        }
+    })
+}
+
 /// Whether `req` only reads: every op of both branches is a Range or a nested txn that only
 /// reads (etcd `isTxnReadonly`, which Keel extends to nested txns). An op with no request is
 /// not read-only (validation refuses it before this is asked).

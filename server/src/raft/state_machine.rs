@@ -23,6 +23,7 @@
 use std::io::{self, Seek};
 use std::path::PathBuf;
 
+use keel_proto::keelpb::raft_request::Request as Rq;
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{RaftSnapshotBuilder, SnapshotMeta, StorageIOError, StoredMembership};
 
@@ -315,46 +316,36 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
+/// Whether `entry` holds a request, or carries one in a batch, for which `pred` holds.
+fn any_request(entry: &Entry, pred: impl Fn(&Rq) -> bool + Copy) -> bool {
+    fn has(req: Option<&Rq>, pred: impl Fn(&Rq) -> bool + Copy) -> bool {
+        match req {
+            Some(Rq::Batch(b)) => b.requests.iter().any(|r| has(r.request.as_ref(), pred)),
+            Some(r) => pred(r),
+            None => false,
+        }
+    }
+    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if has(r.0.request.as_ref(), pred))
+}
+
 /// Whether an entry is, or carries in a batch, a compaction (which must not run during a
 /// snapshot export).
 pub(super) fn is_compaction(entry: &Entry) -> bool {
-    use keel_proto::keelpb::raft_request::Request as Rq;
-    fn has(req: Option<&Rq>) -> bool {
-        match req {
-            Some(Rq::Compaction(_)) => true,
-            Some(Rq::Batch(b)) => b.requests.iter().any(|r| has(r.request.as_ref())),
-            _ => false,
-        }
-    }
-    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if has(r.0.request.as_ref()))
+    any_request(entry, |r| matches!(r, Rq::Compaction(_)))
 }
 
 /// Whether applying `entry` may take long ([`crate::heavy`]): it deletes a key range (alone or
 /// in a txn, nested too), compacts, or revokes leases (with every key attached).
 pub(super) fn may_run_long(entry: &Entry) -> bool {
-    use keel_proto::etcdserverpb::TxnRequest;
     use keel_proto::etcdserverpb::request_op::Request as Op;
-    use keel_proto::keelpb::raft_request::Request as Rq;
-    fn txn(t: &TxnRequest) -> bool {
-        t.success
-            .iter()
-            .chain(&t.failure)
-            .any(|op| match &op.request {
-                Some(Op::RequestDeleteRange(d)) => !d.range_end.is_empty(),
-                Some(Op::RequestTxn(inner)) => txn(inner),
-                _ => false,
-            })
-    }
-    fn has(req: Option<&Rq>) -> bool {
-        match req {
-            Some(Rq::DeleteRange(d)) => !d.range_end.is_empty(),
-            Some(Rq::Txn(t)) => txn(t),
-            Some(Rq::Compaction(_) | Rq::LeaseRevoke(_) | Rq::LeaseExpire(_)) => true,
-            Some(Rq::Batch(b)) => b.requests.iter().any(|r| has(r.request.as_ref())),
-            _ => false,
-        }
-    }
-    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if has(r.0.request.as_ref()))
+    let range_delete = |d: &keel_proto::etcdserverpb::DeleteRangeRequest| !d.range_end.is_empty();
+    any_request(entry, |r| match r {
+        Rq::DeleteRange(d) => range_delete(d),
+        Rq::Txn(t) => crate::mvcc::txn_ops(t)
+            .any(|op| matches!(op, Op::RequestDeleteRange(d) if range_delete(d))),
+        Rq::Compaction(_) | Rq::LeaseRevoke(_) | Rq::LeaseExpire(_) => true,
+        _ => false,
+    })
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
@@ -396,20 +387,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             indexes = Some(indexes.map_or((i, i), |(first, _)| (first, i)));
             // A range delete or a compaction can hold this thread for seconds: the member's
             // other tasks (heartbeats, the election watchdog) move off it meanwhile.
-            responses.push(if may_run_long(&entry) {
-                long = true;
-                crate::heavy::run(|| self.applier.stage(&entry))?
-            } else {
-                self.applier.stage(&entry)?
-            });
+            let long_entry = may_run_long(&entry);
+            long |= long_entry;
+            responses.push(crate::heavy::run_if(long_entry, || {
+                self.applier.stage(&entry)
+            })?);
         }
         // One apply group for everything openraft handed over (see mvcc/staged.rs); its
         // events reach the watchers and its writes the backend here, as many as it staged.
-        if long {
-            crate::heavy::run(|| self.applier.flush())?;
-        } else {
-            self.applier.flush()?;
-        }
+        crate::heavy::run_if(long, || self.applier.flush())?;
         if let Some((first, last)) = indexes {
             super::trace::mark(super::trace::Stage::Apply, first, last, 0);
         }

@@ -148,6 +148,9 @@ struct Shared {
     stats: Stats,
     /// The writer's rollover signal (see [`Wal::rolled_over`]), reachable without its lock.
     rolled: Arc<tokio::sync::Notify>,
+    /// Lsn of the newest lazy metadata write (0: none): a waiter for a higher Lsn waits for a
+    /// write that asked for its sync itself, and need not take the writer's lock to ask.
+    last_lazy: AtomicU64,
 }
 
 impl Shared {
@@ -238,6 +241,7 @@ impl Wal {
             dir_file,
             stats: Stats::default(),
             rolled,
+            last_lazy: AtomicU64::new(0),
         });
         if !victims.is_empty() {
             remove_segments(&shared, victims);
@@ -343,7 +347,15 @@ impl Wal {
     /// Errors: as [`Wal::set_meta`].
     pub fn set_meta_lazy(&self, key: u8, value: &[u8]) -> Result<Lsn, WalError> {
         check_meta_len(value)?;
-        let result = self.shared.lock_writer().set_meta_lazy(key, value);
+        let result = {
+            let mut w = self.shared.lock_writer();
+            let result = w.set_meta_lazy(key, value);
+            if let Ok(lsn) = result {
+                // Before the Lsn is handed out, so any waiter for it sees it is lazy.
+                self.shared.last_lazy.store(lsn, Ordering::Release);
+            }
+            result
+        };
         if result.is_ok() {
             self.shared.stats.writes.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -424,6 +436,11 @@ impl Wal {
 
     /// Makes sure a sync round will cover `lsn` (a lazy write starts none of its own).
     fn want(&self, lsn: Lsn) {
+        // Above the newest lazy write, `lsn` is an append or other write that already asked:
+        // the common case (every append's callback) takes no lock here.
+        if lsn > self.shared.last_lazy.load(Ordering::Acquire) {
+            return;
+        }
         if self.shared.lock_writer().want(lsn) {
             self.shared.work.notify_one();
         }
