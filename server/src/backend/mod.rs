@@ -18,6 +18,8 @@ pub mod defrag;
 pub mod generation;
 mod live;
 pub mod schema;
+#[cfg(test)]
+mod split_test;
 
 use std::path::Path;
 

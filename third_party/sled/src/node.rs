@@ -163,18 +163,52 @@ impl Node {
         true
     }
 
-    pub(crate) fn split(mut self) -> (Node, Node) {
+    /// Keel patch: the split point depends on `key`, the key whose lookup found this node
+    /// too big. When `key` continues a run of appended keys (revisions: it sorts after
+    /// every key of the node, or it is the last key of its first byte's group and a key of
+    /// another first byte follows), the node splits just before it, so the left half keeps
+    /// the run's keys and appends fill nodes instead of leaving each split's left half
+    /// empty (bbolt's `FillPercent` 0.9 for etcd's sequential puts does the same). Both
+    /// halves keep at least `merge_threshold` items, or `view_for_key` would merge them
+    /// back. Any other key splits the node in the middle, as upstream.
+    pub(crate) fn split_for(self, key: &[u8]) -> (Node, Node) {
+        let len = self.data.len();
+        let middle = len / 2 + 1;
+        let in_range =
+            *self.lo <= *key && (self.hi.is_empty() || *key < *self.hi);
+        if !in_range {
+            return self.split_at(middle);
+        }
+        let suffix = &key[self.prefix_len as usize..];
+        let pos = self.data.position(suffix);
+        let ends_run = pos == len
+            || (self.prefix_len == 0
+                && pos > 0
+                && !suffix.is_empty()
+                && self.data.key_at(pos - 1).first() == Some(&suffix[0])
+                && self.data.key_at(pos).first() != Some(&suffix[0]));
+        let min = self.merge_threshold();
+        let split_point = pos.min(len.saturating_sub(min));
+        if ends_run && split_point >= min.max(1) {
+            self.split_at(split_point)
+        } else {
+            self.split_at(middle)
+        }
+    }
+
+    fn split_at(mut self, split_point: usize) -> (Node, Node) {
         fn split_inner<T>(
             keys: &mut Vec<IVec>,
             values: &mut Vec<T>,
             old_prefix: &[u8],
             old_hi: &[u8],
             suffix_truncation: bool,
+            split_point: usize,
         ) -> (IVec, u8, Vec<IVec>, Vec<T>)
         where
             T: Clone + Ord,
         {
-            let split_point = keys.len() / 2 + 1;
+            assert!(split_point > 0 && split_point < keys.len());
             let right_keys = keys.split_off(split_point);
             let right_values = values.split_off(split_point);
             let right_min = &right_keys[0];
@@ -252,6 +286,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         false,
+                        split_point,
                     );
 
                 (
@@ -271,6 +306,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         true,
+                        split_point,
                     );
 
                 (
@@ -611,16 +647,19 @@ impl Node {
         size_checks && safety_checks
     }
 
-    pub(crate) fn should_merge(&self) -> bool {
-        let threshold = if cfg!(any(test, feature = "lock_free_delays")) {
+    /// Keel patch: `should_merge`'s threshold on its own, for `split_for`.
+    fn merge_threshold(&self) -> usize {
+        if cfg!(any(test, feature = "lock_free_delays")) {
             1
         } else if self.data.is_index() {
             64
         } else {
             4
-        };
+        }
+    }
 
-        let size_checks = self.data.len() < threshold;
+    pub(crate) fn should_merge(&self) -> bool {
+        let size_checks = self.data.len() < self.merge_threshold();
         let safety_checks = self.merging_child.is_none() && !self.merging;
 
         size_checks && safety_checks
@@ -676,6 +715,24 @@ impl Data {
             Data::Index(ref index) => index.keys.len(),
             Data::Leaf(ref leaf) => leaf.keys.len(),
         }
+    }
+
+    /// Keel patch: the `i`-th key, prefix-encoded as stored (for `split_for`).
+    pub(crate) fn key_at(&self, i: usize) -> &[u8] {
+        match *self {
+            Data::Index(ref index) => &index.keys[i],
+            Data::Leaf(ref leaf) => &leaf.keys[i],
+        }
+    }
+
+    /// Keel patch: how many of the node's keys sort before `suffix` (a prefix-encoded key,
+    /// as stored), for `split_for`.
+    pub(crate) fn position(&self, suffix: &[u8]) -> usize {
+        let keys = match *self {
+            Data::Index(ref index) => &index.keys,
+            Data::Leaf(ref leaf) => &leaf.keys,
+        };
+        keys.partition_point(|k| k.as_ref() < suffix)
     }
 
     pub(crate) fn parent_merge_confirm(&mut self, merged_child_pid: PageId) {

@@ -1452,11 +1452,12 @@ impl Tree {
         view: &View<'g>,
         parent_view: &Option<View<'g>>,
         root_pid: PageId,
+        key: &[u8],
         guard: &'g Guard,
     ) -> Result<()> {
         trace!("splitting node {}", view.pid);
-        // split node
-        let (mut lhs, rhs) = view.deref().clone().split();
+        // split node (Keel patch: where, depends on the key being looked up)
+        let (mut lhs, rhs) = view.deref().clone().split_for(key);
         let rhs_lo = rhs.lo.clone();
 
         // install right side
@@ -1671,7 +1672,7 @@ impl Tree {
             }
 
             if view.should_split() {
-                self.split_node(&view, &parent_view, root_pid, guard)?;
+                self.split_node(&view, &parent_view, root_pid, key.as_ref(), guard)?;
                 retry!();
             }
 
