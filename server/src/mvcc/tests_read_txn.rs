@@ -310,7 +310,10 @@ fn txn_ops_walks_every_request_of_both_branches_and_nested_txns() {
             ..Default::default()
         }))
     };
-    let nested = txn(vec![range("n1")], vec![range("n2"), RequestOp { request: None }]);
+    let nested = txn(
+        vec![range("n1")],
+        vec![range("n2"), RequestOp { request: None }],
+    );
     let outer = txn(
         vec![range("s1"), op(Request::RequestTxn(nested)), range("s2")],
         vec![op(Request::RequestDeleteRange(DeleteRangeRequest {
