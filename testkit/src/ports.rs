@@ -116,8 +116,9 @@ mod tests {
             if ephemeral_low() >= LOWEST + MIN_SPAN {
                 assert!((LOWEST..ephemeral_low()).contains(&p), "{p}");
             }
-            // Free a moment ago, and still free now that the check's listener is gone.
-            TcpListener::bind(("127.0.0.1", p)).expect("bind a handed-out port");
         }
+        // Not checked: that each port can be bound again now. Another test binary running
+        // at the same time may have taken one since (the race the module docs accept), and
+        // this check failed on that once.
     }
 }
