@@ -60,25 +60,13 @@ impl KvService {
         let no_leases = |_: i64| None;
         check::txn(&self.node.auth.read(), ai, req, &no_leases)?;
         let store = self.node.store.get();
-        let long = txn_reads(&store, req) > heavy::LONG_RANGE_KEYS;
+        let long = store.txn_reads(req) > heavy::LONG_RANGE_KEYS;
         let mut resp = heavy::run_if(long, || store.txn_read_only(req))?;
         still_current(&self.node, ai)?;
         let revision = resp.header.as_ref().map_or(0, |h| h.revision);
         resp.header = Some(self.node.header(revision));
         Ok(resp)
     }
-}
-
-/// Keys the ranges of read-only txn `req` read ([`mvcc::MvccStore::range_reads`]), over both
-/// branches and nested txns (one branch runs: an upper bound).
-fn txn_reads(store: &mvcc::MvccStore, req: &TxnRequest) -> usize {
-    use keel_proto::etcdserverpb::request_op::Request as Op;
-    mvcc::txn_ops(req)
-        .map(|op| match op {
-            Op::RequestRange(r) => store.range_reads(r),
-            _ => 0,
-        })
-        .sum()
 }
 
 fn unexpected() -> Status {

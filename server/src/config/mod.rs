@@ -376,6 +376,22 @@ pub fn split_urls(urls: &str) -> Vec<String> {
         .collect()
 }
 
+/// `host:port` of a URL (what lies between `scheme://` and the path).
+pub(crate) fn host_port(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+/// The host of a URL, without its port or an IPv6 address's brackets.
+pub(crate) fn url_host(url: &str) -> &str {
+    let hp = host_port(url);
+    let host = match hp.rsplit_once(':') {
+        Some((h, _)) => h,
+        None => hp,
+    };
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
 /// Turns `http://host:port` into a socket address to bind (`localhost` → 127.0.0.1).
 ///
 /// Errors: a URL without a port, or a host that does not resolve.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{Config, GRPC_OVERHEAD_BYTES, auth_token, split_urls};
+use super::{Config, GRPC_OVERHEAD_BYTES, auth_token, split_urls, url_host};
 use crate::auth::{AuthError, TokenProvider, password};
 use crate::cluster::bootstrap;
 use crate::cluster::timing::{self, RaftTimers, Timing};
@@ -92,14 +92,7 @@ impl Config {
 
 /// Whether `url`'s host is a loopback address (`localhost`, `127.0.0.0/8`, `::1`).
 fn is_loopback_url(url: &str) -> bool {
-    let Some(host) = url
-        .parse::<http::Uri>()
-        .ok()
-        .and_then(|u| u.host().map(str::to_string))
-    else {
-        return false;
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let host = url_host(url);
     host.eq_ignore_ascii_case("localhost")
         || host
             .parse::<std::net::IpAddr>()
@@ -196,35 +189,81 @@ mod tests {
             ])
         };
         let local3 = "a=http://127.0.0.1:2380,b=http://localhost:2381,c=http://[::1]:2382";
-        let a = member("a", "http://127.0.0.1:2380", local3);
-        assert_eq!(a.runtime_worker_threads(2), Some(1), "3 members, 2 cores");
-        assert_eq!(a.runtime_worker_threads(8), Some(2), "3 members, 8 cores");
-        assert_eq!(a.runtime_worker_threads(1), Some(1));
+        let remote = "a=http://10.0.0.1:2380,b=http://10.0.0.2:2380,c=http://10.0.0.3:2380";
+        let mixed = "a=http://127.0.0.1:2380,b=http://127.0.0.1:2381,c=http://10.0.0.3:2380";
+        let half = "a=http://127.0.0.1:2380,b=http://127.0.0.1:2381,b=http://10.0.0.2:2380";
+        // (why, this member, its peer URL, --initial-cluster, cores, workers)
+        let cases = [
+            (
+                "3 members, 2 cores",
+                "a",
+                "http://127.0.0.1:2380",
+                local3,
+                2,
+                Some(1),
+            ),
+            (
+                "3 members, 8 cores",
+                "a",
+                "http://127.0.0.1:2380",
+                local3,
+                8,
+                Some(2),
+            ),
+            (
+                "3 members, 1 core",
+                "a",
+                "http://127.0.0.1:2380",
+                local3,
+                1,
+                Some(1),
+            ),
+            (
+                "no member on loopback",
+                "a",
+                "http://10.0.0.1:2380",
+                remote,
+                2,
+                None,
+            ),
+            // Two of three members on this box (the third elsewhere): two share its cores.
+            (
+                "2 local of 3",
+                "a",
+                "http://127.0.0.1:2380",
+                mixed,
+                4,
+                Some(2),
+            ),
+            // This member is not on loopback: nothing says the others share its machine.
+            (
+                "this member remote",
+                "c",
+                "http://10.0.0.3:2380",
+                mixed,
+                4,
+                None,
+            ),
+            // A member with one loopback and one other peer URL is not counted as local.
+            (
+                "half local peer",
+                "a",
+                "http://127.0.0.1:2380",
+                half,
+                2,
+                None,
+            ),
+        ];
+        for (why, name, me, cluster, cores, want) in cases {
+            assert_eq!(
+                member(name, me, cluster).runtime_worker_threads(cores),
+                want,
+                "{why}"
+            );
+        }
         // A member on its own machine (the README's single member included) keeps tokio's
         // default, one worker per core.
         assert_eq!(Config::default().runtime_worker_threads(2), None);
-        let remote = "a=http://10.0.0.1:2380,b=http://10.0.0.2:2380,c=http://10.0.0.3:2380";
-        assert_eq!(
-            member("a", "http://10.0.0.1:2380", remote).runtime_worker_threads(2),
-            None
-        );
-        // Two of three members on this box (the third elsewhere): two share its cores.
-        let mixed = "a=http://127.0.0.1:2380,b=http://127.0.0.1:2381,c=http://10.0.0.3:2380";
-        assert_eq!(
-            member("a", "http://127.0.0.1:2380", mixed).runtime_worker_threads(4),
-            Some(2)
-        );
-        // This member is not on loopback: nothing says the others share its machine.
-        assert_eq!(
-            member("c", "http://10.0.0.3:2380", mixed).runtime_worker_threads(4),
-            None
-        );
-        // A member with one loopback and one other peer URL is not counted as local.
-        let half = "a=http://127.0.0.1:2380,b=http://127.0.0.1:2381,b=http://10.0.0.2:2380";
-        assert_eq!(
-            member("a", "http://127.0.0.1:2380", half).runtime_worker_threads(2),
-            None
-        );
     }
 
     #[test]

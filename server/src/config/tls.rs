@@ -9,7 +9,7 @@ use clap::{ArgAction, Args};
 use rustls::ServerConfig;
 use serde::Deserialize;
 
-use super::{Config, ConfigError, split_urls};
+use super::{Config, ConfigError, host_port, split_urls, url_host};
 use crate::tls::client::PeerConnector;
 use crate::tls::{TlsError, TlsOptions, TlsVersion, auto, options::split_suites};
 
@@ -236,25 +236,11 @@ pub fn is_https(url: &str) -> bool {
     url.starts_with("https://")
 }
 
-/// `host:port` of a URL.
-fn host_port(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    rest.split('/').next().unwrap_or(rest)
-}
-
 /// The distinct hosts of a URL list (without ports or brackets).
 fn hosts(urls: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for url in split_urls(urls) {
-        let hp = host_port(&url);
-        let host = match hp.rsplit_once(':') {
-            Some((h, _)) => h,
-            None => hp,
-        };
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
+        let host = url_host(&url).to_string();
         if !out.contains(&host) {
             out.push(host);
         }

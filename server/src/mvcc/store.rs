@@ -336,6 +336,18 @@ impl MvccStore {
         }
     }
 
+    /// How many keys the ranges of read-only txn `req` read ([`MvccStore::range_reads`]),
+    /// over both branches and nested txns (one branch runs: an upper bound).
+    pub fn txn_reads(&self, req: &TxnRequest) -> usize {
+        use keel_proto::etcdserverpb::request_op::Request as Op;
+        super::txn_ops(req)
+            .map(|op| match op {
+                Op::RequestRange(r) => self.range_reads(r),
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Evaluates read-only txn `req` ([`super::is_txn_read_only`]) at the current view: the
     /// compares and every range at one revision, which no apply can change meanwhile (the
     /// view is immutable). The response is the one apply would give for `req` at that
