@@ -685,7 +685,7 @@ impl Node {
         let proposed_us = crate::raft::trace::start();
         let answer = self
             .raft
-            .client_write_ff(Request(req.clone()))
+            .client_write_ff(Request::new(req.clone()))
             .await
             .map_err(|_| EtcdError::Stopped)?;
         let written = match tokio::time::timeout_at(deadline, answer).await {

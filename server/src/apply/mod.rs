@@ -326,13 +326,13 @@ impl Applier {
                 self.membership = stored;
                 resp
             }
-            EntryPayload::Normal(req) => match &req.0.request {
+            EntryPayload::Normal(req) => match &req.request {
                 Some(raft_request::Request::Batch(batch)) => {
                     self.apply_batch(&log_id, &batch.requests)?
                 }
                 other => self.apply_request(
                     other.as_ref(),
-                    req.0.auth_header.as_ref(),
+                    req.auth_header.as_ref(),
                     log_id.index,
                     done,
                 )?,

@@ -101,7 +101,7 @@ mod tests {
     fn raw(index: u64, bytes: Vec<u8>) -> Entry {
         Entry {
             log_id: openraft::LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(Request(RaftRequest {
+            payload: EntryPayload::Normal(Request::new(RaftRequest {
                 auth_header: None,
                 id: index,
                 request: Some(raft_request::Request::QosRuleChange(

@@ -19,7 +19,7 @@ fn log_id(index: u64) -> LogId {
 fn put(index: u64) -> Entry {
     Entry {
         log_id: log_id(index),
-        payload: EntryPayload::Normal(Request(RaftRequest {
+        payload: EntryPayload::Normal(Request::new(RaftRequest {
             auth_header: None,
             id: index,
             request: Some(raft_request::Request::Put(PutRequest {
@@ -109,7 +109,7 @@ fn failed_request_advances_consistent_index_only() {
     let before = fingerprint(&a);
     let compact = Entry {
         log_id: log_id(2),
-        payload: EntryPayload::Normal(Request(RaftRequest {
+        payload: EntryPayload::Normal(Request::new(RaftRequest {
             auth_header: None,
             id: 2,
             request: Some(raft_request::Request::Compaction(
@@ -157,7 +157,7 @@ fn batch(index: u64, n: u64) -> Entry {
 fn batch_entry(index: u64, requests: Vec<RaftRequest>) -> Entry {
     Entry {
         log_id: log_id(index),
-        payload: EntryPayload::Normal(Request(RaftRequest {
+        payload: EntryPayload::Normal(Request::new(RaftRequest {
             auth_header: None,
             id: index,
             request: Some(raft_request::Request::Batch(
@@ -343,13 +343,13 @@ fn put_then_first_two_of_entry_2(tree: &sled::Tree, flush_each: bool) -> Applier
 }
 
 fn batch_requests(index: u64, n: u64) -> Vec<RaftRequest> {
-    let EntryPayload::Normal(Request(entry)) = batch(index, n).payload else {
+    let EntryPayload::Normal(entry) = batch(index, n).payload else {
         unreachable!()
     };
-    let Some(raft_request::Request::Batch(b)) = entry.request else {
+    let Some(raft_request::Request::Batch(b)) = &entry.request else {
         unreachable!()
     };
-    b.requests
+    b.requests.clone()
 }
 
 mod grouping {
@@ -501,7 +501,7 @@ mod invariants {
         let mut a = open(&tree);
         let normal = |index: u64, request: raft_request::Request| Entry {
             log_id: log_id(index),
-            payload: EntryPayload::Normal(Request(RaftRequest {
+            payload: EntryPayload::Normal(Request::new(RaftRequest {
                 auth_header: None,
                 id: index,
                 request: Some(request),

@@ -36,7 +36,7 @@ type As<'a> = Option<(&'a str, u64)>;
 fn entry(index: u64, who: As<'_>, request: Rq) -> Entry {
     Entry {
         log_id: openraft::LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(Request(RaftRequest {
+        payload: EntryPayload::Normal(Request::new(RaftRequest {
             auth_header: who.map(|(u, r)| AuthHeader {
                 username: u.into(),
                 auth_revision: r,

@@ -27,7 +27,7 @@ fn open(tree: &sled::Tree) -> Applier {
 fn entry(index: u64, request: Rq) -> Entry {
     Entry {
         log_id: openraft::LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(Request(RaftRequest {
+        payload: EntryPayload::Normal(Request::new(RaftRequest {
             auth_header: None,
             id: index,
             request: Some(request),

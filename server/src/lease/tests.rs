@@ -66,7 +66,7 @@ impl Member {
         self.index += 1;
         let entry = Entry {
             log_id: openraft::LogId::new(CommittedLeaderId::new(1, 1), self.index),
-            payload: EntryPayload::Normal(Request(RaftRequest {
+            payload: EntryPayload::Normal(Request::new(RaftRequest {
                 auth_header: None,
                 id: self.index,
                 request: Some(req),

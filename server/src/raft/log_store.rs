@@ -402,7 +402,7 @@ mod tests {
         };
         Entry {
             log_id: log_id(term, index),
-            payload: EntryPayload::Normal(super::super::types::Request(RaftRequest {
+            payload: EntryPayload::Normal(super::super::types::Request::new(RaftRequest {
                 id: index,
                 request: Some(raft_request::Request::Put(put)),
                 ..Default::default()

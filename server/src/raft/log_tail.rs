@@ -21,8 +21,9 @@ use super::types::Entry;
 /// Most entries kept.
 pub const MAX_ENTRIES: usize = 8192;
 /// Most encoded entry bytes kept (the WAL's bincode size), so a run of large requests cannot
-/// hold much memory.
-pub const MAX_BYTES: usize = 32 << 20;
+/// hold much memory. Each entry holds its protobuf bytes and its decoded message, of about the
+/// same size (`types::Request`, "encode once"), so the tail holds about twice this: 32 MiB.
+pub const MAX_BYTES: usize = 16 << 20;
 
 /// The in-memory tail of the raft log. See the module docs.
 #[derive(Default)]

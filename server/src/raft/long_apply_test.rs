@@ -36,7 +36,7 @@ fn txn(success: Vec<Op>) -> TxnRequest {
 
 fn request(e: &Entry) -> RaftRequest {
     match &e.payload {
-        EntryPayload::Normal(r) => r.0.clone(),
+        EntryPayload::Normal(r) => r.message().clone(),
         _ => unreachable!("test entries are normal"),
     }
 }

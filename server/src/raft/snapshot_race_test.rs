@@ -49,7 +49,7 @@ impl Member {
         self.next_index += 1;
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-            payload: EntryPayload::Normal(Request(RaftRequest {
+            payload: EntryPayload::Normal(Request::new(RaftRequest {
                 auth_header: None,
                 id: index,
                 request: Some(request),
@@ -174,14 +174,14 @@ fn compactions_inside_batches_are_recognised() {
     let compact = m.compact(1);
     let batch = |requests: Vec<RaftRequest>| Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 1), 99),
-        payload: EntryPayload::Normal(Request(RaftRequest {
+        payload: EntryPayload::Normal(Request::new(RaftRequest {
             auth_header: None,
             id: 99,
             request: Some(raft_request::Request::Batch(RequestBatch { requests })),
         })),
     };
     let inner = |e: &Entry| match &e.payload {
-        EntryPayload::Normal(r) => r.0.clone(),
+        EntryPayload::Normal(r) => r.message().clone(),
         _ => unreachable!("test entries are normal"),
     };
     assert!(super::state_machine::is_compaction(&compact));

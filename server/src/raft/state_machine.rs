@@ -325,7 +325,7 @@ fn any_request(entry: &Entry, pred: impl Fn(&Rq) -> bool + Copy) -> bool {
             None => false,
         }
     }
-    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if has(r.0.request.as_ref(), pred))
+    matches!(&entry.payload, openraft::EntryPayload::Normal(r) if has(r.request.as_ref(), pred))
 }
 
 /// Whether an entry is, or carries in a batch, a compaction (which must not run during a

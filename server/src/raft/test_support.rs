@@ -60,7 +60,7 @@ pub fn write_wal(
 pub fn put_entry(log_id: LogId, i: u64) -> Entry {
     Entry {
         log_id,
-        payload: EntryPayload::Normal(Request(RaftRequest {
+        payload: EntryPayload::Normal(Request::new(RaftRequest {
             auth_header: None,
             id: i,
             request: Some(raft_request::Request::Put(PutRequest {
