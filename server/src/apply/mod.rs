@@ -539,9 +539,9 @@ impl Applier {
         match outcome {
             Ok(response) => {
                 cindex::stage(w.batch_mut(), &next);
-                let committed = w.stage();
+                lessor.publish(lease_outcome, w.events());
+                let revision = w.stage();
                 self.advance(next);
-                lessor.publish(lease_outcome, &committed.events);
                 if let Some(rules) = qos_rules {
                     self.qos.publish(rules);
                 }
@@ -553,7 +553,6 @@ impl Applier {
                     tracing::info!(cluster_version = %v, index, "cluster version set");
                     self.cluster_version.publish(v);
                 }
-                let revision = committed.revision;
                 if let Some(Rq::MemberAttributes(a)) = req {
                     self.attributes.publish(a.clone());
                 }
@@ -582,10 +581,10 @@ impl Applier {
         let mut w = self.store.write();
         extra(w.batch_mut());
         cindex::stage(w.batch_mut(), &next);
-        let committed = w.stage();
+        let revision = w.stage();
         self.advance(next);
         Ok(RaftResponse {
-            revision: committed.revision,
+            revision,
             response: None,
         })
     }

@@ -73,7 +73,7 @@ mod tests {
         {
             let mut w = store.write();
             w.put(&put("a", "1")).unwrap();
-            assert_eq!(w.stage().revision, 2);
+            assert_eq!(w.stage(), 2);
         }
         (db, store)
     }
@@ -107,7 +107,7 @@ mod tests {
         let resp = w.put(&put("a", "2")).unwrap();
         assert_eq!(resp.prev_kv.unwrap().value, b"1");
         w.batch_mut().insert(b"c/extra".as_slice(), b"x".as_slice());
-        assert_eq!(w.stage().revision, 3);
+        assert_eq!(w.stage(), 3);
         assert_eq!(
             store.current_revision(),
             1,

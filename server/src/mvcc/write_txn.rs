@@ -225,11 +225,17 @@ impl<'a> WriteTxn<'a> {
         &mut self.batch
     }
 
+    /// The changes this txn made so far, in order (the events [`WriteTxn::commit`] returns).
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+
     /// Adds this txn to the store's apply group: the next [`MvccStore::write`] sees its
     /// changes, readers do not until [`MvccStore::flush`] (see `staged.rs` for why the apply
-    /// loop groups the requests of an entry). Returns the revision and events as
-    /// [`WriteTxn::commit`] does.
-    pub fn stage(mut self) -> Committed {
+    /// loop groups the requests of an entry), which returns them for watchers. Returns the
+    /// store revision after the txn (unchanged if it changed no key); read
+    /// [`WriteTxn::events`] first for its changes: they move into the group, uncopied.
+    pub fn stage(mut self) -> i64 {
         let revision = self.view_rev();
         let store = self.store;
         let mut staged = store.staged();
@@ -249,15 +255,14 @@ impl<'a> WriteTxn<'a> {
         }
         self.staged = true;
         if !self.events.is_empty() {
-            staged.records.insert(revision, self.events.clone());
+            staged
+                .records
+                .insert(revision, std::mem::take(&mut self.events));
         }
         if let Some(job) = self.compaction_job.take() {
             staged.jobs.push(job);
         }
-        Committed {
-            revision,
-            events: std::mem::take(&mut self.events),
-        }
+        revision
     }
 
     /// Stages this txn and flushes the group: one sled `apply_batch` (no fsync: durability
@@ -266,9 +271,16 @@ impl<'a> WriteTxn<'a> {
     /// Errors: sled I/O; then nothing is published and the store keeps its previous state.
     pub fn commit(self) -> Result<Committed, MvccError> {
         let store = self.store;
-        let committed = self.stage();
-        store.flush()?; // the events are in `committed` already
-        Ok(committed)
+        let changed = !self.events.is_empty();
+        let revision = self.stage();
+        let changes = store.flush()?;
+        // A txn that changed nothing has the revision of the last one that did.
+        let events = changes
+            .into_iter()
+            .find(|(r, _)| changed && *r == revision)
+            .map(|(_, events)| events)
+            .unwrap_or_default();
+        Ok(Committed { revision, events })
     }
 
     /// The pair `key` holds now (in this txn's view), read from its record.
