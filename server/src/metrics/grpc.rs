@@ -9,7 +9,7 @@
 use std::sync::{LazyLock, OnceLock};
 use std::time::Instant;
 
-use prometheus::{HistogramVec, IntCounterVec};
+use prometheus::{HistogramVec, IntCounter};
 
 use super::{counter_vec, histogram_vec};
 
@@ -36,11 +36,15 @@ pub const CODES: [&str; 17] = [
 
 /// The name of gRPC status code `code` (`Unknown` for a number outside the table, as grpc-go).
 pub fn code_name(code: i32) -> &'static str {
+    CODES[code_index(code)]
+}
+
+/// The position of `code` in [`CODES`]; `Unknown`'s (2) for a number outside the table.
+fn code_index(code: i32) -> usize {
     usize::try_from(code)
         .ok()
-        .and_then(|i| CODES.get(i))
-        .copied()
-        .unwrap_or("Unknown")
+        .filter(|&i| i < CODES.len())
+        .unwrap_or(2)
 }
 
 /// The streaming methods of the served services and their go-grpc-prometheus `grpc_type`;
@@ -141,36 +145,48 @@ pub fn grpc_type(service: &str, method: &str) -> &'static str {
 
 /// The gRPC server metrics.
 pub struct Grpc {
-    started: IntCounterVec,
-    handled: IntCounterVec,
     handling: OnceLock<HistogramVec>,
+    /// Each served method's counters, resolved once: a request then bumps two atomics
+    /// instead of hashing its labels into the vectors twice (1.8 % of a serializable range's
+    /// CPU, twenty-first sitting).
+    methods: Vec<MethodCounters>,
+}
+
+/// One method's labels and its series of `started_total` and `handled_total` (by code).
+struct MethodCounters {
+    labels: [&'static str; 3],
+    started: IntCounter,
+    handled: [IntCounter; CODES.len()],
 }
 
 static GRPC: LazyLock<Grpc> = LazyLock::new(|| {
-    let grpc = Grpc {
-        started: counter_vec(
-            "grpc_server_started_total",
-            "Total number of RPCs started on the server.",
-            &["grpc_type", "grpc_service", "grpc_method"],
-        ),
-        handled: counter_vec(
-            "grpc_server_handled_total",
-            "Total number of RPCs completed on the server, regardless of success or failure.",
-            &["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
-        ),
-        handling: OnceLock::new(),
-    };
-    for (service, methods) in METHODS {
-        for method in *methods {
-            let kind = grpc_type(service, method);
-            grpc.started.with_label_values(&[kind, service, method]);
-            for code in CODES {
-                grpc.handled
-                    .with_label_values(&[kind, service, method, code]);
-            }
+    let started = counter_vec(
+        "grpc_server_started_total",
+        "Total number of RPCs started on the server.",
+        &["grpc_type", "grpc_service", "grpc_method"],
+    );
+    let handled = counter_vec(
+        "grpc_server_handled_total",
+        "Total number of RPCs completed on the server, regardless of success or failure.",
+        &["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
+    );
+    let mut methods = Vec::new();
+    for (service, names) in METHODS {
+        for method in *names {
+            let labels = [grpc_type(service, method), *service, *method];
+            let [kind, service, method] = labels;
+            methods.push(MethodCounters {
+                labels,
+                started: started.with_label_values(&labels),
+                handled: CODES
+                    .map(|code| handled.with_label_values(&[kind, service, method, code])),
+            });
         }
     }
-    grpc
+    Grpc {
+        handling: OnceLock::new(),
+        methods,
+    }
 });
 
 /// The gRPC group.
@@ -192,10 +208,18 @@ pub fn enable_handling_histogram() {
 
 /// One RPC being served: created when it starts (counted in `started_total`), finished with
 /// its status code (counted in `handled_total`, timed with `--metrics extensive`).
-#[derive(Debug)]
 pub struct Call {
-    labels: [&'static str; 3],
+    counters: &'static MethodCounters,
     started: Instant,
+}
+
+impl std::fmt::Debug for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Call")
+            .field("labels", &self.counters.labels)
+            .field("started", &self.started)
+            .finish()
+    }
 }
 
 impl Call {
@@ -203,25 +227,23 @@ impl Call {
     /// that names no served method (so a client cannot grow the label set without bound).
     pub fn start(path: &str) -> Option<Call> {
         let (service, method) = path.strip_prefix('/')?.split_once('/')?;
-        let (service, methods) = METHODS.iter().find(|(s, _)| *s == service)?;
-        let method = methods.iter().find(|m| **m == method)?;
-        let labels = [grpc_type(service, method), *service, *method];
-        grpc().started.with_label_values(&labels).inc();
+        let counters = grpc()
+            .methods
+            .iter()
+            .find(|m| m.labels[1] == service && m.labels[2] == method)?;
+        counters.started.inc();
         Some(Call {
-            labels,
+            counters,
             started: Instant::now(),
         })
     }
 
-    /// Ends the RPC with gRPC status code `code`.
+    /// Ends the RPC with gRPC status code `code` (a number outside the table counts as
+    /// `Unknown`, as grpc-go names it).
     pub fn finish(self, code: i32) {
-        let [kind, service, method] = self.labels;
-        let g = grpc();
-        g.handled
-            .with_label_values(&[kind, service, method, code_name(code)])
-            .inc();
-        if let Some(h) = g.handling.get() {
-            h.with_label_values(&self.labels)
+        self.counters.handled[code_index(code)].inc();
+        if let Some(h) = grpc().handling.get() {
+            h.with_label_values(&self.counters.labels)
                 .observe(self.started.elapsed().as_secs_f64());
         }
     }

@@ -54,10 +54,19 @@ fn handled_counts_each_code_of_a_known_method_only() {
         let p = "grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Compact\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} ";
         line(text, p).unwrap()[p.len()..].parse::<u64>().unwrap()
     };
-    let before = ok(&encode());
+    let series = |text: &str, p: &str| line(text, p).unwrap()[p.len()..].parse::<u64>().unwrap();
+    let started = "grpc_server_started_total{grpc_method=\"Compact\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} ";
+    let unknown = "grpc_server_handled_total{grpc_code=\"Unknown\",grpc_method=\"Compact\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} ";
+    let text = encode();
+    let before = (ok(&text), series(&text, started), series(&text, unknown));
     Call::start("/etcdserverpb.KV/Compact").unwrap().finish(0);
     Call::start("/etcdserverpb.KV/Compact").unwrap().finish(9);
-    assert_eq!(ok(&encode()), before + 1);
+    Call::start("/etcdserverpb.KV/Compact").unwrap().finish(99);
+    let text = encode();
+    assert_eq!(
+        (ok(&text), series(&text, started), series(&text, unknown)),
+        (before.0 + 1, before.1 + 3, before.2 + 1)
+    );
     assert!(Call::start("/etcdserverpb.KV/Nope").is_none());
     assert!(Call::start("/metrics").is_none());
     assert_eq!(grpc_type("etcdserverpb.Watch", "Watch"), "bidi_stream");
