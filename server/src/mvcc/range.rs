@@ -103,6 +103,9 @@ impl ReadView<'_> {
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, EtcdError> {
         let rev = self.resolve(req.revision)?;
         let range = KeyRange::from_request(&req.key, &req.range_end);
+        if let KeyRange::Single(key) = range {
+            return self.get(req, key, rev);
+        }
         let count = self.index.count(&range, rev);
         let mut resp = RangeResponse {
             header: Some(ResponseHeader {
@@ -176,6 +179,38 @@ impl ReadView<'_> {
 }
 
 impl ReadView<'_> {
+    /// [`ReadView::range`] of the single key `key` at `rev`: one index lookup, where a
+    /// range counts, then walks (the most common read: a get). With one key at most, sorting,
+    /// `limit` and `more` change nothing; `count` is 1 when the key exists at `rev`, even if
+    /// the revision filters drop it (etcd counts before `pruneKVs`).
+    fn get(&self, req: &RangeRequest, key: &[u8], rev: i64) -> Result<RangeResponse, EtcdError> {
+        let hit = self
+            .index
+            .get(key)
+            .and_then(|h| h.visible_at(rev))
+            .map(|r| Hit { key, rev: r });
+        let mut resp = RangeResponse {
+            header: Some(ResponseHeader {
+                revision: self.rev,
+                ..Default::default()
+            }),
+            kvs: Vec::new(),
+            more: false,
+            count: i64::from(hit.is_some()),
+        };
+        if req.count_only {
+            return Ok(resp);
+        }
+        if let Some(hit) = hit.filter(|h| passes_filters(req, h.rev)) {
+            resp.kvs.push(if req.keys_only {
+                hit.kv_without_value()
+            } else {
+                self.read(&hit, rev)?
+            });
+        }
+        Ok(resp)
+    }
+
     /// One chunk of a `RangeStream` (etcd 3.7): up to `limit` (≥ 1) keys of `req`'s range
     /// visible at `req.revision`, in key order, values dropped with `keys_only`; the rest of
     /// `req` (sorting, filters, `limit`, `count_only`) is the caller's. Unlike

@@ -316,17 +316,20 @@ impl MvccStore {
 
     /// How many keys [`MvccStore::range`] reads for `req`, from the index's cached counts at
     /// the current revision (no value is read): the keys in the range, capped by `limit`
-    /// unless the results are sorted by value (then every value is read); 0 for `count_only`.
+    /// unless the results are sorted by value (then every value is read); 0 for `count_only`;
+    /// 1 for a single key, looked up or not.
     /// A hint of how long the range takes (the API reads big ranges through
     /// [`crate::heavy::run`]).
     pub fn range_reads(&self, req: &RangeRequest) -> usize {
         if req.count_only {
             return 0;
         }
+        let range = KeyRange::from_request(&req.key, &req.range_end);
+        if let KeyRange::Single(_) = range {
+            return 1; // an upper bound, without a lookup
+        }
         let view = self.view();
-        let keys = view
-            .index
-            .count(&KeyRange::from_request(&req.key, &req.range_end), view.rev);
+        let keys = view.index.count(&range, view.rev);
         // Sorting by value reads every value first (with any `sort_order`: etcd sorts a
         // non-KEY target ascending even with NONE).
         let by_value = req.sort_target == SortTarget::Value as i32;
