@@ -50,11 +50,13 @@ fn fsync_buckets_are_etcds_one_ms_times_two_to_the_n() {
 
 #[test]
 fn handled_counts_each_code_of_a_known_method_only() {
-    let ok = |text: &str| {
-        let p = "grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Compact\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} ";
-        line(text, p).unwrap()[p.len()..].parse::<u64>().unwrap()
-    };
     let series = |text: &str, p: &str| line(text, p).unwrap()[p.len()..].parse::<u64>().unwrap();
+    let ok = |text: &str| {
+        series(
+            text,
+            "grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Compact\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} ",
+        )
+    };
     let started = "grpc_server_started_total{grpc_method=\"Compact\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} ";
     let unknown = "grpc_server_handled_total{grpc_code=\"Unknown\",grpc_method=\"Compact\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} ";
     let text = encode();

@@ -107,15 +107,7 @@ impl ReadView<'_> {
             return self.get(req, key, rev);
         }
         let count = self.index.count(&range, rev);
-        let mut resp = RangeResponse {
-            header: Some(ResponseHeader {
-                revision: self.rev,
-                ..Default::default()
-            }),
-            kvs: Vec::new(),
-            more: false,
-            count: count as i64,
-        };
+        let mut resp = self.response(count as i64);
         if req.count_only || count == 0 {
             return Ok(resp);
         }
@@ -179,6 +171,19 @@ impl ReadView<'_> {
 }
 
 impl ReadView<'_> {
+    /// An empty response counting `count` keys, with this view's revision in its header.
+    fn response(&self, count: i64) -> RangeResponse {
+        RangeResponse {
+            header: Some(ResponseHeader {
+                revision: self.rev,
+                ..Default::default()
+            }),
+            kvs: Vec::new(),
+            more: false,
+            count,
+        }
+    }
+
     /// [`ReadView::range`] of the single key `key` at `rev`: one index lookup, where a
     /// range counts, then walks (the most common read: a get). With one key at most, sorting,
     /// `limit` and `more` change nothing; `count` is 1 when the key exists at `rev`, even if
@@ -189,15 +194,7 @@ impl ReadView<'_> {
             .get(key)
             .and_then(|h| h.visible_at(rev))
             .map(|r| Hit { key, rev: r });
-        let mut resp = RangeResponse {
-            header: Some(ResponseHeader {
-                revision: self.rev,
-                ..Default::default()
-            }),
-            kvs: Vec::new(),
-            more: false,
-            count: i64::from(hit.is_some()),
-        };
+        let mut resp = self.response(i64::from(hit.is_some()));
         if req.count_only {
             return Ok(resp);
         }
