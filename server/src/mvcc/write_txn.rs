@@ -274,13 +274,16 @@ impl<'a> WriteTxn<'a> {
         let changed = !self.events.is_empty();
         let revision = self.stage();
         let changes = store.flush()?;
-        // A txn that changed nothing has the revision of the last one that did.
-        let events = changes
-            .into_iter()
-            .find(|(r, _)| changed && *r == revision)
-            .map(|(_, events)| events)
-            .unwrap_or_default();
-        Ok(Committed { revision, events })
+        // A txn that changed nothing has the revision of the last one that did: none are its.
+        let events = if changed {
+            changes.into_iter().find(|(r, _)| *r == revision)
+        } else {
+            None
+        };
+        Ok(Committed {
+            revision,
+            events: events.map(|(_, events)| events).unwrap_or_default(),
+        })
     }
 
     /// The pair `key` holds now (in this txn's view), read from its record.
