@@ -13,6 +13,8 @@
 //! there. Docs: `docs/backend.md`.
 
 mod batch;
+#[cfg(test)]
+mod batch_crash_test;
 pub mod damage;
 pub mod defrag;
 pub mod generation;

@@ -111,6 +111,10 @@ enum Op {
     Remove(u16),
     /// Removes a run of `n` keys from the `i`-th (a compaction of old revisions).
     RemoveRun(u16, u16),
+    /// One batch of sets and removals of keys anywhere: existing keys overwritten, new
+    /// keys between them, several leaves (the vendored sled writes a run of sets into one
+    /// leaf as one node replacement, `Tree::keel_set_run`).
+    Mixed(Vec<(u8, u16, bool)>),
     Reopen,
 }
 
@@ -122,6 +126,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u16>().prop_map(Op::Remove),
         1 => (any::<u16>(), 1u16..300).prop_map(|(i, n)| Op::RemoveRun(i, n)),
         1 => Just(Op::Reopen),
+        2 => prop::collection::vec(
+            (prop::sample::select(vec![b'a', b'k', b'l', b'm']), 0u16..600, prop::bool::weighted(0.8)),
+            1..200,
+        )
+        .prop_map(Op::Mixed),
     ]
 }
 
@@ -163,6 +172,21 @@ proptest! {
                     for k in keys {
                         batch.remove(k.clone());
                         model.remove(&k);
+                    }
+                    batch.commit(&tree).unwrap();
+                }
+                Op::Mixed(writes) => {
+                    let mut batch = Batch::default();
+                    for (prefix, n, set) in writes {
+                        let k = [&[prefix][..], &n.to_be_bytes()].concat();
+                        if set {
+                            let v = format!("{prefix}/{n}/{main}").into_bytes();
+                            batch.insert(k.clone(), v.clone());
+                            model.insert(k, v);
+                        } else {
+                            batch.remove(k.clone());
+                            model.remove(&k);
+                        }
                     }
                     batch.commit(&tree).unwrap();
                 }

@@ -633,18 +633,35 @@ impl Node {
     }
 
     pub(crate) fn should_split(&self) -> bool {
-        let threshold = if cfg!(any(test, feature = "lock_free_delays")) {
+        let size_checks = self.data.len() > self.split_threshold();
+        let safety_checks = self.merging_child.is_none() && !self.merging;
+
+        size_checks && safety_checks
+    }
+
+    /// Keel patch: `should_split`'s threshold on its own: a node with more items splits.
+    fn split_threshold(&self) -> usize {
+        if cfg!(any(test, feature = "lock_free_delays")) {
             2
         } else if self.data.is_index() {
             256
         } else {
             16
-        };
+        }
+    }
 
-        let size_checks = self.data.len() > threshold;
-        let safety_checks = self.merging_child.is_none() && !self.merging;
+    /// Keel patch: the most keys a run of sets (`Tree::keel_set_run`) may leave in this
+    /// leaf: one past the split threshold, as one `link` at a time can (the next lookup
+    /// then splits it).
+    pub(crate) fn keel_leaf_capacity(&self) -> usize {
+        self.split_threshold() + 1
+    }
 
-        size_checks && safety_checks
+    /// Keel patch: `Link::Set(key, value)` applied to this leaf, `key` given whole (not
+    /// prefix-encoded); it must lie within the node's bounds.
+    pub(crate) fn keel_set(&mut self, key: &[u8], value: IVec) {
+        let (encoded_key, _) = self.node_kv_pair(key);
+        self.set_leaf(encoded_key, value);
     }
 
     /// Keel patch: `should_merge`'s threshold on its own, for `split_for`.

@@ -252,6 +252,11 @@ impl Subscribers {
         Subscriber { id, rx, existing: None, home: arc_senders.clone() }
     }
 
+    /// Keel patch: no subscriber was ever registered, so no write has an event to send.
+    pub(crate) fn keel_never_used(&self) -> bool {
+        !self.ever_used.load(Relaxed)
+    }
+
     pub(crate) fn reserve<R: AsRef<[u8]>>(
         &self,
         key: R,

@@ -386,11 +386,19 @@ impl Tree {
     ) -> Result<()> {
         let peg = self.context.pin_log(guard)?;
         trace!("applying batch {:?}", batch);
-        for (k, v_opt) in batch.writes {
-            loop {
-                if self.insert_inner(&k, v_opt.clone(), guard)?.is_ok() {
-                    break;
+        // Keel patch: a run of sets into one leaf goes in as one replacement of the
+        // leaf (`keel_set_run`); removals, and sets with subscribers, one link each.
+        let mut writes = batch.writes.into_iter().peekable();
+        while let Some((k, v_opt)) = writes.next() {
+            match v_opt {
+                Some(v) if self.subscribers.keel_never_used() => {
+                    self.keel_set_run(k, v, &mut writes, guard)?
                 }
+                v_opt => loop {
+                    if self.insert_inner(&k, v_opt.clone(), guard)?.is_ok() {
+                        break;
+                    }
+                },
             }
         }
 
@@ -398,6 +406,72 @@ impl Tree {
         // written to the log since its creation are
         // recovered atomically
         peg.seal_batch()
+    }
+
+    /// Keel patch (docs/third_party.md, "sled"): sets `key` to `value`, and with it the
+    /// sets that follow in `rest` while they land in the same leaf and the leaf stays
+    /// within the size at which sled splits it, with one copy of the leaf and one
+    /// `replace` (a whole-node log record), instead of one copy of the leaf and one `link`
+    /// record per key. Keel's record keys are revisions, written in order, so a batch's
+    /// records fill one leaf after another. A run of one key is one `link`, as before. A
+    /// write whose leaf changed under it (a concurrent page rewrite) is retried with one
+    /// `insert_inner` per key.
+    /// The writes stay inside the batch's log peg, so the batch is still atomic across a
+    /// crash.
+    fn keel_set_run<I>(
+        &self,
+        key: IVec,
+        value: IVec,
+        rest: &mut std::iter::Peekable<I>,
+        guard: &mut Guard,
+    ) -> Result<()>
+    where
+        I: Iterator<Item = (IVec, Option<IVec>)>,
+    {
+        let View { node_view, pid, .. } = self.view_for_key(&key, guard)?;
+        let capacity = node_view.keel_leaf_capacity();
+        let in_leaf = |k: &IVec, node: &Node| node.hi.is_empty() || k.as_ref() < node.hi.as_ref();
+        let grouped = node_view.data.len() + 1 < capacity
+            && matches!(rest.peek(), Some((k, Some(_))) if in_leaf(k, &node_view));
+        if !grouped {
+            // One key: a link, as `insert_inner` does, on the leaf already looked up.
+            let (encoded_key, last_value) = node_view.node_kv_pair(&key);
+            if last_value.as_ref() == Some(&value) {
+                return Ok(());
+            }
+            let frag = Link::Set(encoded_key, value.clone());
+            if self.context.pagecache.link(pid, node_view.0, frag, guard)?.is_ok() {
+                guard.writeset.push(pid);
+                return Ok(());
+            }
+        }
+        let mut run = vec![(key, value)];
+        if grouped {
+            let mut node: Node = node_view.deref().clone();
+            node.keel_set(&run[0].0, run[0].1.clone());
+            while node.data.len() < capacity {
+                match rest.peek() {
+                    Some((k, Some(_))) if in_leaf(k, &node) => {}
+                    _ => break,
+                }
+                let (k, v) = rest.next().expect("peeked");
+                let v = v.expect("peeked a set");
+                node.keel_set(&k, v.clone());
+                run.push((k, v));
+            }
+            if self.context.pagecache.replace(pid, node_view.0, node, guard)?.is_ok() {
+                guard.writeset.push(pid);
+                return Ok(());
+            }
+        }
+        for (k, v) in run {
+            loop {
+                if self.insert_inner(&k, Some(v.clone()), guard)?.is_ok() {
+                    break;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Retrieve a value from the `Tree` if it exists.
