@@ -1,6 +1,6 @@
 //! Criterion: the in-memory key index (`keel_server::mvcc::index`) under apply groups, the
 //! way a member applies puts: each group clones the published index, appends a revision to
-//! `GROUP` random keys (every key already has older revisions, as under a steady put load)
+//! `GROUPS` random keys (every key already has older revisions, as under a steady put load)
 //! and publishes the result, dropping the previous index. The copy-on-write cost of a put is
 //! the chunk and block copies its key's path needs (docs/mvcc.md, "Key index").
 //!
@@ -16,8 +16,9 @@ use keel_server::mvcc::Revision;
 use keel_server::mvcc::index::Index;
 use keel_server::mvcc::key_index::{KeyHistory, RevInfo};
 
-/// Puts per apply group (3 members, 64 clients: about 6–16 per group).
-const GROUP: u64 = 16;
+/// Puts per apply group: 3 members under 64 clients apply about 6–16 per group, under 256
+/// clients about 60–90 (`keel_apply_group_entries` × `keel_proposal_batch_requests`).
+const GROUPS: [u64; 2] = [16, 64];
 
 fn key(i: u64) -> Vec<u8> {
     format!("{i:016}").into_bytes()
@@ -41,30 +42,32 @@ fn build(keys: u64) -> Index {
 }
 
 fn index(c: &mut Criterion) {
-    let mut group = c.benchmark_group("index_apply_group");
-    group.throughput(Throughput::Elements(GROUP));
-    for keys in [100_000u64, 1_000_000] {
-        let mut published = build(keys);
-        let mut rev = 4 * keys as i64;
-        let mut i = 0u64;
-        group.bench_with_input(
-            BenchmarkId::new("put_16_random", keys),
-            &keys,
-            |b, &keys| {
-                b.iter(|| {
-                    let mut staged = published.clone();
-                    for _ in 0..GROUP {
-                        i = (i + 104_729) % keys;
-                        rev += 1;
-                        staged.push(&key(i), RevInfo::put(Revision::new(rev, 0), 1, 4, 0));
-                    }
-                    published = staged;
-                })
-            },
-        );
-        assert_eq!(published.keys(), keys as usize);
+    for puts in GROUPS {
+        let mut group = c.benchmark_group("index_apply_group");
+        group.throughput(Throughput::Elements(puts));
+        for keys in [100_000u64, 1_000_000] {
+            let mut published = build(keys);
+            let mut rev = 4 * keys as i64;
+            let mut i = 0u64;
+            group.bench_with_input(
+                BenchmarkId::new(format!("put_{puts}_random"), keys),
+                &keys,
+                |b, &keys| {
+                    b.iter(|| {
+                        let mut staged = published.clone();
+                        for _ in 0..puts {
+                            i = (i + 104_729) % keys;
+                            rev += 1;
+                            staged.push(&key(i), RevInfo::put(Revision::new(rev, 0), 1, 4, 0));
+                        }
+                        published = staged;
+                    })
+                },
+            );
+            assert_eq!(published.keys(), keys as usize);
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 /// One hot key with `older` revisions since the last compaction (a config or election key
