@@ -415,9 +415,8 @@ impl Tree {
     /// record per key. Keel's record keys are revisions, written in order, so a batch's
     /// records fill one leaf after another. A run of one key is one `link`, as before. A
     /// write whose leaf changed under it (a concurrent page rewrite) is retried with one
-    /// `insert_inner` per key.
-    /// The writes stay inside the batch's log peg, so the batch is still atomic across a
-    /// crash.
+    /// `insert_inner` per key. The writes stay inside the batch's log peg, so the batch is
+    /// still atomic across a crash.
     fn keel_set_run<I>(
         &self,
         key: IVec,
@@ -430,7 +429,12 @@ impl Tree {
     {
         let View { node_view, pid, .. } = self.view_for_key(&key, guard)?;
         let capacity = node_view.keel_leaf_capacity();
-        let in_leaf = |k: &IVec, node: &Node| node.hi.is_empty() || k.as_ref() < node.hi.as_ref();
+        // Within the leaf's bounds (a `Batch` is a `BTreeMap`, Keel patch, so the keys that
+        // follow are above `key`; the lower bound is checked all the same).
+        let in_leaf = |k: &IVec, node: &Node| {
+            k.as_ref() >= node.lo.as_ref()
+                && (node.hi.is_empty() || k.as_ref() < node.hi.as_ref())
+        };
         let grouped = node_view.data.len() + 1 < capacity
             && matches!(rest.peek(), Some((k, Some(_))) if in_leaf(k, &node_view));
         if !grouped {
