@@ -38,25 +38,35 @@ fn records_of(b: u64) -> u64 {
 /// Batch `b` also removes every record of batch `b - 7` when `b` is a multiple of 5 (a
 /// compaction of old revisions).
 fn removes(b: u64) -> Option<u64> {
-    (b % 5 == 0 && b > 7).then(|| b - 7)
+    (b.is_multiple_of(5) && b > 7).then(|| b - 7)
 }
 
-/// The writes of batch `b`: its records (value: the batch number and the record's index),
-/// the removals, and the marker.
+/// The writes of batch `b` in order (`None`: a removal): its records (value: the batch
+/// number and the record's index), the removals, and the marker.
+fn writes(b: u64) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    let mut w: Vec<(Vec<u8>, Option<Vec<u8>>)> = (0..records_of(b))
+        .map(|sub| {
+            (
+                record(b, sub),
+                Some([b.to_be_bytes(), sub.to_be_bytes()].concat()),
+            )
+        })
+        .collect();
+    if let Some(old) = removes(b) {
+        w.extend((0..records_of(old)).map(|sub| (record(old, sub), None)));
+    }
+    w.push((MARKER.to_vec(), Some(b.to_be_bytes().to_vec())));
+    w
+}
+
 fn batch(b: u64) -> Batch {
     let mut batch = Batch::default();
-    for sub in 0..records_of(b) {
-        batch.insert(
-            record(b, sub),
-            [b.to_be_bytes(), sub.to_be_bytes()].concat(),
-        );
-    }
-    if let Some(old) = removes(b) {
-        for sub in 0..records_of(old) {
-            batch.remove(record(old, sub));
+    for (k, v) in writes(b) {
+        match v {
+            Some(v) => batch.insert(k, v),
+            None => batch.remove(k),
         }
     }
-    batch.insert(MARKER.to_vec(), b.to_be_bytes().to_vec());
     batch
 }
 
@@ -64,21 +74,20 @@ fn batch(b: u64) -> Batch {
 fn model(last: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let mut m = BTreeMap::new();
     m.insert(b"xafter".to_vec(), b"x".to_vec());
-    for b in 1..=last {
-        for sub in 0..records_of(b) {
-            m.insert(
-                record(b, sub),
-                [b.to_be_bytes(), sub.to_be_bytes()].concat(),
-            );
-        }
-        if let Some(old) = removes(b) {
-            for sub in 0..records_of(old) {
-                m.remove(&record(old, sub));
-            }
-        }
-        m.insert(MARKER.to_vec(), b.to_be_bytes().to_vec());
-    }
+    apply(&mut m, (1..=last).flat_map(writes));
     m
+}
+
+fn apply(
+    m: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+    writes: impl IntoIterator<Item = (Vec<u8>, Option<Vec<u8>>)>,
+) {
+    for (k, v) in writes {
+        match v {
+            Some(v) => m.insert(k, v),
+            None => m.remove(&k),
+        };
+    }
 }
 
 /// The child: writes batches 1, 2, ... until killed.
@@ -98,9 +107,10 @@ fn a_batch_is_whole_or_absent_after_a_sigkill() {
         write_until_killed(Path::new(&dir));
     }
     let exe = std::env::current_exe().unwrap();
-    // Kill times in ms after the child's first batch reached the disk: early (small tree),
-    // later (index nodes split, sled's log rolls segments).
-    for kill_after_ms in [5u64, 60, 250, 700] {
+    // When to kill: once sled's log file holds `logged` bytes (0: once the database
+    // exists), `after_ms` later. Early kills see a small tree; later ones split index nodes
+    // and roll sled's log buffers, and must find batches on disk.
+    for (logged, after_ms) in [(0u64, 5u64), (0, 60), (256 << 10, 20), (4 << 20, 100)] {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(&exe)
             .args([TEST_NAME, "--exact", "--test-threads=1", "--nocapture"])
@@ -109,16 +119,17 @@ fn a_batch_is_whole_or_absent_after_a_sigkill() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        // The database exists once sled has written its config file.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !dir.path().join("conf").exists() {
+        // The database exists once sled has written its config file; its log is `db`.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let log_bytes = |dir: &Path| std::fs::metadata(dir.join("db")).map_or(0, |m| m.len());
+        while !dir.path().join("conf").exists() || (logged > 0 && log_bytes(dir.path()) < logged) {
             assert!(
                 Instant::now() < deadline,
-                "the child never opened its database"
+                "the child never wrote {logged} bytes to its log"
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        std::thread::sleep(Duration::from_millis(kill_after_ms));
+        std::thread::sleep(Duration::from_millis(after_ms));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
 
@@ -136,7 +147,7 @@ fn a_batch_is_whole_or_absent_after_a_sigkill() {
             // Nothing of any batch: at most the key written before them.
             assert!(
                 got.len() <= 1,
-                "killed after {kill_after_ms} ms: {} keys, no batch",
+                "killed {after_ms} ms after {logged} log bytes: {} keys, no batch",
                 got.len()
             );
         } else {
@@ -144,19 +155,32 @@ fn a_batch_is_whole_or_absent_after_a_sigkill() {
             assert_eq!(
                 got.len(),
                 want.len(),
-                "killed after {kill_after_ms} ms, last batch {last}"
+                "killed {after_ms} ms after {logged} log bytes, last batch {last}"
             );
             assert!(
                 got == want,
-                "killed after {kill_after_ms} ms: the tree is not batches 1..={last}"
+                "killed {after_ms} ms after {logged} log bytes: the tree is not batches 1..={last}"
             );
         }
-        if kill_after_ms >= 700 {
-            // sled's flusher (every 500 ms) has written batches by now.
-            assert!(last > 0, "nothing survived {kill_after_ms} ms of writing");
+        if logged > 0 {
+            assert!(
+                last > 0,
+                "no batch survived, with {logged} bytes in the log"
+            );
         }
-        // A batch on the reopened tree goes in after what survived.
+        // A batch on the reopened tree goes in after what survived (which, when nothing of
+        // any batch did, may or may not hold the key written before them).
         batch(last + 1).commit(&tree).unwrap();
-        assert_eq!(tree.len(), model(last + 1).len());
+        let mut want = got;
+        apply(&mut want, writes(last + 1));
+        let after: BTreeMap<Vec<u8>, Vec<u8>> = tree
+            .iter()
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap())
+            .collect();
+        assert!(
+            after == want,
+            "killed {after_ms} ms after {logged} log bytes: batch {} after the reopen",
+            last + 1
+        );
     }
 }
