@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::Batch;
@@ -90,6 +90,23 @@ fn apply(
     }
 }
 
+/// Every pair in `tree`, in key order.
+fn contents(tree: &sled::Tree) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    tree.iter()
+        .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap())
+        .collect()
+}
+
+/// The writer, SIGKILLed and reaped when dropped (also when an assertion fails first).
+struct Writer(Child);
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.0.kill(); // SIGKILL
+        let _ = self.0.wait();
+    }
+}
+
 /// The child: writes batches 1, 2, ... until killed.
 fn write_until_killed(dir: &Path) -> ! {
     let db = sled::Config::new().path(dir).open().unwrap();
@@ -112,13 +129,15 @@ fn a_batch_is_whole_or_absent_after_a_sigkill() {
     // and roll sled's log buffers, and must find batches on disk.
     for (logged, after_ms) in [(0u64, 5u64), (0, 60), (256 << 10, 20), (4 << 20, 100)] {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(&exe)
-            .args([TEST_NAME, "--exact", "--test-threads=1", "--nocapture"])
-            .env(CHILD_ENV, dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let writer = Writer(
+            Command::new(&exe)
+                .args([TEST_NAME, "--exact", "--test-threads=1", "--nocapture"])
+                .env(CHILD_ENV, dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
         // The database exists once sled has written its config file; its log is `db`.
         let deadline = Instant::now() + Duration::from_secs(60);
         let log_bytes = |dir: &Path| std::fs::metadata(dir.join("db")).map_or(0, |m| m.len());
@@ -130,8 +149,7 @@ fn a_batch_is_whole_or_absent_after_a_sigkill() {
             std::thread::sleep(Duration::from_millis(1));
         }
         std::thread::sleep(Duration::from_millis(after_ms));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        drop(writer);
 
         let db = sled::Config::new().path(dir.path()).open().unwrap();
         let tree = db.open_tree("keel").unwrap();
@@ -139,10 +157,7 @@ fn a_batch_is_whole_or_absent_after_a_sigkill() {
             .get(MARKER)
             .unwrap()
             .map_or(0, |v| u64::from_be_bytes(v.as_ref().try_into().unwrap()));
-        let got: BTreeMap<Vec<u8>, Vec<u8>> = tree
-            .iter()
-            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap())
-            .collect();
+        let got = contents(&tree);
         if last == 0 {
             // Nothing of any batch: at most the key written before them.
             assert!(
@@ -173,12 +188,8 @@ fn a_batch_is_whole_or_absent_after_a_sigkill() {
         batch(last + 1).commit(&tree).unwrap();
         let mut want = got;
         apply(&mut want, writes(last + 1));
-        let after: BTreeMap<Vec<u8>, Vec<u8>> = tree
-            .iter()
-            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).unwrap())
-            .collect();
         assert!(
-            after == want,
+            contents(&tree) == want,
             "killed {after_ms} ms after {logged} log bytes: batch {} after the reopen",
             last + 1
         );

@@ -413,10 +413,11 @@ impl Tree {
     /// within the size at which sled splits it, with one copy of the leaf and one
     /// `replace` (a whole-node log record), instead of one copy of the leaf and one `link`
     /// record per key. Keel's record keys are revisions, written in order, so a batch's
-    /// records fill one leaf after another. A run of one key is one `link`, as before. A
-    /// write whose leaf changed under it (a concurrent page rewrite) is retried with one
-    /// `insert_inner` per key. The writes stay inside the batch's log peg, so the batch is
-    /// still atomic across a crash.
+    /// records fill one leaf after another. A run of one key, and a run whose leaf changed
+    /// under it (a concurrent page rewrite), go in with one `insert_inner` per key, as
+    /// before (a lone key is looked up twice: rare in Keel's batches, within the spread for
+    /// random keys). The writes stay inside the batch's log peg, so the batch is still
+    /// atomic across a crash.
     fn keel_set_run<I>(
         &self,
         key: IVec,
@@ -437,18 +438,6 @@ impl Tree {
         };
         let grouped = node_view.data.len() + 1 < capacity
             && matches!(rest.peek(), Some((k, Some(_))) if in_leaf(k, &node_view));
-        if !grouped {
-            // One key: a link, as `insert_inner` does, on the leaf already looked up.
-            let (encoded_key, last_value) = node_view.node_kv_pair(&key);
-            if last_value.as_ref() == Some(&value) {
-                return Ok(());
-            }
-            let frag = Link::Set(encoded_key, value.clone());
-            if self.context.pagecache.link(pid, node_view.0, frag, guard)?.is_ok() {
-                guard.writeset.push(pid);
-                return Ok(());
-            }
-        }
         let mut run = vec![(key, value)];
         if grouped {
             let mut node: Node = node_view.deref().clone();
